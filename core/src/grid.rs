@@ -1,0 +1,1 @@
+//! TESSERA tile grid geometry (being written).

@@ -1,0 +1,23 @@
+//! # flotilla-core
+//!
+//! The contract between the flotilla server, its agents and the CLI. Nothing
+//! here does I/O; every type is plain data with serde, documented like a
+//! schema, so that the server and the agent depend on this crate and never on
+//! each other.
+//!
+//! # Layout
+//!
+//! - [`job`]: job kinds and their specs as clients submit them, job states.
+//! - [`protocol`]: the agent protocol under `/api/agent/v1` — register,
+//!   lease, heartbeat, log, complete, fail — request and reply bodies.
+//! - [`api`]: the REST API under `/api/v1` — request/response bodies and the
+//!   error envelope.
+//! - [`health`]: the host health report an agent sends with each heartbeat.
+//! - [`grid`]: TESSERA tile grid geometry — tile ids, UTM projection, zone
+//!   grids.
+
+pub mod api;
+pub mod grid;
+pub mod health;
+pub mod job;
+pub mod protocol;
