@@ -1,1 +1,211 @@
-//! being written
+//! The host health report: what this machine looks like now, sent with every heartbeat.
+//!
+//! [`HealthCollector`] keeps sysinfo's state between calls and refreshes only
+//! what changes (memory, the work directory's file system, load, open
+//! descriptors); the OS version, CPU model and core count are read once.
+//! [`collect`] is the one-shot form for callers that report once.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use flotilla_core::health::HostHealth;
+use sysinfo::{CpuRefreshKind, DiskRefreshKind, Disks, MemoryRefreshKind, RefreshKind, System};
+
+/// How often the mount table is read again, in case the work directory's file
+/// system was mounted or replaced after start-up. Between re-reads only the
+/// chosen file system is `statvfs`-ed: a Kubernetes node can have hundreds of
+/// mounts, and a heartbeat should not stat them all.
+const MOUNT_RELIST_INTERVAL: Duration = Duration::from_secs(300);
+
+/// Collects [`HostHealth`] repeatedly and cheaply. Create one per agent and
+/// call [`HealthCollector::collect`] at each heartbeat.
+pub struct HealthCollector {
+    /// The work directory, canonicalized when it exists (so a symlinked work
+    /// directory is attributed to the file system it really lives on).
+    workdir: PathBuf,
+    /// Memory counters only; refreshed on every `collect`.
+    system: System,
+    /// The file systems sysinfo knows; `disk` indexes into it.
+    disks: Disks,
+    /// Index in `disks` of the file system holding `workdir`, if any matched.
+    disk: Option<usize>,
+    /// When `disks` was last listed from the mount table.
+    listed_at: Instant,
+    // Read once: these do not change while the agent runs.
+    os_version: Option<String>,
+    cpu_model: String,
+    cores: u32,
+}
+
+impl HealthCollector {
+    /// Reads the static facts (OS version, CPU model, cores) and the mount
+    /// table. `workdir` need not exist yet; it is resolved as far as it does.
+    pub fn new(workdir: &Path) -> Self {
+        let workdir = resolve(workdir);
+        let system = System::new_with_specifics(
+            RefreshKind::nothing()
+                .with_cpu(CpuRefreshKind::nothing())
+                .with_memory(MemoryRefreshKind::nothing().with_ram()),
+        );
+        let cpu_model = system
+            .cpus()
+            .first()
+            .map(|cpu| {
+                let brand = cpu.brand().trim();
+                // Some ARM Linux kernels expose no model name, only a vendor.
+                if brand.is_empty() {
+                    cpu.vendor_id().trim().to_owned()
+                } else {
+                    brand.to_owned()
+                }
+            })
+            .unwrap_or_default();
+        let cores = match system.cpus().len() {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let disks = Disks::new_with_refreshed_list_specifics(DiskRefreshKind::nothing().with_storage());
+        let disk = disk_holding(&disks, &workdir);
+        Self {
+            workdir,
+            system,
+            disks,
+            disk,
+            listed_at: Instant::now(),
+            os_version: System::long_os_version(),
+            cpu_model,
+            cores: u32::try_from(cores).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The work directory as resolved for the disk lookup.
+    pub fn workdir(&self) -> &Path {
+        &self.workdir
+    }
+
+    /// Refreshes the changing values and returns a full report.
+    pub fn collect(&mut self) -> HostHealth {
+        self.system
+            .refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
+        self.refresh_disk();
+        let (disk_free_bytes, disk_total_bytes) = self
+            .disk
+            .and_then(|i| self.disks.list().get(i))
+            .map_or((0, 0), |d| (d.available_space(), d.total_space()));
+        HostHealth {
+            os: std::env::consts::OS.to_owned(),
+            os_version: self.os_version.clone(),
+            arch: std::env::consts::ARCH.to_owned(),
+            cpu_model: self.cpu_model.clone(),
+            cores: self.cores,
+            memory_total_bytes: self.system.total_memory(),
+            memory_available_bytes: self.system.available_memory(),
+            disk_free_bytes,
+            disk_total_bytes,
+            open_fds: open_fds(),
+            load_1m: load_1m(),
+        }
+    }
+
+    /// Re-reads the chosen file system's free and total space, and the whole
+    /// mount table when it is stale or no file system matched.
+    fn refresh_disk(&mut self) {
+        let stale = self.listed_at.elapsed() >= MOUNT_RELIST_INTERVAL;
+        if stale || self.disk.is_none() {
+            // The work directory may have been created since `new`.
+            self.workdir = resolve(&self.workdir);
+            self.disks
+                .refresh_specifics(true, DiskRefreshKind::nothing().with_storage());
+            self.disk = disk_holding(&self.disks, &self.workdir);
+            self.listed_at = Instant::now();
+            return; // the re-list already read the space of every file system
+        }
+        if let Some(disk) = self.disk.and_then(|i| self.disks.list_mut().get_mut(i)) {
+            disk.refresh_specifics(DiskRefreshKind::nothing().with_storage());
+        }
+    }
+}
+
+/// One report, from a fresh collector. Prefer a long-lived
+/// [`HealthCollector`] when reporting repeatedly.
+pub fn collect(workdir: &Path) -> HostHealth {
+    HealthCollector::new(workdir).collect()
+}
+
+/// The canonical form of `path`, or of its longest existing ancestor with the
+/// rest appended (a work directory that does not exist yet still lives on the
+/// file system of its parent). Relative paths are taken from the current
+/// directory.
+fn resolve(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut existing = absolute.as_path();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(canonical) = existing.canonicalize() {
+            return rest.iter().rev().fold(canonical, |p, c| p.join(c));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                existing = parent;
+            }
+            _ => return absolute,
+        }
+    }
+}
+
+/// The index of the file system whose mount point is the longest
+/// (component-wise) prefix of `path`: `/work` holds `/work/x`, `/workspace`
+/// does not.
+fn disk_holding(disks: &Disks, path: &Path) -> Option<usize> {
+    disks
+        .list()
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| path.starts_with(d.mount_point()))
+        .max_by_key(|(_, d)| d.mount_point().components().count())
+        .map(|(i, _)| i)
+}
+
+/// Open file descriptors of this process, where the platform lists them.
+fn open_fds() -> Option<u64> {
+    let dir = if cfg!(target_os = "linux") {
+        "/proc/self/fd"
+    } else if cfg!(any(
+        target_os = "macos",
+        target_os = "ios",
+        target_os = "freebsd",
+        target_os = "dragonfly"
+    )) {
+        // On FreeBSD without fdescfs mounted this lists only 0–2: an
+        // undercount, but still a number that moves with a leak above 2.
+        "/dev/fd"
+    } else {
+        return None;
+    };
+    let entries = std::fs::read_dir(dir).ok()?;
+    // Reading the directory holds one descriptor of its own; do not count it.
+    let n = entries.filter(|e| e.is_ok()).count() as u64;
+    Some(n.saturating_sub(1))
+}
+
+/// The 1-minute load average; Windows has none.
+fn load_1m() -> Option<f64> {
+    if cfg!(windows) {
+        None
+    } else {
+        Some(System::load_average().one)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolve_keeps_missing_tail_under_canonical_parent() {
+        let tmp = std::env::temp_dir().canonicalize().expect("temp dir exists");
+        let p = resolve(&tmp.join("flotilla-no-such-dir").join("deeper"));
+        assert_eq!(p, tmp.join("flotilla-no-such-dir").join("deeper"));
+    }
+}

@@ -1,1 +1,142 @@
-//! being written
+//! Job kinds, the specs clients submit for them, and job states.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a job is in its life. Every transition is one SQL statement guarded
+/// by the current state (and lease token), see the server's `queue` module.
+///
+/// `queued → leased → running → succeeded | failed | cancelled`; a job whose
+/// lease expired or whose attempt failed retryably goes to `retrying` (queued
+/// again after a back-off) until it runs out of attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Leased,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+    Retrying,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Queued,
+        JobState::Leased,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Retrying,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Leased => "leased",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Retrying => "retrying",
+        }
+    }
+
+    /// A final state: nothing will happen to the job any more.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown job state `{0}`")]
+pub struct UnknownJobState(pub String);
+
+impl FromStr for JobState {
+    type Err = UnknownJobState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| UnknownJobState(s.to_string()))
+    }
+}
+
+/// What a job does. The `kind` tag is the JSON field clients send.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum JobSpec {
+    /// A shell command run by `sh -c` (`cmd /C` on Windows).
+    Command(CommandJob),
+}
+
+impl JobSpec {
+    /// The kind name, as stored in the `jobs.kind` column and matched against
+    /// the kinds an agent says it can run.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            JobSpec::Command(_) => "command",
+        }
+    }
+}
+
+/// A shell command with its environment, working directory and declared
+/// output files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommandJob {
+    pub command: String,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory on the agent; relative paths are taken under the
+    /// agent's per-job work directory, which is also the default.
+    #[serde(default)]
+    pub workdir: Option<String>,
+    /// Wall-clock limit of one attempt; the process tree is terminated when
+    /// it runs out.
+    #[serde(default)]
+    pub timeout_s: Option<u64>,
+    /// Files the command produces, relative to its working directory. Each is
+    /// uploaded to the object store (size and sha256 recorded) before the job
+    /// is reported succeeded; a missing one fails the attempt.
+    #[serde(default)]
+    pub outputs: Vec<String>,
+}
+
+/// Why an attempt failed, as the agent classes it. The class decides whether
+/// the job is tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureClass {
+    /// Worth another attempt (non-zero exit, lost input, full disk, …).
+    Retryable,
+    /// Will fail again whatever we do (bad spec, missing output declared).
+    Fatal,
+    /// Ran past its timeout; retried like `Retryable`.
+    TimedOut,
+    /// Stopped because a cancel was requested.
+    Cancelled,
+}
+
+/// Limits the server enforces on submitted jobs.
+pub mod limits {
+    pub const MAX_ATTEMPTS: u32 = 100;
+    pub const MAX_TIMEOUT_S: u64 = 7 * 24 * 3600;
+    pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
+    pub const MAX_OUTPUTS: usize = 256;
+    pub const MAX_LABELS: usize = 64;
+    pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
+}

@@ -1,1 +1,0 @@
-//! TESSERA tile grid geometry (being written).

@@ -1,0 +1,20 @@
+//! TESSERA tile grid geometry: 0.1° tiles, their UTM footprints at 10 m, and their placement in one zone grid.
+//!
+//! The rules are geotessera 0.11.0's (the release with the floor fix for tile
+//! placement), checked against its output in
+//! `shared/fixtures/geometry/geotessera-0.11.0.jsonl`:
+//!
+//! - A tile is a 0.1° cell named by its centre, `grid_{lon:.2f}_{lat:.2f}`,
+//!   centre = `floor(x·10)/10 + 0.05` ([`TileId`]).
+//! - Its UTM zone is `floor((lon+180)/6)+1` of the centre, EPSG 326zz when the
+//!   centre is north of the equator, 327zz south ([`UtmZone`]).
+//! - Its footprint is its four corners projected at 10 m ([`tile_info`]).
+//! - Several tiles of one zone share one grid whose pixel offsets are floored,
+//!   never rounded ([`place`]).
+
+mod tile;
+pub mod tmerc;
+mod zone;
+
+pub use tile::{Bounds, TileId, TileIdError, UtmZone};
+pub use zone::{place, tile_info, GridError, Placement, TileInfo, ZoneGrid, PIXEL_M, ZONE_GRID_BLOCK_PX};

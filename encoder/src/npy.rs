@@ -1,0 +1,283 @@
+//! Minimal `.npy` (format 1.0/2.0/3.0) reader and writer for the dtypes tiles use.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::error::{EncodeError, Result};
+
+/// Element types we read or write. `code` is numpy's `descr` without the byte-order mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    Bool,
+    U8,
+    I8,
+    U16,
+    I16,
+    I32,
+    I64,
+    F32,
+    F64,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bool | DType::U8 | DType::I8 => 1,
+            DType::U16 | DType::I16 => 2,
+            DType::I32 | DType::F32 => 4,
+            DType::I64 | DType::F64 => 8,
+        }
+    }
+    /// numpy `descr` string (little-endian).
+    pub fn descr(self) -> &'static str {
+        match self {
+            DType::Bool => "|b1",
+            DType::U8 => "|u1",
+            DType::I8 => "|i1",
+            DType::U16 => "<u2",
+            DType::I16 => "<i2",
+            DType::I32 => "<i4",
+            DType::I64 => "<i8",
+            DType::F32 => "<f4",
+            DType::F64 => "<f8",
+        }
+    }
+    fn parse(descr: &str) -> Option<DType> {
+        // Single-byte types may carry '|', '<' or '='; multi-byte ones must be little-endian.
+        let (order, code) = descr.split_at(1);
+        let le = matches!(order, "<" | "|" | "=");
+        if !le {
+            return None;
+        }
+        Some(match code {
+            "b1" => DType::Bool,
+            "u1" => DType::U8,
+            "i1" => DType::I8,
+            "u2" => DType::U16,
+            "i2" => DType::I16,
+            "i4" => DType::I32,
+            "i8" => DType::I64,
+            "f4" => DType::F32,
+            "f8" => DType::F64,
+            _ => return None,
+        })
+    }
+}
+
+/// A C-ordered array as raw little-endian bytes.
+#[derive(Debug, Clone)]
+pub struct NpyArray {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+impl NpyArray {
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Values widened to i64 (integer and bool dtypes only).
+    pub fn to_i64(&self) -> Option<Vec<i64>> {
+        let d = &self.data;
+        Some(match self.dtype {
+            DType::Bool | DType::U8 => d.iter().map(|&b| b as i64).collect(),
+            DType::I8 => d.iter().map(|&b| b as i8 as i64).collect(),
+            DType::U16 => d
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]) as i64)
+                .collect(),
+            DType::I16 => d
+                .chunks_exact(2)
+                .map(|c| i16::from_le_bytes([c[0], c[1]]) as i64)
+                .collect(),
+            DType::I32 => d
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+                .collect(),
+            DType::I64 => d
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("chunks_exact(8)")))
+                .collect(),
+            DType::F32 | DType::F64 => return None,
+        })
+    }
+    /// Values as f32 (any dtype).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self.dtype {
+            DType::F32 => self
+                .data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            DType::F64 => self
+                .data
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("chunks_exact(8)")) as f32)
+                .collect(),
+            _ => self
+                .to_i64()
+                .expect("integer dtype")
+                .into_iter()
+                .map(|v| v as f32)
+                .collect(),
+        }
+    }
+}
+
+/// Read a whole `.npy` file.
+pub fn read(path: &Path) -> Result<NpyArray> {
+    let bytes = std::fs::read(path).map_err(|e| EncodeError::io(path, e))?;
+    parse(&bytes).map_err(|reason| EncodeError::Npy {
+        path: path.to_path_buf(),
+        reason,
+    })
+}
+
+/// Parse `.npy` bytes; the error says what is wrong.
+pub fn parse(bytes: &[u8]) -> std::result::Result<NpyArray, String> {
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err("missing \\x93NUMPY magic".into());
+    }
+    let major = bytes[6];
+    let (hlen, start) = match major {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 => {
+            if bytes.len() < 12 {
+                return Err("truncated header".into());
+            }
+            (
+                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+                12,
+            )
+        }
+        v => return Err(format!("unsupported format version {v}")),
+    };
+    let header = bytes
+        .get(start..start + hlen)
+        .ok_or_else(|| "truncated header".to_string())?;
+    let header = std::str::from_utf8(header).map_err(|_| "header is not text".to_string())?;
+    let descr = dict_value(header, "descr").ok_or("header has no 'descr'")?;
+    let descr = descr.trim().trim_matches(|c| c == '\'' || c == '"');
+    let dtype = DType::parse(descr).ok_or_else(|| format!("unsupported dtype '{descr}'"))?;
+    let fortran = dict_value(header, "fortran_order").ok_or("header has no 'fortran_order'")?;
+    if fortran.trim().starts_with("True") {
+        return Err("Fortran-ordered arrays are not supported".into());
+    }
+    let shape_s = dict_value(header, "shape").ok_or("header has no 'shape'")?;
+    let shape_s = shape_s.trim();
+    let inner = shape_s
+        .strip_prefix('(')
+        .and_then(|s| s.split(')').next())
+        .ok_or_else(|| format!("bad shape '{shape_s}'"))?;
+    let mut shape = Vec::new();
+    for part in inner.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            continue;
+        }
+        shape.push(
+            part.parse::<usize>()
+                .map_err(|_| format!("bad shape entry '{part}'"))?,
+        );
+    }
+    let n: usize = shape.iter().product();
+    let want = n * dtype.size();
+    let body = &bytes[start + hlen..];
+    if body.len() < want {
+        return Err(format!(
+            "truncated: shape {shape:?} needs {want} data bytes, file has {}",
+            body.len()
+        ));
+    }
+    if body.len() > want {
+        return Err(format!(
+            "{} trailing bytes after the data of shape {shape:?}",
+            body.len() - want
+        ));
+    }
+    Ok(NpyArray {
+        dtype,
+        shape,
+        data: body.to_vec(),
+    })
+}
+
+/// The text after `'key':` up to the next top-level comma (or the tuple for shape).
+fn dict_value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
+    let pat1 = format!("'{key}':");
+    let pat2 = format!("\"{key}\":");
+    let i = header
+        .find(&pat1)
+        .map(|i| i + pat1.len())
+        .or_else(|| header.find(&pat2).map(|i| i + pat2.len()))?;
+    Some(&header[i..])
+}
+
+/// Serialise an array (format 1.0, header padded to 64 bytes).
+pub fn to_bytes(dtype: DType, shape: &[usize], data: &[u8]) -> Vec<u8> {
+    let shape_s = match shape.len() {
+        1 => format!("({},)", shape[0]),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let mut header = format!(
+        "{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
+        dtype.descr(),
+        shape_s
+    );
+    let total = 10 + header.len() + 1;
+    let pad = (64 - total % 64) % 64;
+    header.push_str(&" ".repeat(pad));
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + data.len());
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// Write an array to `path` (not atomically; callers rename).
+pub fn write(path: &Path, dtype: DType, shape: &[usize], data: &[u8]) -> Result<()> {
+    let mut f = std::fs::File::create(path).map_err(|e| EncodeError::io(path, e))?;
+    f.write_all(&to_bytes(dtype, shape, data))
+        .and_then(|_| f.sync_all())
+        .map_err(|e| EncodeError::io(path, e))
+}
+
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let data: Vec<u8> = f32_bytes(&[1.0, -2.5, 3.0, 4.0, 5.0, 6.0]);
+        let b = to_bytes(DType::F32, &[2, 3], &data);
+        assert_eq!(b.len() % 64, 24 % 64 + (64 - 24 % 64) % 64 - 40 + 16); // header to 64
+        let a = parse(&b).unwrap();
+        assert_eq!(a.shape, vec![2, 3]);
+        assert_eq!(a.to_f32(), vec![1.0, -2.5, 3.0, 4.0, 5.0, 6.0]);
+        let b1 = to_bytes(DType::I32, &[3], &[0u8; 12]);
+        assert_eq!(parse(&b1).unwrap().shape, vec![3]);
+    }
+
+    #[test]
+    fn truncated_is_an_error() {
+        let b = to_bytes(DType::F32, &[2, 3], &[0u8; 24]);
+        let err = parse(&b[..b.len() - 1]).unwrap_err();
+        assert!(err.contains("truncated"), "{err}");
+    }
+}

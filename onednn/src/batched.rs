@@ -1,0 +1,174 @@
+//! Batched matmul on runtime operands (attention: per pixel and head, Q.K^T and P.V), with optional strides so heads can be read in place.
+
+use std::ffi::c_void;
+
+use crate::engine::{Engine, Stream};
+use crate::error::{Error, Result};
+use crate::matmul::{arg, binary_arg, check_len, validate_post_ops};
+use crate::memory::{row_major_strides, DataType, Element, Memory, MemoryDesc};
+use crate::primitive::{Attr, PostOp, PostOps, Primitive, PrimitiveDesc};
+use crate::sys;
+use crate::threading::ThreadScope;
+
+/// `dst[b..] (m x n, f32) = post_ops(src[b..] (m x k) . weights[b..] (k x n))`
+/// for every index `b..` of the batch dims.
+///
+/// Strides are in elements, one per dim (batch dims first, then the two
+/// matrix dims); `None` means dense row-major. For example Q.K^T over a
+/// `[pixels, T, heads, d_head]` QKV buffer reads Q with dims
+/// `[pixels, heads, T, d_head]` and strides `[T*3d, d_head, 3d, 1]`, and K^T
+/// with dims `[pixels, heads, d_head, T]` and strides `[T*3d, d_head, 1, 3d]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchedMatMulSpec {
+    /// Batch dims, e.g. `[pixels, heads]` (at most 10).
+    pub batch: Vec<usize>,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub src_strides: Option<Vec<usize>>,
+    pub weights_strides: Option<Vec<usize>>,
+    pub dst_strides: Option<Vec<usize>>,
+    /// Element type of src and weights; dst (and a `BinaryAdd` residual, dense row-major) are f32.
+    pub data_type: DataType,
+    pub post_ops: Vec<PostOp>,
+    /// oneDNN threads per `execute` call. See `threading`.
+    pub threads: usize,
+}
+
+/// A created batched matmul for one fixed shape. `Send + Sync`; execute from any thread.
+pub struct BatchedMatMul {
+    engine: Engine,
+    spec: BatchedMatMulSpec,
+    prim: Primitive,
+    src: MemoryDesc,
+    weights: MemoryDesc,
+    dst: MemoryDesc,
+    residual: Option<MemoryDesc>,
+    /// Elements each operand's strides reach: the minimum slice length.
+    spans: [usize; 3],
+}
+
+impl BatchedMatMul {
+    pub fn new(engine: &Engine, spec: BatchedMatMulSpec) -> Result<Self> {
+        validate_post_ops(&spec.post_ops)?;
+        let all_positive = spec.batch.iter().chain([&spec.m, &spec.k, &spec.n, &spec.threads]).all(|&d| d > 0);
+        if !all_positive || spec.batch.len() + 2 > sys::DNNL_MAX_NDIMS {
+            return Err(Error::Invalid {
+                what: "batched matmul spec",
+                why: format!("batch {:?}, m {}, k {}, n {}, threads {}", spec.batch, spec.m, spec.k, spec.n, spec.threads),
+            });
+        }
+        let dims = |r: usize, c: usize| spec.batch.iter().copied().chain([r, c]).collect::<Vec<_>>();
+        let (src_dims, wei_dims, dst_dims) = (dims(spec.m, spec.k), dims(spec.k, spec.n), dims(spec.m, spec.n));
+        let strides = |given: &Option<Vec<usize>>, dims: &[usize]| given.clone().unwrap_or_else(|| row_major_strides(dims));
+        let (src_st, wei_st, dst_st) = (
+            strides(&spec.src_strides, &src_dims),
+            strides(&spec.weights_strides, &wei_dims),
+            strides(&spec.dst_strides, &dst_dims),
+        );
+        let src = MemoryDesc::strided(&src_dims, &src_st, spec.data_type)?;
+        let weights = MemoryDesc::strided(&wei_dims, &wei_st, spec.data_type)?;
+        let dst = MemoryDesc::strided(&dst_dims, &dst_st, DataType::F32)?;
+        let residual_desc = MemoryDesc::row_major(&dst_dims, DataType::F32)?;
+        let residual = spec.post_ops.contains(&PostOp::BinaryAdd).then_some(residual_desc);
+
+        let _threads = ThreadScope::new(spec.threads);
+        let post_ops = PostOps::new(&spec.post_ops, &residual_desc)?;
+        let attr = Attr::new(Some(&post_ops))?;
+        let pd = PrimitiveDesc::matmul(engine, &src, &weights, None, &dst, &attr)?;
+        let prim = Primitive::new(&pd)?;
+        let spans = [span(&src_dims, &src_st), span(&wei_dims, &wei_st), span(&dst_dims, &dst_st)];
+        Ok(BatchedMatMul {
+            engine: engine.clone(),
+            spec,
+            prim,
+            src,
+            weights,
+            dst,
+            residual,
+            spans,
+        })
+    }
+
+    pub fn spec(&self) -> &BatchedMatMulSpec {
+        &self.spec
+    }
+
+    /// The implementation oneDNN chose, e.g. "brg:avx2" or "ref:any" (slow: a sign the strides are unsupported).
+    pub fn impl_name(&self) -> &str {
+        &self.prim.impl_name
+    }
+
+    /// Runs the matmul on the caller's buffers in place. Each slice must be
+    /// exactly as long as its strides reach (dense: the product of its dims).
+    pub fn execute<T: Element>(&self, src: &[T], weights: &[T], dst: &mut [f32], residual: Option<&[f32]>) -> Result<()> {
+        let _threads = ThreadScope::new(self.spec.threads);
+        Stream::with_thread_local(&self.engine, |stream| self.execute_on(stream, src, weights, dst, residual))
+    }
+
+    /// As [`BatchedMatMul::execute`], on a stream the caller owns.
+    pub fn execute_on<T: Element>(
+        &self,
+        stream: &Stream,
+        src: &[T],
+        weights: &[T],
+        dst: &mut [f32],
+        residual: Option<&[f32]>,
+    ) -> Result<()> {
+        if T::DATA_TYPE != self.spec.data_type {
+            return Err(Error::DataType {
+                what: "batched matmul src/weights",
+                expected: self.spec.data_type,
+                got: T::DATA_TYPE,
+            });
+        }
+        // A longer slice is fine (e.g. Q read in place out of a QKV buffer).
+        check_at_least("batched matmul src", self.spans[0], src.len())?;
+        check_at_least("batched matmul weights", self.spans[1], weights.len())?;
+        check_at_least("batched matmul dst", self.spans[2], dst.len())?;
+        match (&self.residual, residual) {
+            (Some(md), Some(r)) => check_len("batched matmul residual", md.size_bytes() / 4, r.len())?,
+            (None, None) => {}
+            _ => {
+                return Err(Error::Invalid {
+                    what: "batched matmul residual",
+                    why: format!("a residual must be given exactly when the post-ops include BinaryAdd ({:?})", self.spec.post_ops),
+                })
+            }
+        }
+        let _threads = ThreadScope::new(self.spec.threads);
+        let engine = &self.engine;
+        // SAFETY (all wraps): each slice reaches at least as far as its
+        // descriptor's strides (checked above) and outlives the memory object;
+        // src, weights and residual are only read, dst is exclusively borrowed.
+        let src_mem = unsafe { Memory::wrap(engine, &self.src, src.as_ptr() as *mut c_void) }?;
+        let wei_mem = unsafe { Memory::wrap(engine, &self.weights, weights.as_ptr() as *mut c_void) }?;
+        let dst_mem = unsafe { Memory::wrap(engine, &self.dst, dst.as_mut_ptr().cast()) }?;
+        let res_mem = match (&self.residual, residual) {
+            (Some(md), Some(r)) => Some(unsafe { Memory::wrap(engine, md, r.as_ptr() as *mut c_void) }?),
+            _ => None,
+        };
+        let mut args = vec![
+            arg(sys::DNNL_ARG_SRC, &src_mem),
+            arg(sys::DNNL_ARG_WEIGHTS, &wei_mem),
+            arg(sys::DNNL_ARG_DST, &dst_mem),
+        ];
+        if let Some(r) = &res_mem {
+            args.push(arg(binary_arg(&self.spec.post_ops), r));
+        }
+        self.prim.execute(stream, &mut args)
+    }
+}
+
+/// 1 + the largest element offset the strides reach.
+fn span(dims: &[usize], strides: &[usize]) -> usize {
+    1 + dims.iter().zip(strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>()
+}
+
+fn check_at_least(what: &'static str, needed: usize, got: usize) -> Result<()> {
+    if got >= needed {
+        Ok(())
+    } else {
+        Err(Error::Length { what, expected: needed, got })
+    }
+}

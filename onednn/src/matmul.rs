@@ -1,0 +1,286 @@
+//! Linear layers as oneDNN matmuls: weights packed once into the layout oneDNN picks, primitives cached per M, execute on caller buffers.
+//!
+//! Why a cache keyed by M rather than `DNNL_RUNTIME_DIM_VAL`: in oneDNN 2.6 a
+//! runtime M rules out the brgemm matmul and `format_tag::any` weights (only
+//! the sgemm-based and reference implementations accept runtime dims), so the
+//! weights could not stay pre-packed and every call would repack them. The
+//! encoder uses few distinct M values (pixels per block x a multiple-of-8
+//! sequence length), so one primitive per M is cheap; creation is about a
+//! millisecond and happens on the first call with that M (or in [`MatMul::prepare`]).
+//! If a new M makes oneDNN choose a different weights layout, the weights are
+//! reordered once more into it and that packed copy is shared by every M that
+//! chose the same layout.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, RwLock};
+
+use crate::engine::{Engine, Stream};
+use crate::error::{Error, Result};
+use crate::memory::{AlignedBuf, DataType, Element, Memory, MemoryDesc};
+use crate::primitive::{reorder, Attr, PostOp, PostOps, Primitive, PrimitiveDesc};
+use crate::sys;
+use crate::threading::ThreadScope;
+
+/// What a [`MatMul`] computes: `dst (M x n, f32) = post_ops(src (M x k) . W^T + bias)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MatMulSpec {
+    /// Input features (columns of src; the `in` of PyTorch's `out x in` weight).
+    pub k: usize,
+    /// Output features (columns of dst; the `out` of the weight).
+    pub n: usize,
+    /// Element type of src and of the packed weights. dst and bias are always f32.
+    pub data_type: DataType,
+    pub post_ops: Vec<PostOp>,
+    /// oneDNN threads per `execute` call (1 for thread-per-block callers). See `threading`.
+    pub threads: usize,
+}
+
+struct Packed {
+    desc: MemoryDesc,
+    buf: AlignedBuf,
+}
+
+/// One created primitive for one M.
+struct Instance {
+    prim: Primitive,
+    src: MemoryDesc,
+    dst: MemoryDesc,
+    bias: Option<MemoryDesc>,
+    weights: Arc<Packed>,
+}
+
+/// A linear layer on oneDNN: created once, executed many times, from any number of threads at once.
+pub struct MatMul {
+    engine: Engine,
+    spec: MatMulSpec,
+    bias: Option<Vec<f32>>,
+    /// Distinct packed weight layouts; `[0]` is the one made at construction.
+    packed: RwLock<Vec<Arc<Packed>>>,
+    /// Primitives by M. Read-locked on every execute, write-locked only to add an M.
+    instances: RwLock<HashMap<usize, Arc<Instance>>>,
+}
+
+impl MatMul {
+    /// Packs `weight` (PyTorch layout: `n x k`, row-major, f32) into the layout
+    /// oneDNN picks for `m_hint` rows on this CPU, converting to
+    /// `spec.data_type`. `bias` has `n` elements.
+    pub fn new(engine: &Engine, spec: MatMulSpec, weight: &[f32], bias: Option<&[f32]>, m_hint: usize) -> Result<Self> {
+        validate_post_ops(&spec.post_ops)?;
+        if spec.k == 0 || spec.n == 0 || spec.threads == 0 {
+            return Err(Error::Invalid {
+                what: "matmul spec",
+                why: format!("k = {}, n = {}, threads = {} must all be positive", spec.k, spec.n, spec.threads),
+            });
+        }
+        check_len("weight (n x k)", spec.n * spec.k, weight.len())?;
+        if let Some(b) = bias {
+            check_len("bias", spec.n, b.len())?;
+        }
+        let matmul = MatMul {
+            engine: engine.clone(),
+            bias: bias.map(<[f32]>::to_vec),
+            packed: RwLock::new(Vec::new()),
+            instances: RwLock::new(HashMap::new()),
+            spec,
+        };
+        let _threads = ThreadScope::new(matmul.spec.threads);
+        let pd = matmul.primitive_desc(m_hint.max(1))?;
+        let chosen = pd.query_md(sys::dnnl_query_weights_md).ok_or(Error::Invalid {
+            what: "matmul",
+            why: "oneDNN reported no weights descriptor".into(),
+        })?;
+        // PyTorch's out x in row-major is the k x n matrix with layout `ba`.
+        let user = MemoryDesc::strided(&[matmul.spec.k, matmul.spec.n], &[1, matmul.spec.k], DataType::F32)?;
+        let mut buf = AlignedBuf::zeroed(chosen.size_bytes());
+        // SAFETY: `weight` holds k*n f32 (checked), `buf` holds chosen.size_bytes().
+        unsafe { reorder(&matmul.engine, &user, weight.as_ptr().cast(), &chosen, buf.as_mut_ptr()) }?;
+        matmul
+            .packed
+            .write()
+            .expect("packed-weights lock is never held across a panic")
+            .push(Arc::new(Packed { desc: chosen, buf }));
+        matmul.insert_instance(m_hint.max(1), &pd)?;
+        Ok(matmul)
+    }
+
+    pub fn spec(&self) -> &MatMulSpec {
+        &self.spec
+    }
+
+    /// Creates the primitive for `m` rows now (instead of on the first `execute`)
+    /// and returns the implementation oneDNN chose for it, e.g. "brg:avx512_core_amx".
+    pub fn prepare(&self, m: usize) -> Result<String> {
+        Ok(self.instance(m)?.prim.impl_name.clone())
+    }
+
+    /// How many differently packed copies of the weights exist (1 unless some M chose another layout).
+    pub fn packed_layouts(&self) -> usize {
+        self.packed.read().expect("packed-weights lock is never held across a panic").len()
+    }
+
+    /// `dst = post_ops(src . W^T + bias)`, with M = `src.len() / k`.
+    ///
+    /// `residual` (M x n, f32) is required exactly when the post-ops include
+    /// `BinaryAdd`. With `Sum`, dst's current contents are added. No buffer is
+    /// copied: oneDNN reads and writes the slices in place. Safe to call from
+    /// many threads at once; each uses its own stream and scratchpad.
+    pub fn execute<T: Element>(&self, src: &[T], dst: &mut [f32], residual: Option<&[f32]>) -> Result<()> {
+        let _threads = ThreadScope::new(self.spec.threads);
+        Stream::with_thread_local(&self.engine, |stream| self.execute_on(stream, src, dst, residual))
+    }
+
+    /// As [`MatMul::execute`], on a stream the caller owns.
+    pub fn execute_on<T: Element>(
+        &self,
+        stream: &Stream,
+        src: &[T],
+        dst: &mut [f32],
+        residual: Option<&[f32]>,
+    ) -> Result<()> {
+        if T::DATA_TYPE != self.spec.data_type {
+            return Err(Error::DataType {
+                what: "matmul src",
+                expected: self.spec.data_type,
+                got: T::DATA_TYPE,
+            });
+        }
+        if src.len() % self.spec.k != 0 {
+            return Err(Error::Invalid {
+                what: "matmul src",
+                why: format!("{} elements is not a whole number of rows of k = {}", src.len(), self.spec.k),
+            });
+        }
+        let m = src.len() / self.spec.k;
+        check_len("matmul dst (M x n)", m * self.spec.n, dst.len())?;
+        let wants_residual = self.spec.post_ops.contains(&PostOp::BinaryAdd);
+        match residual {
+            Some(r) if wants_residual => check_len("matmul residual (M x n)", m * self.spec.n, r.len())?,
+            None if !wants_residual => {}
+            _ => {
+                return Err(Error::Invalid {
+                    what: "matmul residual",
+                    why: format!("a residual must be given exactly when the post-ops include BinaryAdd ({:?})", self.spec.post_ops),
+                })
+            }
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        let _threads = ThreadScope::new(self.spec.threads);
+        let inst = self.instance(m)?;
+        let engine = &self.engine;
+        // SAFETY (all wraps): each slice was length-checked against its descriptor
+        // above and outlives these memory objects; oneDNN only reads src, weights,
+        // bias and residual, and dst is exclusively borrowed.
+        let src_mem = unsafe { Memory::wrap(engine, &inst.src, src.as_ptr() as *mut c_void) }?;
+        let wei_mem = unsafe { Memory::wrap(engine, &inst.weights.desc, inst.weights.buf.as_ptr() as *mut c_void) }?;
+        let dst_mem = unsafe { Memory::wrap(engine, &inst.dst, dst.as_mut_ptr().cast()) }?;
+        let bias_mem = match (&inst.bias, &self.bias) {
+            (Some(md), Some(b)) => Some(unsafe { Memory::wrap(engine, md, b.as_ptr() as *mut c_void) }?),
+            _ => None,
+        };
+        let res_mem = match residual {
+            Some(r) => Some(unsafe { Memory::wrap(engine, &inst.dst, r.as_ptr() as *mut c_void) }?),
+            None => None,
+        };
+        let mut args = Vec::with_capacity(6);
+        args.push(arg(sys::DNNL_ARG_SRC, &src_mem));
+        args.push(arg(sys::DNNL_ARG_WEIGHTS, &wei_mem));
+        args.push(arg(sys::DNNL_ARG_DST, &dst_mem));
+        if let Some(b) = &bias_mem {
+            args.push(arg(sys::DNNL_ARG_BIAS, b));
+        }
+        if let Some(r) = &res_mem {
+            args.push(arg(binary_arg(&self.spec.post_ops), r));
+        }
+        inst.prim.execute(stream, &mut args)
+    }
+
+    fn instance(&self, m: usize) -> Result<Arc<Instance>> {
+        if let Some(inst) = self.instances.read().expect("instance lock is never held across a panic").get(&m) {
+            return Ok(Arc::clone(inst));
+        }
+        let _threads = ThreadScope::new(self.spec.threads);
+        let pd = self.primitive_desc(m)?;
+        self.insert_instance(m, &pd)
+    }
+
+    fn primitive_desc(&self, m: usize) -> Result<PrimitiveDesc> {
+        let s = &self.spec;
+        let src = MemoryDesc::row_major(&[m, s.k], s.data_type)?;
+        let weights = MemoryDesc::any(&[s.k, s.n], s.data_type)?;
+        let bias = self.bias.as_ref().map(|_| MemoryDesc::row_major(&[1, s.n], DataType::F32)).transpose()?;
+        let dst = MemoryDesc::row_major(&[m, s.n], DataType::F32)?;
+        let post_ops = PostOps::new(&s.post_ops, &dst)?;
+        let attr = Attr::new(Some(&post_ops))?;
+        PrimitiveDesc::matmul(&self.engine, &src, &weights, bias.as_ref(), &dst, &attr)
+    }
+
+    /// Creates the primitive for `pd` (made for `m` rows), packing the weights
+    /// again only if it chose a layout no earlier M chose.
+    fn insert_instance(&self, m: usize, pd: &PrimitiveDesc) -> Result<Arc<Instance>> {
+        let chosen = pd.query_md(sys::dnnl_query_weights_md).ok_or(Error::Invalid {
+            what: "matmul",
+            why: "oneDNN reported no weights descriptor".into(),
+        })?;
+        let weights = {
+            let mut packed = self.packed.write().expect("packed-weights lock is never held across a panic");
+            match packed.iter().find(|p| p.desc == chosen) {
+                Some(p) => Arc::clone(p),
+                None => {
+                    let first = packed.first().expect("the constructor packs the first layout");
+                    let mut buf = AlignedBuf::zeroed(chosen.size_bytes());
+                    // SAFETY: both buffers are sized by their descriptors.
+                    unsafe { reorder(&self.engine, &first.desc, first.buf.as_ptr(), &chosen, buf.as_mut_ptr()) }?;
+                    let p = Arc::new(Packed { desc: chosen, buf });
+                    packed.push(Arc::clone(&p));
+                    p
+                }
+            }
+        };
+        let s = &self.spec;
+        let inst = Arc::new(Instance {
+            prim: Primitive::new(pd)?,
+            src: MemoryDesc::row_major(&[m, s.k], s.data_type)?,
+            dst: MemoryDesc::row_major(&[m, s.n], DataType::F32)?,
+            bias: self.bias.as_ref().map(|_| MemoryDesc::row_major(&[1, s.n], DataType::F32)).transpose()?,
+            weights,
+        });
+        let mut instances = self.instances.write().expect("instance lock is never held across a panic");
+        // Another thread may have created the same M meanwhile; keep the first.
+        Ok(Arc::clone(instances.entry(m).or_insert(inst)))
+    }
+}
+
+pub(crate) fn arg(arg: i32, mem: &Memory<'_>) -> sys::dnnl_exec_arg_t {
+    sys::dnnl_exec_arg_t { arg, memory: mem.raw() }
+}
+
+/// The execute-argument index of the (single) binary post-op's second operand.
+pub(crate) fn binary_arg(post_ops: &[PostOp]) -> i32 {
+    let idx = post_ops
+        .iter()
+        .position(|op| *op == PostOp::BinaryAdd)
+        .expect("binary_arg is only called when a BinaryAdd post-op exists");
+    sys::dnnl_arg_attr_multiple_post_op(idx as i32) | sys::DNNL_ARG_SRC_1
+}
+
+pub(crate) fn validate_post_ops(post_ops: &[PostOp]) -> Result<()> {
+    let count = |want: PostOp| post_ops.iter().filter(|op| **op == want).count();
+    if count(PostOp::BinaryAdd) > 1 || count(PostOp::Sum) > 1 {
+        return Err(Error::Invalid {
+            what: "post-ops",
+            why: format!("at most one BinaryAdd and one Sum are supported, got {post_ops:?}"),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(Error::Length { what, expected, got })
+    }
+}

@@ -1,0 +1,238 @@
+//! Memory descriptors (shape, data type, layout), element types, and memory objects over caller or crate-owned buffers.
+
+use std::ffi::c_void;
+use std::ptr;
+
+use crate::bf16::Bf16;
+use crate::engine::Engine;
+use crate::error::{check, Error, Result};
+use crate::sys;
+
+/// Element types this crate moves through oneDNN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DataType {
+    F32,
+    Bf16,
+}
+
+impl DataType {
+    pub(crate) fn raw(self) -> sys::dnnl_data_type_t {
+        match self {
+            DataType::F32 => sys::dnnl_f32,
+            DataType::Bf16 => sys::dnnl_bf16,
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            DataType::F32 => 4,
+            DataType::Bf16 => 2,
+        }
+    }
+}
+
+/// A Rust element type with a oneDNN data type: `f32` or [`Bf16`].
+pub trait Element: Copy + Send + Sync + 'static {
+    const DATA_TYPE: DataType;
+}
+
+impl Element for f32 {
+    const DATA_TYPE: DataType = DataType::F32;
+}
+
+impl Element for Bf16 {
+    const DATA_TYPE: DataType = DataType::Bf16;
+}
+
+/// A oneDNN memory descriptor: dims, data type and layout (plain, strided,
+/// `any`, or whatever blocked layout a primitive chose).
+#[derive(Clone, Copy)]
+pub struct MemoryDesc(pub(crate) sys::dnnl_memory_desc_t);
+
+impl MemoryDesc {
+    /// Dense row-major (`ab`, `abc`, ...: last dim contiguous).
+    pub fn row_major(dims: &[usize], data_type: DataType) -> Result<Self> {
+        let strides = row_major_strides(dims);
+        Self::strided(dims, &strides, data_type)
+    }
+
+    /// Explicit strides, in elements, one per dim.
+    pub fn strided(dims: &[usize], strides: &[usize], data_type: DataType) -> Result<Self> {
+        if dims.len() != strides.len() || dims.is_empty() || dims.len() > sys::DNNL_MAX_NDIMS {
+            return Err(Error::Invalid {
+                what: "memory descriptor",
+                why: format!("dims {dims:?} and strides {strides:?}"),
+            });
+        }
+        let d = to_dims(dims)?;
+        let s = to_dims(strides)?;
+        let mut md = sys::dnnl_memory_desc_t::zeroed();
+        // SAFETY: out-pointer to a local; dims/strides arrays hold DNNL_MAX_NDIMS entries.
+        check("dnnl_memory_desc_init_by_strides", unsafe {
+            sys::dnnl_memory_desc_init_by_strides(
+                &mut md,
+                dims.len() as i32,
+                d.as_ptr(),
+                data_type.raw(),
+                s.as_ptr(),
+            )
+        })?;
+        Ok(MemoryDesc(md))
+    }
+
+    /// `format_tag::any`: let the primitive that receives this descriptor pick the layout.
+    pub fn any(dims: &[usize], data_type: DataType) -> Result<Self> {
+        Self::by_tag(dims, data_type, sys::dnnl_format_tag_any)
+    }
+
+    fn by_tag(dims: &[usize], data_type: DataType, tag: sys::dnnl_format_tag_t) -> Result<Self> {
+        if dims.is_empty() || dims.len() > sys::DNNL_MAX_NDIMS {
+            return Err(Error::Invalid {
+                what: "memory descriptor",
+                why: format!("dims {dims:?}"),
+            });
+        }
+        let d = to_dims(dims)?;
+        let mut md = sys::dnnl_memory_desc_t::zeroed();
+        // SAFETY: out-pointer to a local; dims array holds DNNL_MAX_NDIMS entries.
+        check("dnnl_memory_desc_init_by_tag", unsafe {
+            sys::dnnl_memory_desc_init_by_tag(&mut md, dims.len() as i32, d.as_ptr(), data_type.raw(), tag)
+        })?;
+        Ok(MemoryDesc(md))
+    }
+
+    /// The descriptor a primitive descriptor reports for `what` (e.g. its chosen weights layout).
+    ///
+    /// # Safety
+    /// `pd` must be a live primitive descriptor.
+    pub(crate) unsafe fn query(pd: sys::const_dnnl_primitive_desc_t, what: sys::dnnl_query_t) -> Option<Self> {
+        let md = sys::dnnl_primitive_desc_query_md(pd, what, 0);
+        (!md.is_null() && (*md).ndims > 0).then(|| MemoryDesc(*md))
+    }
+
+    pub fn dims(&self) -> Vec<usize> {
+        self.0.dims[..self.0.ndims as usize].iter().map(|&d| d as usize).collect()
+    }
+
+    pub fn data_type(&self) -> Option<DataType> {
+        match self.0.data_type {
+            sys::dnnl_f32 => Some(DataType::F32),
+            sys::dnnl_bf16 => Some(DataType::Bf16),
+            _ => None,
+        }
+    }
+
+    /// Whether the layout is still `any` (not yet chosen by a primitive).
+    pub fn is_any(&self) -> bool {
+        self.0.format_kind == sys::dnnl_format_kind_any
+    }
+
+    /// Bytes a buffer in this layout needs (including any padding of blocked layouts).
+    pub fn size_bytes(&self) -> usize {
+        // SAFETY: pointer to an initialised descriptor.
+        unsafe { sys::dnnl_memory_desc_get_size(&self.0) }
+    }
+}
+
+impl PartialEq for MemoryDesc {
+    fn eq(&self, other: &Self) -> bool {
+        // SAFETY: pointers to initialised descriptors.
+        unsafe { sys::dnnl_memory_desc_equal(&self.0, &other.0) != 0 }
+    }
+}
+
+impl std::fmt::Debug for MemoryDesc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryDesc")
+            .field("dims", &self.dims())
+            .field("data_type", &self.data_type())
+            .field("format_kind", &self.0.format_kind)
+            .field("bytes", &self.size_bytes())
+            .finish()
+    }
+}
+
+pub(crate) fn row_major_strides(dims: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * dims[i + 1];
+    }
+    strides
+}
+
+fn to_dims(values: &[usize]) -> Result<sys::dnnl_dims_t> {
+    let mut out = [0i64; sys::DNNL_MAX_NDIMS];
+    for (o, &v) in out.iter_mut().zip(values) {
+        *o = i64::try_from(v).map_err(|_| Error::Invalid {
+            what: "dimension",
+            why: format!("{v} does not fit in i64"),
+        })?;
+    }
+    Ok(out)
+}
+
+/// A oneDNN memory object over a buffer it does not own. Created per call
+/// around the caller's slices (no copy); the lifetime ties it to the buffer.
+pub(crate) struct Memory<'a> {
+    raw: sys::dnnl_memory_t,
+    _buffer: std::marker::PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> Memory<'a> {
+    /// Wraps `ptr`, which must stay valid (and, if the memory is written, unaliased) for `'a`.
+    ///
+    /// # Safety
+    /// `ptr` must point to at least `desc.size_bytes()` bytes valid for `'a`.
+    pub(crate) unsafe fn wrap(engine: &Engine, desc: &MemoryDesc, ptr: *mut c_void) -> Result<Self> {
+        let mut raw = ptr::null_mut();
+        check("dnnl_memory_create", unsafe {
+            sys::dnnl_memory_create(&mut raw, &desc.0, engine.raw(), ptr)
+        })?;
+        Ok(Memory {
+            raw,
+            _buffer: std::marker::PhantomData,
+        })
+    }
+
+    pub(crate) fn raw(&self) -> sys::dnnl_memory_t {
+        self.raw
+    }
+}
+
+impl Drop for Memory<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by dnnl_memory_create with a user handle, so this frees only the wrapper.
+        unsafe { sys::dnnl_memory_destroy(self.raw) };
+    }
+}
+
+/// A 64-byte-aligned, zero-initialised byte buffer (packed weights, scratchpads).
+pub(crate) struct AlignedBuf {
+    chunks: Vec<Chunk>,
+    len: usize,
+}
+
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Chunk([u8; 64]);
+
+impl AlignedBuf {
+    pub(crate) fn zeroed(len: usize) -> Self {
+        AlignedBuf {
+            chunks: vec![Chunk([0; 64]); len.div_ceil(64)],
+            len,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn as_ptr(&self) -> *const c_void {
+        self.chunks.as_ptr().cast()
+    }
+
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut c_void {
+        self.chunks.as_mut_ptr().cast()
+    }
+}

@@ -1,0 +1,282 @@
+//! Owned wrappers (with Drop) for primitive descriptors, primitives, attributes and post-op lists; reorders; the per-thread scratchpad.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr};
+use std::ptr;
+
+use crate::engine::{Engine, Stream};
+use crate::error::{check, Result};
+use crate::memory::{AlignedBuf, Memory, MemoryDesc};
+use crate::sys;
+
+/// An operation applied to the matmul result before it is written, in order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PostOp {
+    /// `x = max(x, 0)`.
+    Relu,
+    /// `x = alpha * x + beta` (e.g. the 1/sqrt(d_head) attention scale).
+    Linear { alpha: f32, beta: f32 },
+    /// `x = x + residual`, where `residual` is an f32 tensor shaped like dst,
+    /// passed to `execute`. At most one per primitive in this crate.
+    BinaryAdd,
+    /// `x = x + dst_before`: accumulates into what the caller's dst already holds.
+    Sum,
+}
+
+pub(crate) struct PostOps(sys::dnnl_post_ops_t);
+
+impl PostOps {
+    /// Builds the post-op list; `dst_desc` (plain f32, dst-shaped) describes a `BinaryAdd` operand.
+    pub(crate) fn new(ops: &[PostOp], dst_desc: &MemoryDesc) -> Result<Self> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        check("dnnl_post_ops_create", unsafe { sys::dnnl_post_ops_create(&mut raw) })?;
+        let post_ops = PostOps(raw);
+        for op in ops {
+            // SAFETY: `raw` is live (owned by `post_ops`); descriptors are initialised.
+            match *op {
+                PostOp::Relu => check("dnnl_post_ops_append_eltwise(relu)", unsafe {
+                    sys::dnnl_post_ops_append_eltwise(raw, 1.0, sys::dnnl_eltwise_relu, 0.0, 0.0)
+                })?,
+                PostOp::Linear { alpha, beta } => check("dnnl_post_ops_append_eltwise(linear)", unsafe {
+                    sys::dnnl_post_ops_append_eltwise(raw, 1.0, sys::dnnl_eltwise_linear, alpha, beta)
+                })?,
+                PostOp::BinaryAdd => check("dnnl_post_ops_append_binary(add)", unsafe {
+                    sys::dnnl_post_ops_append_binary(raw, sys::dnnl_binary_add, &dst_desc.0)
+                })?,
+                PostOp::Sum => check("dnnl_post_ops_append_sum", unsafe {
+                    sys::dnnl_post_ops_append_sum(raw, 1.0)
+                })?,
+            }
+        }
+        Ok(post_ops)
+    }
+}
+
+impl Drop for PostOps {
+    fn drop(&mut self) {
+        // SAFETY: created by dnnl_post_ops_create; attributes copy it.
+        unsafe { sys::dnnl_post_ops_destroy(self.0) };
+    }
+}
+
+pub(crate) struct Attr(pub(crate) sys::dnnl_primitive_attr_t);
+
+impl Attr {
+    /// Attributes with a user-managed scratchpad (see [`with_scratchpad`]) and the given post-ops.
+    pub(crate) fn new(post_ops: Option<&PostOps>) -> Result<Self> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        check("dnnl_primitive_attr_create", unsafe { sys::dnnl_primitive_attr_create(&mut raw) })?;
+        let attr = Attr(raw);
+        // SAFETY: `raw` is live; the post-op list is copied into the attribute.
+        check("dnnl_primitive_attr_set_scratchpad_mode", unsafe {
+            sys::dnnl_primitive_attr_set_scratchpad_mode(raw, sys::dnnl_scratchpad_mode_user)
+        })?;
+        if let Some(p) = post_ops {
+            check("dnnl_primitive_attr_set_post_ops", unsafe {
+                sys::dnnl_primitive_attr_set_post_ops(raw, p.0)
+            })?;
+        }
+        Ok(attr)
+    }
+}
+
+impl Drop for Attr {
+    fn drop(&mut self) {
+        // SAFETY: created by dnnl_primitive_attr_create; primitive descriptors copy it.
+        unsafe { sys::dnnl_primitive_attr_destroy(self.0) };
+    }
+}
+
+pub(crate) struct PrimitiveDesc(pub(crate) sys::dnnl_primitive_desc_t);
+
+impl PrimitiveDesc {
+    pub(crate) fn matmul(
+        engine: &Engine,
+        src: &MemoryDesc,
+        weights: &MemoryDesc,
+        bias: Option<&MemoryDesc>,
+        dst: &MemoryDesc,
+        attr: &Attr,
+    ) -> Result<Self> {
+        let mut op = sys::dnnl_matmul_desc_t::zeroed();
+        let no_bias = sys::dnnl_memory_desc_t::zeroed();
+        let bias_raw = bias.map_or(&no_bias as *const _, |b| &b.0 as *const _);
+        // SAFETY: all descriptors are initialised (or zeroed = "no bias"); out-pointer to a local.
+        check("dnnl_matmul_desc_init", unsafe {
+            sys::dnnl_matmul_desc_init(&mut op, &src.0, &weights.0, bias_raw, &dst.0)
+        })?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: `op` was initialised above; attr and engine are live.
+        check("dnnl_primitive_desc_create(matmul)", unsafe {
+            sys::dnnl_primitive_desc_create(
+                &mut raw,
+                &op as *const sys::dnnl_matmul_desc_t as *const c_void,
+                attr.0,
+                engine.raw(),
+                ptr::null(),
+            )
+        })?;
+        Ok(PrimitiveDesc(raw))
+    }
+
+    pub(crate) fn reorder(engine: &Engine, from: &MemoryDesc, to: &MemoryDesc, attr: &Attr) -> Result<Self> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: descriptors initialised; engine and attr live; out-pointer to a local.
+        check("dnnl_reorder_primitive_desc_create", unsafe {
+            sys::dnnl_reorder_primitive_desc_create(&mut raw, &from.0, engine.raw(), &to.0, engine.raw(), attr.0)
+        })?;
+        Ok(PrimitiveDesc(raw))
+    }
+
+    pub(crate) fn query_md(&self, what: sys::dnnl_query_t) -> Option<MemoryDesc> {
+        // SAFETY: `self.0` is live.
+        unsafe { MemoryDesc::query(self.0, what) }
+    }
+
+    /// The implementation oneDNN picked, e.g. "brg:avx512_core_amx", "gemm:jit", "ref:any".
+    pub(crate) fn impl_name(&self) -> String {
+        let mut name: *const c_char = ptr::null();
+        // SAFETY: impl_info_str writes a `const char *` owned by the descriptor.
+        let status = unsafe {
+            sys::dnnl_primitive_desc_query(self.0, sys::dnnl_query_impl_info_str, 0, &mut name as *mut _ as *mut c_void)
+        };
+        if status != sys::dnnl_success || name.is_null() {
+            return "?".to_owned();
+        }
+        // SAFETY: non-null NUL-terminated string owned by the live descriptor.
+        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+    }
+
+    pub(crate) fn scratchpad_bytes(&self) -> usize {
+        self.query_md(sys::dnnl_query_scratchpad_md).map_or(0, |md| md.size_bytes())
+    }
+}
+
+impl Drop for PrimitiveDesc {
+    fn drop(&mut self) {
+        // SAFETY: created by a dnnl_*primitive_desc_create call; primitives keep their own copy.
+        unsafe { sys::dnnl_primitive_desc_destroy(self.0) };
+    }
+}
+
+/// A created primitive plus what executing it needs to know.
+pub(crate) struct Primitive {
+    raw: sys::dnnl_primitive_t,
+    pub(crate) scratchpad: Option<MemoryDesc>,
+    pub(crate) impl_name: String,
+}
+
+// SAFETY: oneDNN CPU primitives are immutable after creation and may be
+// executed concurrently from several threads, each with its own stream and
+// memory objects. The one piece of shared mutable state oneDNN would use, the
+// library-managed scratchpad, is disabled: every primitive here uses
+// `scratchpad_mode_user` and gets a per-thread scratchpad (`with_scratchpad`).
+unsafe impl Send for Primitive {}
+unsafe impl Sync for Primitive {}
+
+impl Primitive {
+    pub(crate) fn new(pd: &PrimitiveDesc) -> Result<Self> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: `pd` is live; out-pointer to a local.
+        check("dnnl_primitive_create", unsafe { sys::dnnl_primitive_create(&mut raw, pd.0) })?;
+        let scratchpad_bytes = pd.scratchpad_bytes();
+        Ok(Primitive {
+            raw,
+            scratchpad: (scratchpad_bytes > 0)
+                .then(|| pd.query_md(sys::dnnl_query_scratchpad_md))
+                .flatten(),
+            impl_name: pd.impl_name(),
+        })
+    }
+
+    /// Runs the primitive with `args` (plus the scratchpad, added here) on `stream`.
+    pub(crate) fn execute(&self, stream: &Stream, args: &mut Vec<sys::dnnl_exec_arg_t>) -> Result<()> {
+        let run = |args: &[sys::dnnl_exec_arg_t]| {
+            // SAFETY: every memory in `args` wraps a buffer that outlives this call
+            // (the `Memory` values are held by our caller); stream and primitive are live.
+            check("dnnl_primitive_execute", unsafe {
+                sys::dnnl_primitive_execute(self.raw, stream.raw(), args.len() as i32, args.as_ptr())
+            })
+        };
+        match &self.scratchpad {
+            None => run(args),
+            Some(md) => with_scratchpad(md.size_bytes(), |ptr| {
+                // SAFETY: `ptr` points to at least `md.size_bytes()` bytes owned by
+                // this thread's scratchpad until `with_scratchpad` returns.
+                let mem = unsafe { Memory::wrap(stream.engine(), md, ptr) }?;
+                args.push(sys::dnnl_exec_arg_t {
+                    arg: sys::DNNL_ARG_SCRATCHPAD,
+                    memory: mem.raw(),
+                });
+                let result = run(args);
+                args.pop();
+                result
+            }),
+        }
+    }
+}
+
+impl Drop for Primitive {
+    fn drop(&mut self) {
+        // SAFETY: created by dnnl_primitive_create.
+        unsafe { sys::dnnl_primitive_destroy(self.raw) };
+    }
+}
+
+/// Runs `f` with this thread's scratchpad, grown to at least `bytes`.
+///
+/// One buffer per thread, reused by every primitive the thread executes: a
+/// primitive needs its scratchpad only during `execute`, and a thread runs one
+/// primitive at a time.
+fn with_scratchpad<R>(bytes: usize, f: impl FnOnce(*mut c_void) -> Result<R>) -> Result<R> {
+    thread_local! {
+        static SCRATCH: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::zeroed(0));
+    }
+    SCRATCH.with(|cell| {
+        // A nested call (not something this crate does) gets its own buffer
+        // rather than aliasing the outer one.
+        match cell.try_borrow_mut() {
+            Ok(mut buf) => {
+                if buf.len() < bytes {
+                    *buf = AlignedBuf::zeroed(bytes);
+                }
+                f(buf.as_mut_ptr())
+            }
+            Err(_) => f(AlignedBuf::zeroed(bytes).as_mut_ptr()),
+        }
+    })
+}
+
+/// Copies (converting layout and data type) from `from` to `to` with a reorder primitive.
+///
+/// # Safety
+/// `src` must hold `from.size_bytes()` readable bytes and `dst` `to.size_bytes()` writable bytes.
+pub(crate) unsafe fn reorder(
+    engine: &Engine,
+    from: &MemoryDesc,
+    src: *const c_void,
+    to: &MemoryDesc,
+    dst: *mut c_void,
+) -> Result<()> {
+    let attr = Attr::new(None)?;
+    let pd = PrimitiveDesc::reorder(engine, from, to, &attr)?;
+    let prim = Primitive::new(&pd)?;
+    let src_mem = unsafe { Memory::wrap(engine, from, src as *mut c_void) }?;
+    let dst_mem = unsafe { Memory::wrap(engine, to, dst) }?;
+    let mut args = vec![
+        sys::dnnl_exec_arg_t {
+            arg: sys::DNNL_ARG_FROM,
+            memory: src_mem.raw(),
+        },
+        sys::dnnl_exec_arg_t {
+            arg: sys::DNNL_ARG_TO,
+            memory: dst_mem.raw(),
+        },
+    ];
+    Stream::with_thread_local(engine, |stream| {
+        prim.execute(stream, &mut args)?;
+        stream.wait()
+    })
+}
