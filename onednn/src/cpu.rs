@@ -40,6 +40,8 @@ impl CpuFeatures {
 }
 
 #[cfg(target_arch = "x86_64")]
+// `__cpuid_count` became a safe fn in Rust 1.87; the workspace allows 1.85.
+#[allow(unused_unsafe)]
 fn cpuid_bf16() -> (bool, bool) {
     use std::arch::x86_64::__cpuid_count;
     // SAFETY: cpuid is available on every x86_64 CPU.

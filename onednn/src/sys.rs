@@ -5,7 +5,7 @@
 //! the enum values (`dnnl_memory_desc_t` = 696 bytes, `dnnl_matmul_desc_t` =
 //! 2800 bytes, both 8-aligned). oneDNN 3.x made memory descriptors opaque
 //! handles, so these declarations are for 2.x only; `build.rs` refuses 3.x.
-#![allow(non_camel_case_types, dead_code)]
+#![allow(non_camel_case_types, non_upper_case_globals, dead_code)]
 
 use std::ffi::{c_char, c_int, c_void};
 
@@ -340,8 +340,8 @@ extern "C" {
     ) -> dnnl_status_t;
 }
 
-/// The OpenMP runtime libdnnl was built against (Debian: libgomp). Only
-/// linked (by build.rs) when it found `DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP`.
+// The OpenMP runtime libdnnl was built against (Debian: libgomp). Only
+// linked (by build.rs) when it found `DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP`.
 #[cfg(dnnl_omp)]
 extern "C" {
     pub fn omp_set_num_threads(n: c_int);
