@@ -16,5 +16,5 @@ mod tile;
 pub mod tmerc;
 mod zone;
 
-pub use tile::{Bounds, TileId, TileIdError, UtmZone};
+pub use tile::{Bounds, TileId, TileIdError, UtmZone, IX_END, IX_MIN, IY_END, IY_MIN};
 pub use zone::{place, tile_info, GridError, Placement, TileInfo, ZoneGrid, PIXEL_M, ZONE_GRID_BLOCK_PX};

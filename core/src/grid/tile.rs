@@ -7,8 +7,6 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::tmerc::TransverseMercator;
 
-/// Cells per degree: tiles are 0.1° on a side.
-pub const CELLS_PER_DEGREE: i32 = 10;
 /// Cell column of the westernmost tile (lon −180°).
 pub const IX_MIN: i32 = -1800;
 /// One past the easternmost cell column (lon +180°).

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::tile::{TileId, UtmZone};
+use super::tile::TileId;
 use super::tmerc::UTM_FALSE_NORTHING_SOUTH;
 
 /// Pixel size of TESSERA embeddings, metres.
