@@ -25,18 +25,32 @@ fn main() {
         .map(|r| r.join("include"))
         .chain(["/usr/include", "/usr/local/include"].map(PathBuf::from))
         .collect();
-    let multiarch = format!("/usr/lib/{}-linux-gnu", env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default());
+    let multiarch = format!(
+        "/usr/lib/{}-linux-gnu",
+        env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default()
+    );
     let lib_dirs: Vec<PathBuf> = root
         .iter()
         .flat_map(|r| [r.join("lib"), r.join("lib64")])
-        .chain([multiarch.as_str(), "/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/local/lib64"].map(PathBuf::from))
+        .chain(
+            [
+                multiarch.as_str(),
+                "/usr/lib",
+                "/usr/lib64",
+                "/usr/local/lib",
+                "/usr/local/lib64",
+            ]
+            .map(PathBuf::from),
+        )
         .collect();
 
     let Some(include) = include_dirs
         .iter()
         .find(|d| d.join("oneapi/dnnl/dnnl.h").is_file())
     else {
-        fail(&format!("oneDNN headers (oneapi/dnnl/dnnl.h) not found in {include_dirs:?}"));
+        fail(&format!(
+            "oneDNN headers (oneapi/dnnl/dnnl.h) not found in {include_dirs:?}"
+        ));
     };
     let Some(lib_dir) = lib_dirs.iter().find(|d| d.join("libdnnl.so").exists()) else {
         fail(&format!("libdnnl.so not found in {lib_dirs:?}"));
@@ -64,12 +78,16 @@ fn main() {
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=dnnl");
     println!("cargo:include={}", include.display());
-    println!("cargo:rerun-if-changed={}", include.join("oneapi/dnnl/dnnl_version.h").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        include.join("oneapi/dnnl/dnnl_version.h").display()
+    );
     println!("cargo:rerun-if-changed=build.rs");
 }
 
 fn read(path: &Path) -> String {
-    fs::read_to_string(path).unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", path.display())))
+    fs::read_to_string(path)
+        .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", path.display())))
 }
 
 /// The value of `#define NAME VALUE` in a header, if present.

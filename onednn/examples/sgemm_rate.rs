@@ -4,7 +4,11 @@
 //! `cargo run --release -p onednn --example sgemm_rate [threads...]`
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let threads: Vec<usize> = match std::env::args().skip(1).map(|a| a.parse()).collect::<Result<Vec<_>, _>>()? {
+    let threads: Vec<usize> = match std::env::args()
+        .skip(1)
+        .map(|a| a.parse())
+        .collect::<Result<Vec<_>, _>>()?
+    {
         t if t.is_empty() => vec![1, 2],
         t => t,
     };
@@ -22,10 +26,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for &t in &threads {
         let sgemm = onednn::sgemm_rate(t)?;
         let matmul = onednn::matmul_rate(t, onednn::DataType::F32)?;
-        print!("threads {t}: sgemm {sgemm:.1} GFLOP/s, matmul f32 {matmul:.1} GFLOP/s ({:.2}x sgemm)", matmul / sgemm);
+        print!(
+            "threads {t}: sgemm {sgemm:.1} GFLOP/s, matmul f32 {matmul:.1} GFLOP/s ({:.2}x sgemm)",
+            matmul / sgemm
+        );
         if onednn::bf16_supported() {
             let bf16 = onednn::matmul_rate(t, onednn::DataType::Bf16)?;
-            print!(", matmul bf16 {bf16:.1} GFLOP/s ({:.2}x sgemm)", bf16 / sgemm);
+            print!(
+                ", matmul bf16 {bf16:.1} GFLOP/s ({:.2}x sgemm)",
+                bf16 / sgemm
+            );
         }
         println!();
     }

@@ -51,16 +51,30 @@ pub struct BatchedMatMul {
 impl BatchedMatMul {
     pub fn new(engine: &Engine, spec: BatchedMatMulSpec) -> Result<Self> {
         validate_post_ops(&spec.post_ops)?;
-        let all_positive = spec.batch.iter().chain([&spec.m, &spec.k, &spec.n, &spec.threads]).all(|&d| d > 0);
+        let all_positive = spec
+            .batch
+            .iter()
+            .chain([&spec.m, &spec.k, &spec.n, &spec.threads])
+            .all(|&d| d > 0);
         if !all_positive || spec.batch.len() + 2 > sys::DNNL_MAX_NDIMS {
             return Err(Error::Invalid {
                 what: "batched matmul spec",
-                why: format!("batch {:?}, m {}, k {}, n {}, threads {}", spec.batch, spec.m, spec.k, spec.n, spec.threads),
+                why: format!(
+                    "batch {:?}, m {}, k {}, n {}, threads {}",
+                    spec.batch, spec.m, spec.k, spec.n, spec.threads
+                ),
             });
         }
-        let dims = |r: usize, c: usize| spec.batch.iter().copied().chain([r, c]).collect::<Vec<_>>();
-        let (src_dims, wei_dims, dst_dims) = (dims(spec.m, spec.k), dims(spec.k, spec.n), dims(spec.m, spec.n));
-        let strides = |given: &Option<Vec<usize>>, dims: &[usize]| given.clone().unwrap_or_else(|| row_major_strides(dims));
+        let dims =
+            |r: usize, c: usize| spec.batch.iter().copied().chain([r, c]).collect::<Vec<_>>();
+        let (src_dims, wei_dims, dst_dims) = (
+            dims(spec.m, spec.k),
+            dims(spec.k, spec.n),
+            dims(spec.m, spec.n),
+        );
+        let strides = |given: &Option<Vec<usize>>, dims: &[usize]| {
+            given.clone().unwrap_or_else(|| row_major_strides(dims))
+        };
         let (src_st, wei_st, dst_st) = (
             strides(&spec.src_strides, &src_dims),
             strides(&spec.weights_strides, &wei_dims),
@@ -70,14 +84,21 @@ impl BatchedMatMul {
         let weights = MemoryDesc::strided(&wei_dims, &wei_st, spec.data_type)?;
         let dst = MemoryDesc::strided(&dst_dims, &dst_st, DataType::F32)?;
         let residual_desc = MemoryDesc::row_major(&dst_dims, DataType::F32)?;
-        let residual = spec.post_ops.contains(&PostOp::BinaryAdd).then_some(residual_desc);
+        let residual = spec
+            .post_ops
+            .contains(&PostOp::BinaryAdd)
+            .then_some(residual_desc);
 
         let _threads = ThreadScope::new(spec.threads);
         let post_ops = PostOps::new(&spec.post_ops, &residual_desc)?;
         let attr = Attr::new(Some(&post_ops))?;
         let pd = PrimitiveDesc::matmul(engine, &src, &weights, None, &dst, &attr)?;
         let prim = Primitive::new(&pd)?;
-        let spans = [span(&src_dims, &src_st), span(&wei_dims, &wei_st), span(&dst_dims, &dst_st)];
+        let spans = [
+            span(&src_dims, &src_st),
+            span(&wei_dims, &wei_st),
+            span(&dst_dims, &dst_st),
+        ];
         Ok(BatchedMatMul {
             engine: engine.clone(),
             spec,
@@ -101,9 +122,17 @@ impl BatchedMatMul {
 
     /// Runs the matmul on the caller's buffers in place. Each slice must be
     /// exactly as long as its strides reach (dense: the product of its dims).
-    pub fn execute<T: Element>(&self, src: &[T], weights: &[T], dst: &mut [f32], residual: Option<&[f32]>) -> Result<()> {
+    pub fn execute<T: Element>(
+        &self,
+        src: &[T],
+        weights: &[T],
+        dst: &mut [f32],
+        residual: Option<&[f32]>,
+    ) -> Result<()> {
         let _threads = ThreadScope::new(self.spec.threads);
-        Stream::with_thread_local(&self.engine, |stream| self.execute_on(stream, src, weights, dst, residual))
+        Stream::with_thread_local(&self.engine, |stream| {
+            self.execute_on(stream, src, weights, dst, residual)
+        })
     }
 
     /// As [`BatchedMatMul::execute`], on a stream the caller owns.
@@ -127,14 +156,17 @@ impl BatchedMatMul {
         check_at_least("batched matmul weights", self.spans[1], weights.len())?;
         check_at_least("batched matmul dst", self.spans[2], dst.len())?;
         match (&self.residual, residual) {
-            (Some(md), Some(r)) => check_len("batched matmul residual", md.size_bytes() / 4, r.len())?,
-            (None, None) => {}
-            _ => {
-                return Err(Error::Invalid {
-                    what: "batched matmul residual",
-                    why: format!("a residual must be given exactly when the post-ops include BinaryAdd ({:?})", self.spec.post_ops),
-                })
+            (Some(md), Some(r)) => {
+                check_len("batched matmul residual", md.size_bytes() / 4, r.len())?
             }
+            (None, None) => {}
+            _ => return Err(Error::Invalid {
+                what: "batched matmul residual",
+                why: format!(
+                    "a residual must be given exactly when the post-ops include BinaryAdd ({:?})",
+                    self.spec.post_ops
+                ),
+            }),
         }
         let _threads = ThreadScope::new(self.spec.threads);
         let engine = &self.engine;
@@ -142,10 +174,13 @@ impl BatchedMatMul {
         // descriptor's strides (checked above) and outlives the memory object;
         // src, weights and residual are only read, dst is exclusively borrowed.
         let src_mem = unsafe { Memory::wrap(engine, &self.src, src.as_ptr() as *mut c_void) }?;
-        let wei_mem = unsafe { Memory::wrap(engine, &self.weights, weights.as_ptr() as *mut c_void) }?;
+        let wei_mem =
+            unsafe { Memory::wrap(engine, &self.weights, weights.as_ptr() as *mut c_void) }?;
         let dst_mem = unsafe { Memory::wrap(engine, &self.dst, dst.as_mut_ptr().cast()) }?;
         let res_mem = match (&self.residual, residual) {
-            (Some(md), Some(r)) => Some(unsafe { Memory::wrap(engine, md, r.as_ptr() as *mut c_void) }?),
+            (Some(md), Some(r)) => {
+                Some(unsafe { Memory::wrap(engine, md, r.as_ptr() as *mut c_void) }?)
+            }
             _ => None,
         };
         let mut args = vec![
@@ -162,13 +197,21 @@ impl BatchedMatMul {
 
 /// 1 + the largest element offset the strides reach.
 fn span(dims: &[usize], strides: &[usize]) -> usize {
-    1 + dims.iter().zip(strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>()
+    1 + dims
+        .iter()
+        .zip(strides)
+        .map(|(&d, &s)| (d - 1) * s)
+        .sum::<usize>()
 }
 
 fn check_at_least(what: &'static str, needed: usize, got: usize) -> Result<()> {
     if got >= needed {
         Ok(())
     } else {
-        Err(Error::Length { what, expected: needed, got })
+        Err(Error::Length {
+            what,
+            expected: needed,
+            got,
+        })
     }
 }

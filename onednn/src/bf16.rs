@@ -30,7 +30,11 @@ impl std::fmt::Debug for Bf16 {
 /// Converts `src` into `dst` element by element. Panics if the lengths differ
 /// (a caller bug, not an input error).
 pub fn f32_to_bf16(src: &[f32], dst: &mut [Bf16]) {
-    assert_eq!(src.len(), dst.len(), "f32_to_bf16: src and dst lengths must match");
+    assert_eq!(
+        src.len(),
+        dst.len(),
+        "f32_to_bf16: src and dst lengths must match"
+    );
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = Bf16::from_f32(s);
     }
@@ -38,7 +42,11 @@ pub fn f32_to_bf16(src: &[f32], dst: &mut [Bf16]) {
 
 /// Converts `src` into `dst` element by element. Panics if the lengths differ.
 pub fn bf16_to_f32(src: &[Bf16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "bf16_to_f32: src and dst lengths must match");
+    assert_eq!(
+        src.len(),
+        dst.len(),
+        "bf16_to_f32: src and dst lengths must match"
+    );
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = s.to_f32();
     }

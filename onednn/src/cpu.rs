@@ -26,11 +26,13 @@ impl CpuFeatures {
         let (cpuid_avx512_bf16, cpuid_amx_bf16) = cpuid_bf16();
         // The kernel only lists a flag it has enabled (AMX also needs XFD/permission
         // support); if /proc/cpuinfo is unreadable, trust cpuid.
-        let flags = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("flags"))
-                .map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
-        });
+        let flags = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|info| {
+                info.lines()
+                    .find(|l| l.starts_with("flags"))
+                    .map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            });
         let has_flag = |name: &str| flags.as_ref().is_none_or(|f| f.iter().any(|x| x == name));
         CpuFeatures {
             avx512_bf16: cpuid_avx512_bf16 && has_flag("avx512_bf16"),

@@ -100,7 +100,9 @@ impl Stream {
     /// engine with the OpenMP runtime, execution is already synchronous.
     pub fn wait(&self) -> Result<()> {
         // SAFETY: valid stream, used from the owning thread.
-        check("dnnl_stream_wait", unsafe { sys::dnnl_stream_wait(self.raw) })
+        check("dnnl_stream_wait", unsafe {
+            sys::dnnl_stream_wait(self.raw)
+        })
     }
 
     pub(crate) fn raw(&self) -> sys::dnnl_stream_t {
@@ -109,7 +111,10 @@ impl Stream {
 
     /// Runs `f` with this thread's cached stream for `engine`, creating it on
     /// first use. The cache lives until the thread exits.
-    pub fn with_thread_local<R>(engine: &Engine, f: impl FnOnce(&Stream) -> Result<R>) -> Result<R> {
+    pub fn with_thread_local<R>(
+        engine: &Engine,
+        f: impl FnOnce(&Stream) -> Result<R>,
+    ) -> Result<R> {
         thread_local! {
             // Keyed by engine identity; an `Rc` so the borrow of the cache
             // ends before `f` runs (which may itself need a stream).

@@ -65,12 +65,21 @@ impl MatMul {
     /// Packs `weight` (PyTorch layout: `n x k`, row-major, f32) into the layout
     /// oneDNN picks for `m_hint` rows on this CPU, converting to
     /// `spec.data_type`. `bias` has `n` elements.
-    pub fn new(engine: &Engine, spec: MatMulSpec, weight: &[f32], bias: Option<&[f32]>, m_hint: usize) -> Result<Self> {
+    pub fn new(
+        engine: &Engine,
+        spec: MatMulSpec,
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        m_hint: usize,
+    ) -> Result<Self> {
         validate_post_ops(&spec.post_ops)?;
         if spec.k == 0 || spec.n == 0 || spec.threads == 0 {
             return Err(Error::Invalid {
                 what: "matmul spec",
-                why: format!("k = {}, n = {}, threads = {} must all be positive", spec.k, spec.n, spec.threads),
+                why: format!(
+                    "k = {}, n = {}, threads = {} must all be positive",
+                    spec.k, spec.n, spec.threads
+                ),
             });
         }
         check_len("weight (n x k)", spec.n * spec.k, weight.len())?;
@@ -86,15 +95,29 @@ impl MatMul {
         };
         let _threads = ThreadScope::new(matmul.spec.threads);
         let pd = matmul.primitive_desc(m_hint.max(1))?;
-        let chosen = pd.query_md(sys::dnnl_query_weights_md).ok_or(Error::Invalid {
-            what: "matmul",
-            why: "oneDNN reported no weights descriptor".into(),
-        })?;
+        let chosen = pd
+            .query_md(sys::dnnl_query_weights_md)
+            .ok_or(Error::Invalid {
+                what: "matmul",
+                why: "oneDNN reported no weights descriptor".into(),
+            })?;
         // PyTorch's out x in row-major is the k x n matrix with layout `ba`.
-        let user = MemoryDesc::strided(&[matmul.spec.k, matmul.spec.n], &[1, matmul.spec.k], DataType::F32)?;
+        let user = MemoryDesc::strided(
+            &[matmul.spec.k, matmul.spec.n],
+            &[1, matmul.spec.k],
+            DataType::F32,
+        )?;
         let mut buf = AlignedBuf::zeroed(chosen.size_bytes());
         // SAFETY: `weight` holds k*n f32 (checked), `buf` holds chosen.size_bytes().
-        unsafe { reorder(&matmul.engine, &user, weight.as_ptr().cast(), &chosen, buf.as_mut_ptr()) }?;
+        unsafe {
+            reorder(
+                &matmul.engine,
+                &user,
+                weight.as_ptr().cast(),
+                &chosen,
+                buf.as_mut_ptr(),
+            )
+        }?;
         matmul
             .packed
             .write()
@@ -116,7 +139,10 @@ impl MatMul {
 
     /// How many differently packed copies of the weights exist (1 unless some M chose another layout).
     pub fn packed_layouts(&self) -> usize {
-        self.packed.read().expect("packed-weights lock is never held across a panic").len()
+        self.packed
+            .read()
+            .expect("packed-weights lock is never held across a panic")
+            .len()
     }
 
     /// `dst = post_ops(src . W^T + bias)`, with M = `src.len() / k`.
@@ -125,9 +151,16 @@ impl MatMul {
     /// `BinaryAdd`. With `Sum`, dst's current contents are added. No buffer is
     /// copied: oneDNN reads and writes the slices in place. Safe to call from
     /// many threads at once; each uses its own stream and scratchpad.
-    pub fn execute<T: Element>(&self, src: &[T], dst: &mut [f32], residual: Option<&[f32]>) -> Result<()> {
+    pub fn execute<T: Element>(
+        &self,
+        src: &[T],
+        dst: &mut [f32],
+        residual: Option<&[f32]>,
+    ) -> Result<()> {
         let _threads = ThreadScope::new(self.spec.threads);
-        Stream::with_thread_local(&self.engine, |stream| self.execute_on(stream, src, dst, residual))
+        Stream::with_thread_local(&self.engine, |stream| {
+            self.execute_on(stream, src, dst, residual)
+        })
     }
 
     /// As [`MatMul::execute`], on a stream the caller owns.
@@ -148,21 +181,28 @@ impl MatMul {
         if src.len() % self.spec.k != 0 {
             return Err(Error::Invalid {
                 what: "matmul src",
-                why: format!("{} elements is not a whole number of rows of k = {}", src.len(), self.spec.k),
+                why: format!(
+                    "{} elements is not a whole number of rows of k = {}",
+                    src.len(),
+                    self.spec.k
+                ),
             });
         }
         let m = src.len() / self.spec.k;
         check_len("matmul dst (M x n)", m * self.spec.n, dst.len())?;
         let wants_residual = self.spec.post_ops.contains(&PostOp::BinaryAdd);
         match residual {
-            Some(r) if wants_residual => check_len("matmul residual (M x n)", m * self.spec.n, r.len())?,
-            None if !wants_residual => {}
-            _ => {
-                return Err(Error::Invalid {
-                    what: "matmul residual",
-                    why: format!("a residual must be given exactly when the post-ops include BinaryAdd ({:?})", self.spec.post_ops),
-                })
+            Some(r) if wants_residual => {
+                check_len("matmul residual (M x n)", m * self.spec.n, r.len())?
             }
+            None if !wants_residual => {}
+            _ => return Err(Error::Invalid {
+                what: "matmul residual",
+                why: format!(
+                    "a residual must be given exactly when the post-ops include BinaryAdd ({:?})",
+                    self.spec.post_ops
+                ),
+            }),
         }
         if m == 0 {
             return Ok(());
@@ -174,10 +214,18 @@ impl MatMul {
         // above and outlives these memory objects; oneDNN only reads src, weights,
         // bias and residual, and dst is exclusively borrowed.
         let src_mem = unsafe { Memory::wrap(engine, &inst.src, src.as_ptr() as *mut c_void) }?;
-        let wei_mem = unsafe { Memory::wrap(engine, &inst.weights.desc, inst.weights.buf.as_ptr() as *mut c_void) }?;
+        let wei_mem = unsafe {
+            Memory::wrap(
+                engine,
+                &inst.weights.desc,
+                inst.weights.buf.as_ptr() as *mut c_void,
+            )
+        }?;
         let dst_mem = unsafe { Memory::wrap(engine, &inst.dst, dst.as_mut_ptr().cast()) }?;
         let bias_mem = match (&inst.bias, &self.bias) {
-            (Some(md), Some(b)) => Some(unsafe { Memory::wrap(engine, md, b.as_ptr() as *mut c_void) }?),
+            (Some(md), Some(b)) => {
+                Some(unsafe { Memory::wrap(engine, md, b.as_ptr() as *mut c_void) }?)
+            }
             _ => None,
         };
         let res_mem = match residual {
@@ -198,7 +246,12 @@ impl MatMul {
     }
 
     fn instance(&self, m: usize) -> Result<Arc<Instance>> {
-        if let Some(inst) = self.instances.read().expect("instance lock is never held across a panic").get(&m) {
+        if let Some(inst) = self
+            .instances
+            .read()
+            .expect("instance lock is never held across a panic")
+            .get(&m)
+        {
             return Ok(Arc::clone(inst));
         }
         let _threads = ThreadScope::new(self.spec.threads);
@@ -210,7 +263,11 @@ impl MatMul {
         let s = &self.spec;
         let src = MemoryDesc::row_major(&[m, s.k], s.data_type)?;
         let weights = MemoryDesc::any(&[s.k, s.n], s.data_type)?;
-        let bias = self.bias.as_ref().map(|_| MemoryDesc::row_major(&[1, s.n], DataType::F32)).transpose()?;
+        let bias = self
+            .bias
+            .as_ref()
+            .map(|_| MemoryDesc::row_major(&[1, s.n], DataType::F32))
+            .transpose()?;
         let dst = MemoryDesc::row_major(&[m, s.n], DataType::F32)?;
         let post_ops = PostOps::new(&s.post_ops, &dst)?;
         let attr = Attr::new(Some(&post_ops))?;
@@ -220,19 +277,34 @@ impl MatMul {
     /// Creates the primitive for `pd` (made for `m` rows), packing the weights
     /// again only if it chose a layout no earlier M chose.
     fn insert_instance(&self, m: usize, pd: &PrimitiveDesc) -> Result<Arc<Instance>> {
-        let chosen = pd.query_md(sys::dnnl_query_weights_md).ok_or(Error::Invalid {
-            what: "matmul",
-            why: "oneDNN reported no weights descriptor".into(),
-        })?;
+        let chosen = pd
+            .query_md(sys::dnnl_query_weights_md)
+            .ok_or(Error::Invalid {
+                what: "matmul",
+                why: "oneDNN reported no weights descriptor".into(),
+            })?;
         let weights = {
-            let mut packed = self.packed.write().expect("packed-weights lock is never held across a panic");
+            let mut packed = self
+                .packed
+                .write()
+                .expect("packed-weights lock is never held across a panic");
             match packed.iter().find(|p| p.desc == chosen) {
                 Some(p) => Arc::clone(p),
                 None => {
-                    let first = packed.first().expect("the constructor packs the first layout");
+                    let first = packed
+                        .first()
+                        .expect("the constructor packs the first layout");
                     let mut buf = AlignedBuf::zeroed(chosen.size_bytes());
                     // SAFETY: both buffers are sized by their descriptors.
-                    unsafe { reorder(&self.engine, &first.desc, first.buf.as_ptr(), &chosen, buf.as_mut_ptr()) }?;
+                    unsafe {
+                        reorder(
+                            &self.engine,
+                            &first.desc,
+                            first.buf.as_ptr(),
+                            &chosen,
+                            buf.as_mut_ptr(),
+                        )
+                    }?;
                     let p = Arc::new(Packed { desc: chosen, buf });
                     packed.push(Arc::clone(&p));
                     p
@@ -244,17 +316,27 @@ impl MatMul {
             prim: Primitive::new(pd)?,
             src: MemoryDesc::row_major(&[m, s.k], s.data_type)?,
             dst: MemoryDesc::row_major(&[m, s.n], DataType::F32)?,
-            bias: self.bias.as_ref().map(|_| MemoryDesc::row_major(&[1, s.n], DataType::F32)).transpose()?,
+            bias: self
+                .bias
+                .as_ref()
+                .map(|_| MemoryDesc::row_major(&[1, s.n], DataType::F32))
+                .transpose()?,
             weights,
         });
-        let mut instances = self.instances.write().expect("instance lock is never held across a panic");
+        let mut instances = self
+            .instances
+            .write()
+            .expect("instance lock is never held across a panic");
         // Another thread may have created the same M meanwhile; keep the first.
         Ok(Arc::clone(instances.entry(m).or_insert(inst)))
     }
 }
 
 pub(crate) fn arg(arg: i32, mem: &Memory<'_>) -> sys::dnnl_exec_arg_t {
-    sys::dnnl_exec_arg_t { arg, memory: mem.raw() }
+    sys::dnnl_exec_arg_t {
+        arg,
+        memory: mem.raw(),
+    }
 }
 
 /// The execute-argument index of the (single) binary post-op's second operand.
@@ -281,6 +363,10 @@ pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Resu
     if expected == got {
         Ok(())
     } else {
-        Err(Error::Length { what, expected, got })
+        Err(Error::Length {
+            what,
+            expected,
+            got,
+        })
     }
 }

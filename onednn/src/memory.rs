@@ -96,7 +96,13 @@ impl MemoryDesc {
         let mut md = sys::dnnl_memory_desc_t::zeroed();
         // SAFETY: out-pointer to a local; dims array holds DNNL_MAX_NDIMS entries.
         check("dnnl_memory_desc_init_by_tag", unsafe {
-            sys::dnnl_memory_desc_init_by_tag(&mut md, dims.len() as i32, d.as_ptr(), data_type.raw(), tag)
+            sys::dnnl_memory_desc_init_by_tag(
+                &mut md,
+                dims.len() as i32,
+                d.as_ptr(),
+                data_type.raw(),
+                tag,
+            )
         })?;
         Ok(MemoryDesc(md))
     }
@@ -105,13 +111,19 @@ impl MemoryDesc {
     ///
     /// # Safety
     /// `pd` must be a live primitive descriptor.
-    pub(crate) unsafe fn query(pd: sys::const_dnnl_primitive_desc_t, what: sys::dnnl_query_t) -> Option<Self> {
+    pub(crate) unsafe fn query(
+        pd: sys::const_dnnl_primitive_desc_t,
+        what: sys::dnnl_query_t,
+    ) -> Option<Self> {
         let md = sys::dnnl_primitive_desc_query_md(pd, what, 0);
         (!md.is_null() && (*md).ndims > 0).then(|| MemoryDesc(*md))
     }
 
     pub fn dims(&self) -> Vec<usize> {
-        self.0.dims[..self.0.ndims as usize].iter().map(|&d| d as usize).collect()
+        self.0.dims[..self.0.ndims as usize]
+            .iter()
+            .map(|&d| d as usize)
+            .collect()
     }
 
     pub fn data_type(&self) -> Option<DataType> {
@@ -183,7 +195,11 @@ impl<'a> Memory<'a> {
     ///
     /// # Safety
     /// `ptr` must point to at least `desc.size_bytes()` bytes valid for `'a`.
-    pub(crate) unsafe fn wrap(engine: &Engine, desc: &MemoryDesc, ptr: *mut c_void) -> Result<Self> {
+    pub(crate) unsafe fn wrap(
+        engine: &Engine,
+        desc: &MemoryDesc,
+        ptr: *mut c_void,
+    ) -> Result<Self> {
         let mut raw = ptr::null_mut();
         check("dnnl_memory_create", unsafe {
             sys::dnnl_memory_create(&mut raw, &desc.0, engine.raw(), ptr)

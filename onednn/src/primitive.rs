@@ -30,7 +30,9 @@ impl PostOps {
     pub(crate) fn new(ops: &[PostOp], dst_desc: &MemoryDesc) -> Result<Self> {
         let mut raw = ptr::null_mut();
         // SAFETY: out-pointer to a local.
-        check("dnnl_post_ops_create", unsafe { sys::dnnl_post_ops_create(&mut raw) })?;
+        check("dnnl_post_ops_create", unsafe {
+            sys::dnnl_post_ops_create(&mut raw)
+        })?;
         let post_ops = PostOps(raw);
         for op in ops {
             // SAFETY: `raw` is live (owned by `post_ops`); descriptors are initialised.
@@ -38,9 +40,17 @@ impl PostOps {
                 PostOp::Relu => check("dnnl_post_ops_append_eltwise(relu)", unsafe {
                     sys::dnnl_post_ops_append_eltwise(raw, 1.0, sys::dnnl_eltwise_relu, 0.0, 0.0)
                 })?,
-                PostOp::Linear { alpha, beta } => check("dnnl_post_ops_append_eltwise(linear)", unsafe {
-                    sys::dnnl_post_ops_append_eltwise(raw, 1.0, sys::dnnl_eltwise_linear, alpha, beta)
-                })?,
+                PostOp::Linear { alpha, beta } => {
+                    check("dnnl_post_ops_append_eltwise(linear)", unsafe {
+                        sys::dnnl_post_ops_append_eltwise(
+                            raw,
+                            1.0,
+                            sys::dnnl_eltwise_linear,
+                            alpha,
+                            beta,
+                        )
+                    })?
+                }
                 PostOp::BinaryAdd => check("dnnl_post_ops_append_binary(add)", unsafe {
                     sys::dnnl_post_ops_append_binary(raw, sys::dnnl_binary_add, &dst_desc.0)
                 })?,
@@ -67,7 +77,9 @@ impl Attr {
     pub(crate) fn new(post_ops: Option<&PostOps>) -> Result<Self> {
         let mut raw = ptr::null_mut();
         // SAFETY: out-pointer to a local.
-        check("dnnl_primitive_attr_create", unsafe { sys::dnnl_primitive_attr_create(&mut raw) })?;
+        check("dnnl_primitive_attr_create", unsafe {
+            sys::dnnl_primitive_attr_create(&mut raw)
+        })?;
         let attr = Attr(raw);
         // SAFETY: `raw` is live; the post-op list is copied into the attribute.
         check("dnnl_primitive_attr_set_scratchpad_mode", unsafe {
@@ -121,11 +133,23 @@ impl PrimitiveDesc {
         Ok(PrimitiveDesc(raw))
     }
 
-    pub(crate) fn reorder(engine: &Engine, from: &MemoryDesc, to: &MemoryDesc, attr: &Attr) -> Result<Self> {
+    pub(crate) fn reorder(
+        engine: &Engine,
+        from: &MemoryDesc,
+        to: &MemoryDesc,
+        attr: &Attr,
+    ) -> Result<Self> {
         let mut raw = ptr::null_mut();
         // SAFETY: descriptors initialised; engine and attr live; out-pointer to a local.
         check("dnnl_reorder_primitive_desc_create", unsafe {
-            sys::dnnl_reorder_primitive_desc_create(&mut raw, &from.0, engine.raw(), &to.0, engine.raw(), attr.0)
+            sys::dnnl_reorder_primitive_desc_create(
+                &mut raw,
+                &from.0,
+                engine.raw(),
+                &to.0,
+                engine.raw(),
+                attr.0,
+            )
         })?;
         Ok(PrimitiveDesc(raw))
     }
@@ -140,17 +164,25 @@ impl PrimitiveDesc {
         let mut name: *const c_char = ptr::null();
         // SAFETY: impl_info_str writes a `const char *` owned by the descriptor.
         let status = unsafe {
-            sys::dnnl_primitive_desc_query(self.0, sys::dnnl_query_impl_info_str, 0, &mut name as *mut _ as *mut c_void)
+            sys::dnnl_primitive_desc_query(
+                self.0,
+                sys::dnnl_query_impl_info_str,
+                0,
+                &mut name as *mut _ as *mut c_void,
+            )
         };
         if status != sys::dnnl_success || name.is_null() {
             return "?".to_owned();
         }
         // SAFETY: non-null NUL-terminated string owned by the live descriptor.
-        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
     }
 
     pub(crate) fn scratchpad_bytes(&self) -> usize {
-        self.query_md(sys::dnnl_query_scratchpad_md).map_or(0, |md| md.size_bytes())
+        self.query_md(sys::dnnl_query_scratchpad_md)
+            .map_or(0, |md| md.size_bytes())
     }
 }
 
@@ -180,7 +212,9 @@ impl Primitive {
     pub(crate) fn new(pd: &PrimitiveDesc) -> Result<Self> {
         let mut raw = ptr::null_mut();
         // SAFETY: `pd` is live; out-pointer to a local.
-        check("dnnl_primitive_create", unsafe { sys::dnnl_primitive_create(&mut raw, pd.0) })?;
+        check("dnnl_primitive_create", unsafe {
+            sys::dnnl_primitive_create(&mut raw, pd.0)
+        })?;
         let scratchpad_bytes = pd.scratchpad_bytes();
         Ok(Primitive {
             raw,
@@ -192,12 +226,21 @@ impl Primitive {
     }
 
     /// Runs the primitive with `args` (plus the scratchpad, added here) on `stream`.
-    pub(crate) fn execute(&self, stream: &Stream, args: &mut Vec<sys::dnnl_exec_arg_t>) -> Result<()> {
+    pub(crate) fn execute(
+        &self,
+        stream: &Stream,
+        args: &mut Vec<sys::dnnl_exec_arg_t>,
+    ) -> Result<()> {
         let run = |args: &[sys::dnnl_exec_arg_t]| {
             // SAFETY: every memory in `args` wraps a buffer that outlives this call
             // (the `Memory` values are held by our caller); stream and primitive are live.
             check("dnnl_primitive_execute", unsafe {
-                sys::dnnl_primitive_execute(self.raw, stream.raw(), args.len() as i32, args.as_ptr())
+                sys::dnnl_primitive_execute(
+                    self.raw,
+                    stream.raw(),
+                    args.len() as i32,
+                    args.as_ptr(),
+                )
             })
         };
         match &self.scratchpad {

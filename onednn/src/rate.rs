@@ -28,8 +28,19 @@ pub fn sgemm_rate(threads: usize) -> Result<f64> {
         // dimensions k, n, n; all three buffers have exactly those sizes.
         check("dnnl_sgemm", unsafe {
             sys::dnnl_sgemm(
-                b'N' as _, b'N' as _, m as i64, n as i64, k as i64, 1.0, a.as_ptr(), k as i64, b.as_ptr(), n as i64,
-                0.0, c.as_mut_ptr(), n as i64,
+                b'N' as _,
+                b'N' as _,
+                m as i64,
+                n as i64,
+                k as i64,
+                1.0,
+                a.as_ptr(),
+                k as i64,
+                b.as_ptr(),
+                n as i64,
+                0.0,
+                c.as_mut_ptr(),
+                n as i64,
             )
         })
     })?;
@@ -84,5 +95,7 @@ fn best_time(mut f: impl FnMut() -> Result<()>) -> Result<Duration> {
 
 /// Deterministic values in [-1, 1) so no denormals or infinities slow the kernel.
 fn pattern(len: usize) -> Vec<f32> {
-    (0..len).map(|i| ((i * 7919 % 2000) as f32 / 1000.0) - 1.0).collect()
+    (0..len)
+        .map(|i| ((i * 7919 % 2000) as f32 / 1000.0) - 1.0)
+        .collect()
 }
