@@ -101,6 +101,8 @@ fn define_value(header: &str, name: &str) -> Option<String> {
 }
 
 fn fail(why: &str) -> ! {
+    // stderr of a failed build script is shown by cargo; exiting (not
+    // panicking) keeps the message free of a backtrace.
     eprintln!("error: onednn: {why}; {INSTALL_HINT}");
-    panic!("onednn: {why}; {INSTALL_HINT}");
+    std::process::exit(1);
 }

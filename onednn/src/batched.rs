@@ -160,13 +160,15 @@ impl BatchedMatMul {
                 check_len("batched matmul residual", md.size_bytes() / 4, r.len())?
             }
             (None, None) => {}
-            _ => return Err(Error::Invalid {
-                what: "batched matmul residual",
-                why: format!(
+            _ => {
+                return Err(Error::Invalid {
+                    what: "batched matmul residual",
+                    why: format!(
                     "a residual must be given exactly when the post-ops include BinaryAdd ({:?})",
                     self.spec.post_ops
                 ),
-            }),
+                })
+            }
         }
         let _threads = ThreadScope::new(self.spec.threads);
         let engine = &self.engine;

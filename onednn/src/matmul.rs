@@ -1,12 +1,20 @@
 //! Linear layers as oneDNN matmuls: weights packed once into the layout oneDNN picks, primitives cached per M, execute on caller buffers.
 //!
-//! Why a cache keyed by M rather than `DNNL_RUNTIME_DIM_VAL`: in oneDNN 2.6 a
-//! runtime M rules out the brgemm matmul and `format_tag::any` weights (only
-//! the sgemm-based and reference implementations accept runtime dims), so the
-//! weights could not stay pre-packed and every call would repack them. The
-//! encoder uses few distinct M values (pixels per block x a multiple-of-8
-//! sequence length), so one primitive per M is cheap; creation is about a
-//! millisecond and happens on the first call with that M (or in [`MatMul::prepare`]).
+//! Why a cache keyed by M rather than `DNNL_RUNTIME_DIM_VAL`: in oneDNN 2.x the
+//! brgemm matmul (the implementation that uses blocked, pre-packed weights on
+//! AVX-512 and AMX) refuses runtime dims (`brgemm_matmul_t::pd_t::init`
+//! requires `!has_runtime_dims_or_strides()`), and it also sizes its blocking
+//! by M at creation. A runtime M would therefore fall back to the sgemm-based
+//! `gemm:jit`, which repacks the weights inside every call. The encoder uses
+//! few distinct M values (pixels per block x a multiple-of-8 sequence length),
+//! so one primitive per M is cheap: creation is about a millisecond (a
+//! primitive-cache hit after the first time in the process) and happens on the
+//! first call with that M, or in [`MatMul::prepare`].
+//!
+//! On AVX2-only CPUs oneDNN 2.6 has no brgemm matmul: it picks `gemm:jit` for
+//! any M and resolves `any` weights to plain k x n, so "packing" there is a
+//! one-time transpose of PyTorch's n x k and the kernel still packs B per call.
+//!
 //! If a new M makes oneDNN choose a different weights layout, the weights are
 //! reordered once more into it and that packed copy is shared by every M that
 //! chose the same layout.
@@ -178,7 +186,10 @@ impl MatMul {
                 got: T::DATA_TYPE,
             });
         }
-        if src.len() % self.spec.k != 0 {
+        // `is_multiple_of` needs Rust 1.87; the workspace allows 1.85.
+        #[allow(clippy::manual_is_multiple_of)]
+        let ragged = src.len() % self.spec.k != 0;
+        if ragged {
             return Err(Error::Invalid {
                 what: "matmul src",
                 why: format!(
@@ -196,13 +207,15 @@ impl MatMul {
                 check_len("matmul residual (M x n)", m * self.spec.n, r.len())?
             }
             None if !wants_residual => {}
-            _ => return Err(Error::Invalid {
-                what: "matmul residual",
-                why: format!(
+            _ => {
+                return Err(Error::Invalid {
+                    what: "matmul residual",
+                    why: format!(
                     "a residual must be given exactly when the post-ops include BinaryAdd ({:?})",
                     self.spec.post_ops
                 ),
-            }),
+                })
+            }
         }
         if m == 0 {
             return Ok(());
