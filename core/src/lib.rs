@@ -15,9 +15,11 @@
 //! - [`health`]: the host health report an agent sends with each heartbeat.
 //! - [`grid`]: TESSERA tile grid geometry — tile ids, UTM projection, zone
 //!   grids.
+//! - [`roi`]: regions of interest (GeoJSON or a bbox) and the tiles they cover.
 
 pub mod api;
 pub mod grid;
 pub mod health;
 pub mod job;
 pub mod protocol;
+pub mod roi;
