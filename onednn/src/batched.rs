@@ -4,8 +4,8 @@ use std::ffi::c_void;
 
 use crate::engine::{Engine, Stream};
 use crate::error::{Error, Result};
-use crate::matmul::{arg, binary_arg, check_len, validate_post_ops};
-use crate::memory::{row_major_strides, DataType, Element, Memory, MemoryDesc};
+use crate::matmul::{binary_arg, check_len, validate_post_ops};
+use crate::memory::{row_major_strides, DataType, Element, MemoryDesc};
 use crate::primitive::{Attr, PostOp, PostOps, Primitive, PrimitiveDesc};
 use crate::sys;
 use crate::threading::ThreadScope;
@@ -40,9 +40,7 @@ pub struct BatchedMatMul {
     engine: Engine,
     spec: BatchedMatMulSpec,
     prim: Primitive,
-    src: MemoryDesc,
-    weights: MemoryDesc,
-    dst: MemoryDesc,
+    /// The dense f32 residual's descriptor, if a `BinaryAdd` post-op takes one.
     residual: Option<MemoryDesc>,
     /// Elements each operand's strides reach: the minimum slice length.
     spans: [usize; 3],
@@ -93,7 +91,15 @@ impl BatchedMatMul {
         let post_ops = PostOps::new(&spec.post_ops, &residual_desc)?;
         let attr = Attr::new(Some(&post_ops))?;
         let pd = PrimitiveDesc::matmul(engine, &src, &weights, None, &dst, &attr)?;
-        let prim = Primitive::new(&pd)?;
+        let mut args = vec![
+            (sys::DNNL_ARG_SRC, src),
+            (sys::DNNL_ARG_WEIGHTS, weights),
+            (sys::DNNL_ARG_DST, dst),
+        ];
+        if let Some(r) = residual {
+            args.push((binary_arg(&spec.post_ops), r));
+        }
+        let prim = Primitive::new(&pd, engine, args)?;
         let spans = [
             span(&src_dims, &src_st),
             span(&wei_dims, &wei_st),
@@ -103,9 +109,6 @@ impl BatchedMatMul {
             engine: engine.clone(),
             spec,
             prim,
-            src,
-            weights,
-            dst,
             residual,
             spans,
         })
@@ -171,29 +174,18 @@ impl BatchedMatMul {
             }
         }
         let _threads = ThreadScope::new(self.spec.threads);
-        let engine = &self.engine;
-        // SAFETY (all wraps): each slice reaches at least as far as its
-        // descriptor's strides (checked above) and outlives the memory object;
-        // src, weights and residual are only read, dst is exclusively borrowed.
-        let src_mem = unsafe { Memory::wrap(engine, &self.src, src.as_ptr() as *mut c_void) }?;
-        let wei_mem =
-            unsafe { Memory::wrap(engine, &self.weights, weights.as_ptr() as *mut c_void) }?;
-        let dst_mem = unsafe { Memory::wrap(engine, &self.dst, dst.as_mut_ptr().cast()) }?;
-        let res_mem = match (&self.residual, residual) {
-            (Some(md), Some(r)) => {
-                Some(unsafe { Memory::wrap(engine, md, r.as_ptr() as *mut c_void) }?)
-            }
-            _ => None,
-        };
-        let mut args = vec![
-            arg(sys::DNNL_ARG_SRC, &src_mem),
-            arg(sys::DNNL_ARG_WEIGHTS, &wei_mem),
-            arg(sys::DNNL_ARG_DST, &dst_mem),
+        let mut buffers = vec![
+            src.as_ptr() as *mut c_void,
+            weights.as_ptr() as *mut c_void,
+            dst.as_mut_ptr().cast(),
         ];
-        if let Some(r) = &res_mem {
-            args.push(arg(binary_arg(&self.spec.post_ops), r));
+        if let Some(r) = residual {
+            buffers.push(r.as_ptr() as *mut c_void);
         }
-        self.prim.execute(stream, &mut args)
+        // SAFETY: each slice reaches at least as far as its descriptor's strides
+        // (checked above) and outlives the call; src, weights and residual are
+        // only read, dst is exclusively borrowed.
+        unsafe { self.prim.execute(stream, &buffers) }
     }
 }
 

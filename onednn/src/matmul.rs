@@ -25,7 +25,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::engine::{Engine, Stream};
 use crate::error::{Error, Result};
-use crate::memory::{AlignedBuf, DataType, Element, Memory, MemoryDesc};
+use crate::memory::{AlignedBuf, DataType, Element, MemoryDesc};
 use crate::primitive::{reorder, Attr, PostOp, PostOps, Primitive, PrimitiveDesc};
 use crate::sys;
 use crate::threading::ThreadScope;
@@ -49,12 +49,9 @@ struct Packed {
     buf: AlignedBuf,
 }
 
-/// One created primitive for one M.
+/// One created primitive for one M, and the packed weights it reads.
 struct Instance {
     prim: Primitive,
-    src: MemoryDesc,
-    dst: MemoryDesc,
-    bias: Option<MemoryDesc>,
     weights: Arc<Packed>,
 }
 
@@ -222,40 +219,22 @@ impl MatMul {
         }
         let _threads = ThreadScope::new(self.spec.threads);
         let inst = self.instance(m)?;
-        let engine = &self.engine;
-        // SAFETY (all wraps): each slice was length-checked against its descriptor
-        // above and outlives these memory objects; oneDNN only reads src, weights,
-        // bias and residual, and dst is exclusively borrowed.
-        let src_mem = unsafe { Memory::wrap(engine, &inst.src, src.as_ptr() as *mut c_void) }?;
-        let wei_mem = unsafe {
-            Memory::wrap(
-                engine,
-                &inst.weights.desc,
-                inst.weights.buf.as_ptr() as *mut c_void,
-            )
-        }?;
-        let dst_mem = unsafe { Memory::wrap(engine, &inst.dst, dst.as_mut_ptr().cast()) }?;
-        let bias_mem = match (&inst.bias, &self.bias) {
-            (Some(md), Some(b)) => {
-                Some(unsafe { Memory::wrap(engine, md, b.as_ptr() as *mut c_void) }?)
-            }
-            _ => None,
-        };
-        let res_mem = match residual {
-            Some(r) => Some(unsafe { Memory::wrap(engine, &inst.dst, r.as_ptr() as *mut c_void) }?),
-            None => None,
-        };
-        let mut args = Vec::with_capacity(6);
-        args.push(arg(sys::DNNL_ARG_SRC, &src_mem));
-        args.push(arg(sys::DNNL_ARG_WEIGHTS, &wei_mem));
-        args.push(arg(sys::DNNL_ARG_DST, &dst_mem));
-        if let Some(b) = &bias_mem {
-            args.push(arg(sys::DNNL_ARG_BIAS, b));
+        // Same order as the argument list built in `insert_instance`.
+        let mut buffers = vec![
+            src.as_ptr() as *mut c_void,
+            inst.weights.buf.as_ptr() as *mut c_void,
+            dst.as_mut_ptr().cast(),
+        ];
+        if let Some(b) = &self.bias {
+            buffers.push(b.as_ptr() as *mut c_void);
         }
-        if let Some(r) = &res_mem {
-            args.push(arg(binary_arg(&self.spec.post_ops), r));
+        if let Some(r) = residual {
+            buffers.push(r.as_ptr() as *mut c_void);
         }
-        inst.prim.execute(stream, &mut args)
+        // SAFETY: src, dst and residual were length-checked against M above and
+        // the weights and bias buffers belong to `self`/`inst`; all outlive the
+        // call. oneDNN only writes dst, which is exclusively borrowed.
+        unsafe { inst.prim.execute(stream, &buffers) }
     }
 
     fn instance(&self, m: usize) -> Result<Arc<Instance>> {
@@ -325,15 +304,26 @@ impl MatMul {
             }
         };
         let s = &self.spec;
+        let dst = MemoryDesc::row_major(&[m, s.n], DataType::F32)?;
+        let mut args = vec![
+            (
+                sys::DNNL_ARG_SRC,
+                MemoryDesc::row_major(&[m, s.k], s.data_type)?,
+            ),
+            (sys::DNNL_ARG_WEIGHTS, weights.desc),
+            (sys::DNNL_ARG_DST, dst),
+        ];
+        if self.bias.is_some() {
+            args.push((
+                sys::DNNL_ARG_BIAS,
+                MemoryDesc::row_major(&[1, s.n], DataType::F32)?,
+            ));
+        }
+        if s.post_ops.contains(&PostOp::BinaryAdd) {
+            args.push((binary_arg(&s.post_ops), dst));
+        }
         let inst = Arc::new(Instance {
-            prim: Primitive::new(pd)?,
-            src: MemoryDesc::row_major(&[m, s.k], s.data_type)?,
-            dst: MemoryDesc::row_major(&[m, s.n], DataType::F32)?,
-            bias: self
-                .bias
-                .as_ref()
-                .map(|_| MemoryDesc::row_major(&[1, s.n], DataType::F32))
-                .transpose()?,
+            prim: Primitive::new(pd, &self.engine, args)?,
             weights,
         });
         let mut instances = self
@@ -342,13 +332,6 @@ impl MatMul {
             .expect("instance lock is never held across a panic");
         // Another thread may have created the same M meanwhile; keep the first.
         Ok(Arc::clone(instances.entry(m).or_insert(inst)))
-    }
-}
-
-pub(crate) fn arg(arg: i32, mem: &Memory<'_>) -> sys::dnnl_exec_arg_t {
-    sys::dnnl_exec_arg_t {
-        arg,
-        memory: mem.raw(),
     }
 }
 

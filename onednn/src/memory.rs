@@ -1,10 +1,8 @@
 //! Memory descriptors (shape, data type, layout), element types, and memory objects over caller or crate-owned buffers.
 
 use std::ffi::c_void;
-use std::ptr;
 
 use crate::bf16::Bf16;
-use crate::engine::Engine;
 use crate::error::{check, Error, Result};
 use crate::sys;
 
@@ -181,45 +179,6 @@ fn to_dims(values: &[usize]) -> Result<sys::dnnl_dims_t> {
         })?;
     }
     Ok(out)
-}
-
-/// A oneDNN memory object over a buffer it does not own. Created per call
-/// around the caller's slices (no copy); the lifetime ties it to the buffer.
-pub(crate) struct Memory<'a> {
-    raw: sys::dnnl_memory_t,
-    _buffer: std::marker::PhantomData<&'a mut [u8]>,
-}
-
-impl<'a> Memory<'a> {
-    /// Wraps `ptr`, which must stay valid (and, if the memory is written, unaliased) for `'a`.
-    ///
-    /// # Safety
-    /// `ptr` must point to at least `desc.size_bytes()` bytes valid for `'a`.
-    pub(crate) unsafe fn wrap(
-        engine: &Engine,
-        desc: &MemoryDesc,
-        ptr: *mut c_void,
-    ) -> Result<Self> {
-        let mut raw = ptr::null_mut();
-        check("dnnl_memory_create", unsafe {
-            sys::dnnl_memory_create(&mut raw, &desc.0, engine.raw(), ptr)
-        })?;
-        Ok(Memory {
-            raw,
-            _buffer: std::marker::PhantomData,
-        })
-    }
-
-    pub(crate) fn raw(&self) -> sys::dnnl_memory_t {
-        self.raw
-    }
-}
-
-impl Drop for Memory<'_> {
-    fn drop(&mut self) {
-        // SAFETY: created by dnnl_memory_create with a user handle, so this frees only the wrapper.
-        unsafe { sys::dnnl_memory_destroy(self.raw) };
-    }
 }
 
 /// A 64-byte-aligned, zero-initialised byte buffer (packed weights, scratchpads).

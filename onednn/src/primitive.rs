@@ -1,12 +1,13 @@
 //! Owned wrappers (with Drop) for primitive descriptors, primitives, attributes and post-op lists; reorders; the per-thread scratchpad.
 
 use std::cell::RefCell;
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
+use std::sync::Mutex;
 
 use crate::engine::{Engine, Stream};
 use crate::error::{check, Result};
-use crate::memory::{AlignedBuf, Memory, MemoryDesc};
+use crate::memory::{AlignedBuf, MemoryDesc};
 use crate::sys;
 
 /// An operation applied to the matmul result before it is written, in order.
@@ -193,23 +194,45 @@ impl Drop for PrimitiveDesc {
     }
 }
 
-/// A created primitive plus what executing it needs to know.
+/// Execute arguments a primitive takes besides the scratchpad (src, weights, bias, dst, a post-op operand).
+const MAX_ARGS: usize = 7;
+
+/// A created primitive plus what executing it needs: its arguments'
+/// descriptors (in the order `execute` receives their buffers) and a pool of
+/// memory objects for them.
 pub(crate) struct Primitive {
     raw: sys::dnnl_primitive_t,
-    pub(crate) scratchpad: Option<MemoryDesc>,
+    engine: Engine,
+    args: Vec<(c_int, MemoryDesc)>,
+    scratchpad: Option<MemoryDesc>,
     pub(crate) impl_name: String,
+    /// Memory objects for one execution each. A call takes a set (or makes
+    /// one) and puts it back, so concurrent calls never share a memory object,
+    /// and a steady state creates none: creating five per call cost ~3 us,
+    /// more than a small GEMM's worth of work (measured with examples/execute_cost).
+    pool: Mutex<Vec<MemorySet>>,
 }
 
 // SAFETY: oneDNN CPU primitives are immutable after creation and may be
 // executed concurrently from several threads, each with its own stream and
-// memory objects. The one piece of shared mutable state oneDNN would use, the
-// library-managed scratchpad, is disabled: every primitive here uses
-// `scratchpad_mode_user` and gets a per-thread scratchpad (`with_scratchpad`).
+// memory objects (the pool hands each call its own). The one piece of shared
+// mutable state oneDNN would use, the library-managed scratchpad, is disabled:
+// every primitive here uses `scratchpad_mode_user` and gets a per-thread
+// scratchpad (`with_scratchpad`).
 unsafe impl Send for Primitive {}
 unsafe impl Sync for Primitive {}
 
 impl Primitive {
-    pub(crate) fn new(pd: &PrimitiveDesc) -> Result<Self> {
+    /// `args` lists the execute arguments (index and descriptor) other than the scratchpad.
+    pub(crate) fn new(
+        pd: &PrimitiveDesc,
+        engine: &Engine,
+        args: Vec<(c_int, MemoryDesc)>,
+    ) -> Result<Self> {
+        assert!(
+            args.len() <= MAX_ARGS,
+            "a primitive here takes at most {MAX_ARGS} arguments"
+        );
         let mut raw = ptr::null_mut();
         // SAFETY: `pd` is live; out-pointer to a local.
         check("dnnl_primitive_create", unsafe {
@@ -218,46 +241,81 @@ impl Primitive {
         let scratchpad_bytes = pd.scratchpad_bytes();
         Ok(Primitive {
             raw,
+            engine: engine.clone(),
+            args,
             scratchpad: (scratchpad_bytes > 0)
                 .then(|| pd.query_md(sys::dnnl_query_scratchpad_md))
                 .flatten(),
             impl_name: pd.impl_name(),
+            pool: Mutex::new(Vec::new()),
         })
     }
 
-    /// Runs the primitive with `args` (plus the scratchpad, added here) on `stream`.
-    pub(crate) fn execute(
+    /// Runs the primitive on `stream` with `buffers[i]` as the buffer of the
+    /// i-th argument given to [`Primitive::new`].
+    ///
+    /// # Safety
+    /// Each buffer must hold at least its descriptor's `size_bytes()`, stay
+    /// valid for the call, and not be written by anyone else during it. Only
+    /// the dst argument is written; the others must merely be readable.
+    pub(crate) unsafe fn execute(&self, stream: &Stream, buffers: &[*mut c_void]) -> Result<()> {
+        assert_eq!(buffers.len(), self.args.len(), "one buffer per argument");
+        let taken = self
+            .pool
+            .lock()
+            .expect("memory pool lock is never held across a panic")
+            .pop();
+        let mut set = match taken {
+            Some(set) => set,
+            None => MemorySet::default(),
+        };
+        let result = match &self.scratchpad {
+            None => self.run(stream, &mut set, buffers, None),
+            Some(md) => with_scratchpad(md.size_bytes(), |scratch| {
+                self.run(stream, &mut set, buffers, Some(scratch))
+            }),
+        };
+        self.pool
+            .lock()
+            .expect("memory pool lock is never held across a panic")
+            .push(set);
+        result
+    }
+
+    fn run(
         &self,
         stream: &Stream,
-        args: &mut Vec<sys::dnnl_exec_arg_t>,
+        set: &mut MemorySet,
+        buffers: &[*mut c_void],
+        scratch: Option<*mut c_void>,
     ) -> Result<()> {
-        let run = |args: &[sys::dnnl_exec_arg_t]| {
-            // SAFETY: every memory in `args` wraps a buffer that outlives this call
-            // (the `Memory` values are held by our caller); stream and primitive are live.
-            check("dnnl_primitive_execute", unsafe {
-                sys::dnnl_primitive_execute(
-                    self.raw,
-                    stream.raw(),
-                    args.len() as i32,
-                    args.as_ptr(),
-                )
-            })
-        };
-        match &self.scratchpad {
-            None => run(args),
-            Some(md) => with_scratchpad(md.size_bytes(), |ptr| {
-                // SAFETY: `ptr` points to at least `md.size_bytes()` bytes owned by
-                // this thread's scratchpad until `with_scratchpad` returns.
-                let mem = unsafe { Memory::wrap(stream.engine(), md, ptr) }?;
-                args.push(sys::dnnl_exec_arg_t {
-                    arg: sys::DNNL_ARG_SCRATCHPAD,
-                    memory: mem.raw(),
-                });
-                let result = run(args);
-                args.pop();
-                result
-            }),
+        let descs = self
+            .args
+            .iter()
+            .map(|(_, md)| md)
+            .chain(self.scratchpad.as_ref());
+        let ptrs = buffers.iter().copied().chain(scratch);
+        let mut exec = [sys::dnnl_exec_arg_t {
+            arg: 0,
+            memory: ptr::null_mut(),
+        }; MAX_ARGS + 1];
+        let mut n = 0;
+        for (i, (md, p)) in descs.zip(ptrs).enumerate() {
+            // SAFETY: the caller of `execute` vouches for the buffers; the
+            // scratchpad is this thread's, sized by `with_scratchpad`.
+            let memory = unsafe { set.bind(i, &self.engine, stream, md, p) }?;
+            let arg = self
+                .args
+                .get(i)
+                .map_or(sys::DNNL_ARG_SCRATCHPAD, |(a, _)| *a);
+            exec[n] = sys::dnnl_exec_arg_t { arg, memory };
+            n += 1;
         }
+        // SAFETY: every memory in `exec` is bound to a buffer valid for this call;
+        // the stream is this thread's and the primitive is live.
+        check("dnnl_primitive_execute", unsafe {
+            sys::dnnl_primitive_execute(self.raw, stream.raw(), n as c_int, exec.as_ptr())
+        })
     }
 }
 
@@ -265,6 +323,59 @@ impl Drop for Primitive {
     fn drop(&mut self) {
         // SAFETY: created by dnnl_primitive_create.
         unsafe { sys::dnnl_primitive_destroy(self.raw) };
+    }
+}
+
+/// Memory objects for one execution of one primitive, with the buffer each is bound to.
+#[derive(Default)]
+struct MemorySet {
+    slots: Vec<(sys::dnnl_memory_t, *mut c_void)>,
+}
+
+// SAFETY: a set is used by one call at a time (it is out of the pool meanwhile).
+unsafe impl Send for MemorySet {}
+
+impl MemorySet {
+    /// The memory object for argument `i`, bound to `buffer`. A new object is
+    /// created around the buffer; an existing one is rebound only if the
+    /// buffer moved, so constant arguments (packed weights, bias) are never
+    /// rebound (rebinding zero-fills padding, which would write to shared weights).
+    ///
+    /// # Safety
+    /// `buffer` must hold `md.size_bytes()` bytes valid for the coming execute.
+    unsafe fn bind(
+        &mut self,
+        i: usize,
+        engine: &Engine,
+        stream: &Stream,
+        md: &MemoryDesc,
+        buffer: *mut c_void,
+    ) -> Result<sys::dnnl_memory_t> {
+        if let Some((memory, bound)) = self.slots.get_mut(i) {
+            if *bound != buffer {
+                check("dnnl_memory_set_data_handle_v2", unsafe {
+                    sys::dnnl_memory_set_data_handle_v2(*memory, buffer, stream.raw())
+                })?;
+                *bound = buffer;
+            }
+            return Ok(*memory);
+        }
+        debug_assert_eq!(i, self.slots.len(), "arguments are bound in order");
+        let mut memory = ptr::null_mut();
+        check("dnnl_memory_create", unsafe {
+            sys::dnnl_memory_create(&mut memory, &md.0, engine.raw(), buffer)
+        })?;
+        self.slots.push((memory, buffer));
+        Ok(memory)
+    }
+}
+
+impl Drop for MemorySet {
+    fn drop(&mut self) {
+        for (memory, _) in &self.slots {
+            // SAFETY: created by dnnl_memory_create around a user buffer; this frees only the object.
+            unsafe { sys::dnnl_memory_destroy(*memory) };
+        }
     }
 }
 
@@ -305,21 +416,14 @@ pub(crate) unsafe fn reorder(
 ) -> Result<()> {
     let attr = Attr::new(None)?;
     let pd = PrimitiveDesc::reorder(engine, from, to, &attr)?;
-    let prim = Primitive::new(&pd)?;
-    let src_mem = unsafe { Memory::wrap(engine, from, src as *mut c_void) }?;
-    let dst_mem = unsafe { Memory::wrap(engine, to, dst) }?;
-    let mut args = vec![
-        sys::dnnl_exec_arg_t {
-            arg: sys::DNNL_ARG_FROM,
-            memory: src_mem.raw(),
-        },
-        sys::dnnl_exec_arg_t {
-            arg: sys::DNNL_ARG_TO,
-            memory: dst_mem.raw(),
-        },
-    ];
+    let prim = Primitive::new(
+        &pd,
+        engine,
+        vec![(sys::DNNL_ARG_FROM, *from), (sys::DNNL_ARG_TO, *to)],
+    )?;
     Stream::with_thread_local(engine, |stream| {
-        prim.execute(stream, &mut args)?;
+        // SAFETY: the caller vouches for both buffers.
+        unsafe { prim.execute(stream, &[src as *mut c_void, dst]) }?;
         stream.wait()
     })
 }

@@ -142,6 +142,7 @@ impl dnnl_matmul_desc_t {
 }
 
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct dnnl_exec_arg_t {
     pub arg: c_int,
     pub memory: dnnl_memory_t,
@@ -245,6 +246,11 @@ extern "C" {
         memory_desc: *const dnnl_memory_desc_t,
         engine: dnnl_engine_t,
         handle: *mut c_void,
+    ) -> dnnl_status_t;
+    pub fn dnnl_memory_set_data_handle_v2(
+        memory: dnnl_memory_t,
+        handle: *mut c_void,
+        stream: dnnl_stream_t,
     ) -> dnnl_status_t;
     pub fn dnnl_memory_destroy(memory: dnnl_memory_t) -> dnnl_status_t;
 
