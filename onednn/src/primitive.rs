@@ -265,10 +265,7 @@ impl Primitive {
             .lock()
             .expect("memory pool lock is never held across a panic")
             .pop();
-        let mut set = match taken {
-            Some(set) => set,
-            None => MemorySet::default(),
-        };
+        let mut set = taken.unwrap_or_default();
         let result = match &self.scratchpad {
             None => self.run(stream, &mut set, buffers, None),
             Some(md) => with_scratchpad(md.size_bytes(), |scratch| {
