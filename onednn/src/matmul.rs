@@ -142,6 +142,14 @@ impl MatMul {
         Ok(self.instance(m)?.prim.impl_name.clone())
     }
 
+    /// The layout the weights were packed into at construction (Debug-print it to see the blocking).
+    pub fn weights_layout(&self) -> MemoryDesc {
+        self.packed
+            .read()
+            .expect("packed-weights lock is never held across a panic")[0]
+            .desc
+    }
+
     /// How many differently packed copies of the weights exist (1 unless some M chose another layout).
     pub fn packed_layouts(&self) -> usize {
         self.packed

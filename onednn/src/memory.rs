@@ -152,13 +152,33 @@ impl PartialEq for MemoryDesc {
 }
 
 impl std::fmt::Debug for MemoryDesc {
+    /// Dims, type and layout, e.g. `[640, 2560] F32 strides [2560, 1]` or
+    /// `... strides [..] blocks [16a, 64b]` for a packed layout.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryDesc")
-            .field("dims", &self.dims())
-            .field("data_type", &self.data_type())
-            .field("format_kind", &self.0.format_kind)
-            .field("bytes", &self.size_bytes())
-            .finish()
+        write!(f, "{:?} {:?}", self.dims(), self.data_type())?;
+        match self.0.format_kind {
+            sys::dnnl_format_kind_any => write!(f, " any"),
+            sys::dnnl_blocked => {
+                let b = &self.0.format_desc;
+                let n = self.0.ndims as usize;
+                write!(f, " strides {:?}", &b.strides[..n])?;
+                let nblks = (b.inner_nblks.max(0) as usize).min(sys::DNNL_MAX_NDIMS);
+                if nblks > 0 {
+                    let blocks: Vec<String> = (0..nblks)
+                        .map(|i| {
+                            format!(
+                                "{}{}",
+                                b.inner_blks[i],
+                                (b'a' + b.inner_idxs[i] as u8) as char
+                            )
+                        })
+                        .collect();
+                    write!(f, " blocks [{}]", blocks.join(", "))?;
+                }
+                Ok(())
+            }
+            other => write!(f, " format_kind {other}"),
+        }
     }
 }
 

@@ -87,11 +87,23 @@ pub const fn dnnl_arg_attr_multiple_post_op(idx: c_int) -> c_int {
     DNNL_ARG_ATTR_MULTIPLE_POST_OP_BASE * (idx + 1)
 }
 
+/// `dnnl_blocking_desc_t`: strides of the outer blocks plus the inner blocks
+/// (e.g. `inner_blks = [16, 64]`, `inner_idxs = [1, 0]` for a `BA16a64b`-style packing).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct dnnl_blocking_desc_t {
+    pub strides: dnnl_dims_t,
+    pub inner_nblks: c_int,
+    pub inner_blks: dnnl_dims_t,
+    pub inner_idxs: dnnl_dims_t,
+}
+
 /// `dnnl_memory_desc_t` of oneDNN 2.x: a plain struct, passed by pointer.
 ///
-/// Only `ndims`, `dims`, `data_type` and `format_kind` are read from Rust; the
-/// rest (padded dims, the blocking/wino/rnn-packed union and the extra desc)
-/// is kept as bytes of the exact size so the struct can be copied by value.
+/// `format_desc` is a C union of the blocking, Winograd and RNN-packed
+/// descriptors; the blocking one is the largest (296 bytes, as is the
+/// RNN-packed one), so it stands for the whole union and is only meaningful
+/// when `format_kind == dnnl_blocked`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct dnnl_memory_desc_t {
@@ -102,15 +114,16 @@ pub struct dnnl_memory_desc_t {
     pub padded_offsets: dnnl_dims_t,
     pub offset0: dnnl_dim_t,
     pub format_kind: c_int,
-    // 4 bytes of padding before the 8-aligned union at offset 320.
-    _pad: c_int,
-    /// `format_desc` union (296 bytes) followed by `extra` (80 bytes).
-    _format_desc_and_extra: [u64; 47],
+    pub format_desc: dnnl_blocking_desc_t,
+    /// `dnnl_memory_extra_desc_t` (80 bytes): compensation flags, unused here.
+    _extra: [u64; 10],
 }
 
+const _: () = assert!(std::mem::size_of::<dnnl_blocking_desc_t>() == 296);
 const _: () = assert!(std::mem::size_of::<dnnl_memory_desc_t>() == 696);
 const _: () = assert!(std::mem::align_of::<dnnl_memory_desc_t>() == 8);
 const _: () = assert!(std::mem::offset_of!(dnnl_memory_desc_t, format_kind) == 312);
+const _: () = assert!(std::mem::offset_of!(dnnl_memory_desc_t, format_desc) == 320);
 
 impl dnnl_memory_desc_t {
     /// An all-zero descriptor: `format_kind_undef`, which as a bias descriptor means "no bias".
@@ -123,8 +136,13 @@ impl dnnl_memory_desc_t {
             padded_offsets: [0; DNNL_MAX_NDIMS],
             offset0: 0,
             format_kind: 0,
-            _pad: 0,
-            _format_desc_and_extra: [0; 47],
+            format_desc: dnnl_blocking_desc_t {
+                strides: [0; DNNL_MAX_NDIMS],
+                inner_nblks: 0,
+                inner_blks: [0; DNNL_MAX_NDIMS],
+                inner_idxs: [0; DNNL_MAX_NDIMS],
+            },
+            _extra: [0; 10],
         }
     }
 }

@@ -36,7 +36,11 @@ fn bias_and_relu_match_reference_for_several_m() {
         );
         assert!(err < 1e-4, "m {m}: max abs error {err}");
     }
-    println!("packed weight layouts: {}", mm.packed_layouts());
+    println!(
+        "weights packed as {:?}; {} packed layout(s)",
+        mm.weights_layout(),
+        mm.packed_layouts()
+    );
 }
 
 #[test]
@@ -53,7 +57,11 @@ fn encoder_sized_layer_matches_reference() {
     let mut want = linear(&x, &w, Some(&b), m, k, n);
     relu(&mut want);
     let err = max_abs_diff(&got, &want);
-    println!("impl {}, max abs err {err:e}", mm.prepare(m).unwrap());
+    println!(
+        "impl {}, weights {:?}, max abs err {err:e}",
+        mm.prepare(m).unwrap(),
+        mm.weights_layout()
+    );
     assert!(err < 1e-3, "max abs error {err}");
 }
 
@@ -137,4 +145,12 @@ fn caller_mistakes_are_errors_not_crashes() {
     ));
     // Empty batch is a no-op.
     mm.execute::<f32>(&[], &mut [], Some(&[])).unwrap();
+}
+
+#[test]
+fn primitives_are_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<MatMul>();
+    assert_send_sync::<onednn::BatchedMatMul>();
+    assert_send_sync::<Engine>();
 }
