@@ -147,6 +147,12 @@ impl BatchedMatMul {
         dst: &mut [f32],
         residual: Option<&[f32]>,
     ) -> Result<()> {
+        if stream.engine().raw() != self.engine.raw() {
+            return Err(Error::Invalid {
+                what: "batched matmul stream",
+                why: "the stream belongs to another engine than the primitive".into(),
+            });
+        }
         if T::DATA_TYPE != self.spec.data_type {
             return Err(Error::DataType {
                 what: "batched matmul src/weights",

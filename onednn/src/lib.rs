@@ -23,7 +23,31 @@
 //! library scratchpad is never touched), and the memory objects around the
 //! caller's buffers are made per call. Each primitive runs with the thread
 //! count in its spec, set on the calling thread through libgomp for the
-//! duration of the call; thread-per-block callers use `threads: 1`.
+//! duration of the call; thread-per-block callers use `threads: 1`, and then
+//! oneDNN starts no OpenMP workers at all (tested in `tests/omp_threads.rs`).
+//! Callers that use `threads > 1` from several threads at once get one
+//! OpenMP team per calling thread; set `OMP_WAIT_POLICY=passive` then, or
+//! idle team members spin and steal cores from the others.
+//!
+//! # bf16
+//!
+//! [`bf16_supported`] says whether this CPU runs bf16 natively (AMX or
+//! AVX512-BF16, and libdnnl dispatches to it). Where it does not, oneDNN 2.6
+//! has no bf16 matmul at all on AVX2 (`MatMul::new` returns
+//! `Error::Dnnl { status: Unimplemented, .. }`), so callers should pick f32.
+//!
+//! # Using it optionally
+//!
+//! Building this crate needs libdnnl-dev (oneDNN 2.x); without it `build.rs`
+//! stops with what to install. Crates that must build everywhere depend on it
+//! behind a feature:
+//!
+//! ```toml
+//! [dependencies]
+//! onednn = { path = "../onednn", optional = true }
+//! [features]
+//! onednn = ["dep:onednn"]
+//! ```
 
 mod batched;
 mod bf16;

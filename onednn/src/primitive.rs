@@ -20,7 +20,8 @@ pub enum PostOp {
     /// `x = x + residual`, where `residual` is an f32 tensor shaped like dst,
     /// passed to `execute`. At most one per primitive in this crate.
     BinaryAdd,
-    /// `x = x + dst_before`: accumulates into what the caller's dst already holds.
+    /// `x = x + dst_before`: accumulates into what the caller's dst already
+    /// holds. Put it first: several oneDNN implementations accept it only there.
     Sum,
 }
 

@@ -29,7 +29,10 @@ fn layer(threads: usize) -> (MatMul, Vec<f32>) {
 #[test]
 fn single_threaded_calls_start_no_openmp_workers() {
     if onednn::version().cpu_runtime != 2 {
-        println!("SKIP: libdnnl is not built with OpenMP (cpu runtime {})", onednn::version().cpu_runtime);
+        println!(
+            "SKIP: libdnnl is not built with OpenMP (cpu runtime {})",
+            onednn::version().cpu_runtime
+        );
         return;
     }
     let (mm, x) = layer(1);
@@ -50,9 +53,16 @@ fn single_threaded_calls_start_no_openmp_workers() {
             })
         })
         .collect();
-    let most = workers.into_iter().map(|w| w.join().unwrap()).max().unwrap();
+    let most = workers
+        .into_iter()
+        .map(|w| w.join().unwrap())
+        .max()
+        .unwrap();
     println!("threads: {base} before, at most {most} while 2 std threads ran threads=1 GEMMs");
-    assert!(most <= base + 2, "OpenMP workers appeared: {base} -> {most}");
+    assert!(
+        most <= base + 2,
+        "OpenMP workers appeared: {base} -> {most}"
+    );
 
     // The same layer with 2 threads, called from this thread, does start a worker
     // (if the machine has 2 cores for libgomp to use).
@@ -62,6 +72,9 @@ fn single_threaded_calls_start_no_openmp_workers() {
         mm2.execute(&x2, &mut y, None).unwrap();
         let after = os_threads();
         println!("threads after a threads=2 GEMM: {after}");
-        assert!(after > base, "a threads=2 GEMM started no OpenMP worker ({base} -> {after})");
+        assert!(
+            after > base,
+            "a threads=2 GEMM started no OpenMP worker ({base} -> {after})"
+        );
     }
 }
