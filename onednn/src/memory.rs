@@ -231,3 +231,43 @@ impl AlignedBuf {
         self.chunks.as_mut_ptr().cast()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_major_descriptor_matches_explicit_strides() {
+        let a = MemoryDesc::row_major(&[4, 3, 2], DataType::F32).unwrap();
+        let b = MemoryDesc::strided(&[4, 3, 2], &[6, 2, 1], DataType::F32).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.size_bytes(), 4 * 3 * 2 * 4);
+        assert_eq!(a.dims(), vec![4, 3, 2]);
+        assert_eq!(a.data_type(), Some(DataType::F32));
+        assert!(!a.is_any());
+        assert_eq!(format!("{a:?}"), "[4, 3, 2] Some(F32) strides [6, 2, 1]");
+    }
+
+    #[test]
+    fn transposed_and_any_descriptors() {
+        let t = MemoryDesc::strided(&[3, 5], &[1, 3], DataType::Bf16).unwrap();
+        assert_ne!(t, MemoryDesc::row_major(&[3, 5], DataType::Bf16).unwrap());
+        assert_eq!(t.size_bytes(), 3 * 5 * 2);
+        let any = MemoryDesc::any(&[3, 5], DataType::F32).unwrap();
+        assert!(any.is_any());
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        assert!(MemoryDesc::strided(&[2, 2], &[1], DataType::F32).is_err());
+        assert!(MemoryDesc::row_major(&[], DataType::F32).is_err());
+        assert!(MemoryDesc::row_major(&[1; 13], DataType::F32).is_err());
+    }
+
+    #[test]
+    fn aligned_buffer_is_aligned() {
+        let b = AlignedBuf::zeroed(100);
+        assert_eq!(b.as_ptr() as usize % 64, 0);
+        assert_eq!(b.len(), 100);
+    }
+}
