@@ -10,12 +10,11 @@
 //! worker sets 1 thread and runs its own GEMMs on its own core.
 //!
 //! Several implementations (the brgemm matmul in particular) also read the
-//! thread count when the primitive is *created* and size their work split by
-//! it; executing such a primitive with a different count either
-//! under-parallelises or starts a team of the creation-time size inside each
-//! caller. So the primitives in this crate carry a thread count: they are
-//! created and executed inside a [`ThreadScope`] of that count, whichever
-//! thread calls them.
+//! thread count when the primitive is *created*: they split the work and size
+//! per-thread scratchpad buffers by it, and oneDNN's documentation asks that a
+//! primitive not run with more threads than it was created for. So the
+//! primitives in this crate carry a thread count: they are created and
+//! executed inside a [`ThreadScope`] of that count, whichever thread calls them.
 //!
 //! With a non-OpenMP build (sequential, TBB, threadpool) these functions do
 //! nothing and [`max_threads`] reports 1; the threadpool runtime's
