@@ -10,9 +10,11 @@
 //! worker sets 1 thread and runs its own GEMMs on its own core.
 //!
 //! Several implementations (the brgemm matmul in particular) also read the
-//! thread count when the primitive is *created*: they split the work and size
-//! per-thread scratchpad buffers by it, and oneDNN's documentation asks that a
-//! primitive not run with more threads than it was created for. So the
+//! thread count when the primitive is *created* (`dnnl_get_max_threads()` in
+//! their configuration step): they split the work and size per-thread
+//! scratchpad buffers by it, so running one with more threads than it was
+//! created for may index past those buffers, and with fewer leaves part of
+//! the split to run serially. So the
 //! primitives in this crate carry a thread count: they are created and
 //! executed inside a [`ThreadScope`] of that count, whichever thread calls them.
 //!
