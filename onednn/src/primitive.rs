@@ -203,7 +203,6 @@ const MAX_ARGS: usize = 7;
 /// memory objects for them.
 pub(crate) struct Primitive {
     raw: sys::dnnl_primitive_t,
-    engine: Engine,
     args: Vec<(c_int, MemoryDesc)>,
     scratchpad: Option<MemoryDesc>,
     pub(crate) impl_name: String,
@@ -212,6 +211,8 @@ pub(crate) struct Primitive {
     /// and a steady state creates none: creating five per call cost ~3 us,
     /// more than a small GEMM's worth of work (measured with examples/execute_cost).
     pool: Mutex<Vec<MemorySet>>,
+    /// Last, so it is dropped after the pooled memory objects that refer to it.
+    engine: Engine,
 }
 
 // SAFETY: oneDNN CPU primitives are immutable after creation and may be
