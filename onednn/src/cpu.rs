@@ -9,9 +9,13 @@ use crate::sys;
 ///
 /// Where this is false oneDNN may still accept a bf16 matmul, but runs it
 /// emulated or on the reference implementation, which is far slower than f32.
+/// Detected once per process (it reads /proc/cpuinfo).
 pub fn bf16_supported() -> bool {
-    let features = CpuFeatures::detect();
-    (features.avx512_bf16 || features.amx_bf16) && dnnl_isa_has_bf16()
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        let features = CpuFeatures::detect();
+        (features.avx512_bf16 || features.amx_bf16) && dnnl_isa_has_bf16()
+    })
 }
 
 /// The bf16-related CPU features, as seen by cpuid and by the kernel.
