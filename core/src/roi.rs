@@ -107,7 +107,7 @@ pub enum RoiError {
         min: f64,
         max: f64,
     },
-    #[error("{at}: ring has zero area")]
+    #[error("{at}: ring has zero area (its positions are collinear)")]
     ZeroArea { at: String },
     #[error("{at}: ring {ring_a} edge {edge_a} (positions {edge_a}→{}) {how} ring {ring_b} edge {edge_b} (positions {edge_b}→{}) near ({}, {})", edge_a + 1, edge_b + 1, point[0], point[1])]
     SelfIntersection {
@@ -549,11 +549,16 @@ fn ring(value: &Value, at: &str) -> Result<Vec<[f64; 2]>, RoiError> {
             last,
         });
     }
-    let twice_area: f64 = ring
-        .windows(2)
-        .map(|w| (w[0][0] - first[0]) * (w[1][1] - first[1]) - (w[1][0] - first[0]) * (w[0][1] - first[1]))
-        .sum();
-    if twice_area == 0.0 {
+    // Collinear positions enclose nothing. (A ring that is not collinear
+    // yet has zero signed area, like a symmetric bow tie, crosses itself and
+    // is reported as that.)
+    let collinear = match ring.iter().find(|p| **p != first) {
+        None => true,
+        Some(&q) => ring.iter().all(|&p| {
+            (q[0] - first[0]) * (p[1] - first[1]) - (q[1] - first[1]) * (p[0] - first[0]) == 0.0
+        }),
+    };
+    if collinear {
         return Err(RoiError::ZeroArea { at: at.to_owned() });
     }
     Ok(ring)
