@@ -87,7 +87,9 @@ pub enum RoiError {
     EmptyPolygon { at: String },
     #[error("{at}: ring has {count} positions; a linear ring needs at least 4 (3 corners and the first repeated)")]
     RingTooShort { at: String, count: usize },
-    #[error("{at}: ring is not closed: its first position {first:?} differs from its last {last:?}")]
+    #[error(
+        "{at}: ring is not closed: its first position {first:?} differs from its last {last:?}"
+    )]
     RingNotClosed {
         at: String,
         first: [f64; 2],
@@ -144,8 +146,7 @@ fn structure(at: &str, problem: impl Into<String>) -> RoiError {
 impl Region {
     /// Parses GeoJSON text (see [`Region::from_geojson`]).
     pub fn from_geojson_str(text: &str) -> Result<Region, RoiError> {
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| RoiError::Json(e.to_string()))?;
+        let value: Value = serde_json::from_str(text).map_err(|e| RoiError::Json(e.to_string()))?;
         Region::from_geojson(&value)
     }
 
@@ -324,7 +325,10 @@ fn sweep(polygon: &Polygon, rows: &mut BTreeMap<i32, Vec<(i32, i32)>>) {
     let mut breaks: Vec<f64> = Vec::new();
     for ring in &polygon.rings {
         for pair in ring.windows(2) {
-            let (a, b) = ([pair[0][0] * 10.0, pair[0][1] * 10.0], [pair[1][0] * 10.0, pair[1][1] * 10.0]);
+            let (a, b) = (
+                [pair[0][0] * 10.0, pair[0][1] * 10.0],
+                [pair[1][0] * 10.0, pair[1][1] * 10.0],
+            );
             breaks.push(a[1]);
             if a[1] == b[1] {
                 // Horizontal edges bound sub-bands whose intervals already
@@ -491,7 +495,9 @@ fn polygon(value: &Value, at: &str) -> Result<Polygon, RoiError> {
     let polygon = Polygon { rings };
     let (west, east) = polygon.rings[0]
         .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(w, e), p| (w.min(p[0]), e.max(p[0])));
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(w, e), p| {
+            (w.min(p[0]), e.max(p[0]))
+        });
     if east - west > 180.0 {
         return Err(RoiError::SpansAntimeridian {
             at: at.to_owned(),
@@ -599,7 +605,12 @@ mod crossing {
                     lo[axis] = lo[axis].min(w[0][axis]).min(w[1][axis]);
                     hi[axis] = hi[axis].max(w[0][axis]).max(w[1][axis]);
                 }
-                segments.push(Segment { ring, edge, a: w[0], b: w[1] });
+                segments.push(Segment {
+                    ring,
+                    edge,
+                    a: w[0],
+                    b: w[1],
+                });
             }
         }
         let n = segments.len();
@@ -615,15 +626,25 @@ mod crossing {
         let side = (n as f64).sqrt().ceil() as usize;
         let scale = [0, 1].map(|axis| {
             let extent = hi[axis] - lo[axis];
-            if extent > 0.0 { side as f64 / extent } else { 0.0 }
+            if extent > 0.0 {
+                side as f64 / extent
+            } else {
+                0.0
+            }
         });
         let bucket_of = |x: f64, axis: usize| -> usize {
             (((x - lo[axis]) * scale[axis]) as usize).min(side - 1)
         };
         let mut buckets: Vec<Vec<u32>> = vec![Vec::new(); side * side];
         for (i, s) in segments.iter().enumerate() {
-            let (x0, x1) = (bucket_of(s.a[0].min(s.b[0]), 0), bucket_of(s.a[0].max(s.b[0]), 0));
-            let (y0, y1) = (bucket_of(s.a[1].min(s.b[1]), 1), bucket_of(s.a[1].max(s.b[1]), 1));
+            let (x0, x1) = (
+                bucket_of(s.a[0].min(s.b[0]), 0),
+                bucket_of(s.a[0].max(s.b[0]), 0),
+            );
+            let (y0, y1) = (
+                bucket_of(s.a[1].min(s.b[1]), 1),
+                bucket_of(s.a[1].max(s.b[1]), 1),
+            );
             for y in y0..=y1 {
                 for x in x0..=x1 {
                     buckets[y * side + x].push(i as u32);
@@ -646,7 +667,11 @@ mod crossing {
     }
 
     fn compare(s: &Segment, t: &Segment, at: &str) -> Result<(), RoiError> {
-        let (s, t) = if (s.ring, s.edge) <= (t.ring, t.edge) { (s, t) } else { (t, s) };
+        let (s, t) = if (s.ring, s.edge) <= (t.ring, t.edge) {
+            (s, t)
+        } else {
+            (t, s)
+        };
         let d1 = orient(t.a, t.b, s.a);
         let d2 = orient(t.a, t.b, s.b);
         let d3 = orient(s.a, s.b, t.a);
@@ -662,7 +687,10 @@ mod crossing {
         };
         if d1 * d2 < 0.0 && d3 * d4 < 0.0 {
             let f = d1 / (d1 - d2);
-            let point = [s.a[0] + f * (s.b[0] - s.a[0]), s.a[1] + f * (s.b[1] - s.a[1])];
+            let point = [
+                s.a[0] + f * (s.b[0] - s.a[0]),
+                s.a[1] + f * (s.b[1] - s.a[1]),
+            ];
             return Err(error("crosses", point));
         }
         if d1 == 0.0 && d2 == 0.0 {

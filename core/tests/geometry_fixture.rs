@@ -55,7 +55,11 @@ fn every_tile_footprint_matches() {
         assert_eq!(u64::from(info.height), int(rec, "height"), "{name} height");
         for (key, ours) in [("origin_e", info.origin_e), ("origin_n", info.origin_n)] {
             let err = (ours - num(rec, key)).abs();
-            assert!(err < COORD_TOL_M, "{name} {key}: ours {ours}, fixture {}, off by {err} m", num(rec, key));
+            assert!(
+                err < COORD_TOL_M,
+                "{name} {key}: ours {ours}, fixture {}, off by {err} m",
+                num(rec, key)
+            );
             if err > worst.0 {
                 worst = (err, format!("{name} {key}"));
             }
@@ -63,14 +67,22 @@ fn every_tile_footprint_matches() {
         // The serialised form is the CLI's `tiles info` line: the same keys.
         let ours: Value = serde_json::to_value(&info).expect("TileInfo serialises");
         let mut keys: Vec<&String> = ours.as_object().expect("an object").keys().collect();
-        let mut theirs: Vec<&String> = rec.as_object().expect("an object").keys().filter(|k| *k != "type").collect();
+        let mut theirs: Vec<&String> = rec
+            .as_object()
+            .expect("an object")
+            .keys()
+            .filter(|k| *k != "type")
+            .collect();
         keys.sort();
         theirs.sort();
         assert_eq!(keys, theirs);
         count += 1;
     }
     assert_eq!(count, 300);
-    println!("{count} tiles agree; worst coordinate difference {:.3e} m ({})", worst.0, worst.1);
+    println!(
+        "{count} tiles agree; worst coordinate difference {:.3e} m ({})",
+        worst.0, worst.1
+    );
 }
 
 #[test]
@@ -84,21 +96,28 @@ fn every_zone_grid_matches() {
             .map(|v| tile(v.as_str().expect("tile names are strings")))
             .collect();
         let grid = place(&tiles).unwrap_or_else(|e| panic!("placing {tiles:?}: {e}"));
-        let expected: ZoneGrid = serde_json::from_value(
-            serde_json::Value::Object(
-                rec.as_object()
-                    .expect("an object")
-                    .iter()
-                    .filter(|(k, _)| *k != "type" && *k != "tiles")
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            ),
-        )
+        let expected: ZoneGrid = serde_json::from_value(serde_json::Value::Object(
+            rec.as_object()
+                .expect("an object")
+                .iter()
+                .filter(|(k, _)| *k != "type" && *k != "tiles")
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ))
         .expect("the fixture's zone_grid parses as ZoneGrid, so the field names agree");
         assert_eq!(grid.zone, expected.zone);
-        assert!((grid.origin_x - expected.origin_x).abs() < COORD_TOL_M, "{grid:?}");
-        assert!((grid.origin_y - expected.origin_y).abs() < COORD_TOL_M, "{grid:?}");
-        assert_eq!((grid.width_px, grid.height_px), (expected.width_px, expected.height_px));
+        assert!(
+            (grid.origin_x - expected.origin_x).abs() < COORD_TOL_M,
+            "{grid:?}"
+        );
+        assert!(
+            (grid.origin_y - expected.origin_y).abs() < COORD_TOL_M,
+            "{grid:?}"
+        );
+        assert_eq!(
+            (grid.width_px, grid.height_px),
+            (expected.width_px, expected.height_px)
+        );
         assert_eq!(grid.placed, expected.placed, "zone {}", grid.zone);
         count += 1;
     }
@@ -139,10 +158,30 @@ fn rounding_would_have_opened_the_seam() {
 fn zone_grid_serialises_with_the_cli_keys() {
     let (grid, _) = seam_pair();
     let v = serde_json::to_value(&grid).expect("ZoneGrid serialises");
-    let mut keys: Vec<&str> = v.as_object().expect("an object").keys().map(String::as_str).collect();
+    let mut keys: Vec<&str> = v
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
     keys.sort_unstable();
-    assert_eq!(keys, ["height_px", "origin_x", "origin_y", "placed", "width_px", "zone"]);
-    let mut keys: Vec<&str> = v["placed"][0].as_object().expect("an object").keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "height_px",
+            "origin_x",
+            "origin_y",
+            "placed",
+            "width_px",
+            "zone"
+        ]
+    );
+    let mut keys: Vec<&str> = v["placed"][0]
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
     keys.sort_unstable();
     assert_eq!(keys, ["col", "height", "row", "tile", "width"]);
     assert_eq!(v["placed"][0]["tile"], "grid_-79.35_-0.55");

@@ -32,7 +32,13 @@ fn clipped_area(ring: &Ring, [x0, y0, x1, y1]: [f64; 4]) -> f64 {
     let mut poly: Vec<[f64; 2]> = ring[..ring.len() - 1].to_vec();
     // Each half-plane as (axis, bound, keep-greater).
     for (axis, bound, keep_ge) in [(0, x0, true), (0, x1, false), (1, y0, true), (1, y1, false)] {
-        let keep = |p: &[f64; 2]| if keep_ge { p[axis] >= bound } else { p[axis] <= bound };
+        let keep = |p: &[f64; 2]| {
+            if keep_ge {
+                p[axis] >= bound
+            } else {
+                p[axis] <= bound
+            }
+        };
         let mut out = Vec::new();
         for i in 0..poly.len() {
             let (a, b) = (poly[i], poly[(i + 1) % poly.len()]);
@@ -129,7 +135,10 @@ fn tiles(region: &Region) -> BTreeSet<(i32, i32)> {
     let set = region.tiles();
     let list: Vec<TileId> = set.iter().collect();
     assert_eq!(list.len(), set.len());
-    assert!(list.windows(2).all(|w| w[0] < w[1]), "row-major order, no repeats");
+    assert!(
+        list.windows(2).all(|w| w[0] < w[1]),
+        "row-major order, no repeats"
+    );
     for t in &list {
         assert!(set.contains(*t));
     }
@@ -138,14 +147,21 @@ fn tiles(region: &Region) -> BTreeSet<(i32, i32)> {
 
 /// Checks the region's tiles against both brute forces and returns them.
 fn check(region: &Region, per_side: u32) -> BTreeSet<(i32, i32)> {
-    let polygons: Vec<Vec<Ring>> = region.polygons().iter().map(|p| p.rings().to_vec()).collect();
+    let polygons: Vec<Vec<Ring>> = region
+        .polygons()
+        .iter()
+        .map(|p| p.rings().to_vec())
+        .collect();
     let ours = tiles(region);
     let exact = by_clipping(&polygons);
     assert_eq!(ours, exact, "scanline vs clipped area");
     // Sampling can only miss cells, and only where the region covers a
     // sliver narrower than the sample spacing.
     let sampled = by_sampling(&polygons, per_side);
-    assert!(sampled.is_subset(&ours), "sampling found cells the scanline missed");
+    assert!(
+        sampled.is_subset(&ours),
+        "sampling found cells the scanline missed"
+    );
     let slivers: Vec<(i32, i32)> = ours.difference(&sampled).copied().collect();
     for &cell in &slivers {
         let fraction = covered_fraction(&polygons, cell);
@@ -155,7 +171,10 @@ fn check(region: &Region, per_side: u32) -> BTreeSet<(i32, i32)> {
         );
     }
     if !slivers.is_empty() {
-        println!("{} sliver cells below the sampling resolution", slivers.len());
+        println!(
+            "{} sliver cells below the sampling resolution",
+            slivers.len()
+        );
     }
     // Cells just outside are not covered.
     for (ix, iy) in candidate_cells(&polygons) {
@@ -172,7 +191,13 @@ fn polygon(rings: &[&[[f64; 2]]]) -> serde_json::Value {
 
 #[test]
 fn triangle() {
-    let r = Region::from_geojson(&polygon(&[&[[0.03, 0.02], [0.87, 0.11], [0.41, 0.77], [0.03, 0.02]]])).unwrap();
+    let r = Region::from_geojson(&polygon(&[&[
+        [0.03, 0.02],
+        [0.87, 0.11],
+        [0.41, 0.77],
+        [0.03, 0.02],
+    ]]))
+    .unwrap();
     let tiles = check(&r, 64);
     assert!(tiles.contains(&(0, 0)) && tiles.contains(&(8, 1)) && tiles.contains(&(4, 7)));
     assert!(!tiles.contains(&(8, 7)));
@@ -185,7 +210,13 @@ fn square_with_holes() {
     // the 4×4 cells 3..7 wholly inside), one on cell edges elsewhere would
     // overlap, so a second polygon carries the edge-aligned case.
     let shell: &[[f64; 2]] = &[[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0], [0.0, 0.0]];
-    let hole: &[[f64; 2]] = &[[0.25, 0.25], [0.25, 0.75], [0.75, 0.75], [0.75, 0.25], [0.25, 0.25]];
+    let hole: &[[f64; 2]] = &[
+        [0.25, 0.25],
+        [0.25, 0.75],
+        [0.75, 0.75],
+        [0.75, 0.25],
+        [0.25, 0.25],
+    ];
     let r = Region::from_geojson(&polygon(&[shell, hole])).unwrap();
     assert_eq!(check(&r, 32).len(), 100 - 16);
 
@@ -204,7 +235,15 @@ fn concave_multipolygon_with_overlap() {
             [-3.0 + radius * angle.cos(), 45.0 + radius * angle.sin()]
         })
         .collect();
-    let l_shape = [[-2.5, 44.6], [-1.7, 44.6], [-1.7, 44.83], [-2.28, 44.83], [-2.28, 45.37], [-2.5, 45.37], [-2.5, 44.6]];
+    let l_shape = [
+        [-2.5, 44.6],
+        [-1.7, 44.6],
+        [-1.7, 44.83],
+        [-2.28, 44.83],
+        [-2.28, 45.37],
+        [-2.5, 45.37],
+        [-2.5, 44.6],
+    ];
     let r = Region::from_geojson(&json!({
         "type": "MultiPolygon",
         "coordinates": [[star], [l_shape]]
@@ -249,7 +288,10 @@ fn bbox() {
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 11) as f64 / (1u64 << 53) as f64
     }
 }
@@ -294,7 +336,14 @@ fn text_input() {
     let names: Vec<String> = r.tiles().iter().map(|t| t.to_string()).collect();
     assert_eq!(
         names,
-        ["grid_0.05_0.05", "grid_0.15_0.05", "grid_0.25_0.05", "grid_0.05_0.15", "grid_0.15_0.15", "grid_0.25_0.15"]
+        [
+            "grid_0.05_0.05",
+            "grid_0.15_0.05",
+            "grid_0.25_0.05",
+            "grid_0.05_0.15",
+            "grid_0.15_0.15",
+            "grid_0.25_0.15"
+        ]
     );
 }
 
@@ -316,7 +365,9 @@ fn a_million_tiles() {
 
     // The whole globe.
     let start = Instant::now();
-    let set = Region::from_bbox(-180.0, -90.0, 180.0, 90.0).unwrap().tiles();
+    let set = Region::from_bbox(-180.0, -90.0, 180.0, 90.0)
+        .unwrap()
+        .tiles();
     assert_eq!(set.len(), 3600 * 1800);
     println!("globe: {} tiles in {:?}", set.len(), start.elapsed());
 }
@@ -341,7 +392,10 @@ fn a_country_sized_polygon() {
     let enumerate = start.elapsed();
     // Shoelace area in cells bounds the count from below; the boundary adds
     // at most the cells it crosses.
-    let twice: f64 = ring.windows(2).map(|w| w[0][0] * w[1][1] - w[1][0] * w[0][1]).sum();
+    let twice: f64 = ring
+        .windows(2)
+        .map(|w| w[0][0] * w[1][1] - w[1][0] * w[0][1])
+        .sum();
     let area_cells = twice / 2.0 * 100.0;
     let perimeter_cells: f64 = ring
         .windows(2)

@@ -15,7 +15,10 @@ fn square() -> Value {
 
 #[test]
 fn json_and_structure() {
-    assert!(matches!(Region::from_geojson_str("{\"type\":"), Err(RoiError::Json(_))));
+    assert!(matches!(
+        Region::from_geojson_str("{\"type\":"),
+        Err(RoiError::Json(_))
+    ));
     let e = err(json!([1, 2]));
     assert_eq!(e.to_string(), "$: expected a GeoJSON object");
     let e = err(json!({"coordinates": []}));
@@ -23,46 +26,79 @@ fn json_and_structure() {
     let e = err(json!({"type": "Polygon"}));
     assert_eq!(e.to_string(), "$: Polygon has no \"coordinates\"");
     let e = err(json!({"type": "Polygon", "coordinates": [[[0, 0], [1, "a"], [1, 1], [0, 0]]]}));
-    assert_eq!(e.to_string(), "$.coordinates[0][1]: expected a position [longitude, latitude]");
+    assert_eq!(
+        e.to_string(),
+        "$.coordinates[0][1]: expected a position [longitude, latitude]"
+    );
     let e = err(json!({"type": "MultiPolygon", "coordinates": [[square()], 7]}));
-    assert_eq!(e.to_string(), "$.coordinates[1]: expected an array of linear rings");
+    assert_eq!(
+        e.to_string(),
+        "$.coordinates[1]: expected an array of linear rings"
+    );
     let e = err(json!({"type": "Feature", "geometry": null, "properties": {}}));
     assert_eq!(e.to_string(), "$.geometry: feature has no geometry (null)");
-    let e = err(json!({"type": "FeatureCollection", "features": [{"type": "Feature", "geometry": {"type": "Polygon", "coordinates": [square()]}}, {"type": "Polygon"}]}));
+    let e = err(
+        json!({"type": "FeatureCollection", "features": [{"type": "Feature", "geometry": {"type": "Polygon", "coordinates": [square()]}}, {"type": "Polygon"}]}),
+    );
     assert_eq!(e.to_string(), "$.features[1]: expected a Feature");
 }
 
 #[test]
 fn unsupported_types() {
-    let e = err(json!({"type": "FeatureCollection", "features": [{"type": "Feature", "geometry": {"type": "LineString", "coordinates": [[0, 0], [1, 1]]}}]}));
+    let e = err(
+        json!({"type": "FeatureCollection", "features": [{"type": "Feature", "geometry": {"type": "LineString", "coordinates": [[0, 0], [1, 1]]}}]}),
+    );
     assert_eq!(
         e,
-        RoiError::UnsupportedType { at: "$.features[0].geometry".into(), kind: "LineString".into() }
+        RoiError::UnsupportedType {
+            at: "$.features[0].geometry".into(),
+            kind: "LineString".into()
+        }
     );
     assert!(e.to_string().contains("expected Polygon or MultiPolygon"));
-    assert!(matches!(err(json!({"type": "GeometryCollection", "geometries": []})), RoiError::UnsupportedType { .. }));
+    assert!(matches!(
+        err(json!({"type": "GeometryCollection", "geometries": []})),
+        RoiError::UnsupportedType { .. }
+    ));
 }
 
 #[test]
 fn empty() {
-    assert_eq!(err(json!({"type": "FeatureCollection", "features": []})), RoiError::Empty { at: "$".into() });
-    assert_eq!(err(json!({"type": "MultiPolygon", "coordinates": []})), RoiError::Empty { at: "$".into() });
+    assert_eq!(
+        err(json!({"type": "FeatureCollection", "features": []})),
+        RoiError::Empty { at: "$".into() }
+    );
+    assert_eq!(
+        err(json!({"type": "MultiPolygon", "coordinates": []})),
+        RoiError::Empty { at: "$".into() }
+    );
     assert_eq!(
         err(json!({"type": "MultiPolygon", "coordinates": [[square()], []]})),
-        RoiError::EmptyPolygon { at: "$.coordinates[1]".into() }
+        RoiError::EmptyPolygon {
+            at: "$.coordinates[1]".into()
+        }
     );
 }
 
 #[test]
 fn short_and_open_rings() {
     assert_eq!(
-        err(json!({"type": "Polygon", "coordinates": [square(), [[0.2, 0.2], [0.3, 0.3], [0.2, 0.2]]]})),
-        RoiError::RingTooShort { at: "$.coordinates[1]".into(), count: 3 }
+        err(
+            json!({"type": "Polygon", "coordinates": [square(), [[0.2, 0.2], [0.3, 0.3], [0.2, 0.2]]]})
+        ),
+        RoiError::RingTooShort {
+            at: "$.coordinates[1]".into(),
+            count: 3
+        }
     );
     let e = err(json!({"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1], [0, 1]]]}));
     assert_eq!(
         e,
-        RoiError::RingNotClosed { at: "$.coordinates[0]".into(), first: [0.0, 0.0], last: [0.0, 1.0] }
+        RoiError::RingNotClosed {
+            at: "$.coordinates[0]".into(),
+            first: [0.0, 0.0],
+            last: [0.0, 1.0]
+        }
     );
     assert!(e.to_string().contains("not closed"));
 }
@@ -70,33 +106,61 @@ fn short_and_open_rings() {
 #[test]
 fn coordinates_out_of_range() {
     let e = err(json!({"type": "Polygon", "coordinates": [[[0, 0], [181, 0], [1, 1], [0, 0]]]}));
-    assert_eq!(e.to_string(), "$.coordinates[0][1]: longitude 181 is outside [-180, 180]");
+    assert_eq!(
+        e.to_string(),
+        "$.coordinates[0][1]: longitude 181 is outside [-180, 180]"
+    );
     let e = err(json!({"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, -90.5], [0, 0]]]}));
-    assert_eq!(e.to_string(), "$.coordinates[0][2]: latitude -90.5 is outside [-90, 90]");
+    assert_eq!(
+        e.to_string(),
+        "$.coordinates[0][2]: latitude -90.5 is outside [-90, 90]"
+    );
     // JSON has no NaN; non-finite values come in through a bbox.
     let e = Region::from_bbox(0.0, f64::NAN, 1.0, 1.0).unwrap_err();
     assert_eq!(e.to_string(), "bbox: min_lat NaN is not a finite number");
     let e = Region::from_bbox(0.0, 0.0, f64::INFINITY, 1.0).unwrap_err();
-    assert!(matches!(e, RoiError::NotFinite { axis: "max_lon", .. }));
+    assert!(matches!(
+        e,
+        RoiError::NotFinite {
+            axis: "max_lon",
+            ..
+        }
+    ));
 }
 
 #[test]
 fn zero_area() {
     assert_eq!(
         err(json!({"type": "Polygon", "coordinates": [[[0, 0], [1, 1], [2, 2], [0, 0]]]})),
-        RoiError::ZeroArea { at: "$.coordinates[0]".into() }
+        RoiError::ZeroArea {
+            at: "$.coordinates[0]".into()
+        }
     );
     assert_eq!(
-        err(json!({"type": "Polygon", "coordinates": [square(), [[0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5]]]})),
-        RoiError::ZeroArea { at: "$.coordinates[1]".into() }
+        err(
+            json!({"type": "Polygon", "coordinates": [square(), [[0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5]]]})
+        ),
+        RoiError::ZeroArea {
+            at: "$.coordinates[1]".into()
+        }
     );
-    assert_eq!(Region::from_bbox(1.0, 0.0, 1.0, 2.0).unwrap_err(), RoiError::ZeroArea { at: "bbox".into() });
+    assert_eq!(
+        Region::from_bbox(1.0, 0.0, 1.0, 2.0).unwrap_err(),
+        RoiError::ZeroArea { at: "bbox".into() }
+    );
 }
 
 #[test]
 fn bbox_inverted() {
     let e = Region::from_bbox(170.0, 0.0, -170.0, 1.0).unwrap_err();
-    assert_eq!(e, RoiError::BboxInverted { axis: "lon", min: 170.0, max: -170.0 });
+    assert_eq!(
+        e,
+        RoiError::BboxInverted {
+            axis: "lon",
+            min: 170.0,
+            max: -170.0
+        }
+    );
     assert!(e.to_string().contains("antimeridian"), "{e}");
     let e = Region::from_bbox(0.0, 2.0, 1.0, 1.0).unwrap_err();
     assert_eq!(e.to_string(), "bbox: min_lat 2 is greater than max_lat 1");
@@ -104,8 +168,16 @@ fn bbox_inverted() {
 
 #[test]
 fn antimeridian() {
-    let e = err(json!({"type": "Polygon", "coordinates": [[[179, 0], [-179, 0], [-179, 1], [179, 1], [179, 0]]]}));
-    assert_eq!(e, RoiError::SpansAntimeridian { at: "$.coordinates".into(), span: 358.0 });
+    let e = err(
+        json!({"type": "Polygon", "coordinates": [[[179, 0], [-179, 0], [-179, 1], [179, 1], [179, 0]]]}),
+    );
+    assert_eq!(
+        e,
+        RoiError::SpansAntimeridian {
+            at: "$.coordinates".into(),
+            span: 358.0
+        }
+    );
     // Cut in two it is fine, and covers 10 + 10 columns.
     let r = Region::from_geojson(&json!({"type": "MultiPolygon", "coordinates": [
         [[[179, 0], [180, 0], [180, 1], [179, 1], [179, 0]]],
@@ -119,11 +191,24 @@ fn antimeridian() {
 fn self_intersection() {
     // A bow tie (zero signed area, yet not collinear): edge 0 (0,0)→(1,1)
     // crosses edge 2 (0,1)→(1,0) at (0.5, 0.5).
-    let e = err(json!({"type": "Polygon", "coordinates": [[[0, 0], [1, 1], [0, 1], [1, 0], [0, 0]]]}));
-    let RoiError::SelfIntersection { ref at, ring_a, edge_a, ring_b, edge_b, how, point } = e else {
+    let e =
+        err(json!({"type": "Polygon", "coordinates": [[[0, 0], [1, 1], [0, 1], [1, 0], [0, 0]]]}));
+    let RoiError::SelfIntersection {
+        ref at,
+        ring_a,
+        edge_a,
+        ring_b,
+        edge_b,
+        how,
+        point,
+    } = e
+    else {
         panic!("{e:?}");
     };
-    assert_eq!((at.as_str(), ring_a, edge_a, ring_b, edge_b, how), ("$.coordinates", 0, 0, 0, 2, "crosses"));
+    assert_eq!(
+        (at.as_str(), ring_a, edge_a, ring_b, edge_b, how),
+        ("$.coordinates", 0, 0, 0, 2, "crosses")
+    );
     assert_eq!(point, [0.5, 0.5]);
     assert_eq!(
         e.to_string(),
@@ -131,15 +216,28 @@ fn self_intersection() {
     );
 
     // A hole crossing its shell.
-    let e = err(json!({"type": "MultiPolygon", "coordinates": [[square()], [square(), [[0.5, 0.5], [1.5, 0.5], [1.5, 0.7], [0.5, 0.5]]]]}));
+    let e = err(
+        json!({"type": "MultiPolygon", "coordinates": [[square()], [square(), [[0.5, 0.5], [1.5, 0.5], [1.5, 0.7], [0.5, 0.5]]]]}),
+    );
     assert!(
         matches!(e, RoiError::SelfIntersection { ref at, ring_a: 0, ring_b: 1, how: "crosses", .. } if at == "$.coordinates[1]"),
         "{e:?}"
     );
 
     // Collinear overlap: the ring doubles back along its own edge.
-    let e = err(json!({"type": "Polygon", "coordinates": [[[0, 0], [2, 0], [2, 1], [1, 1], [1, 0], [3, 0], [3, -1], [0, -1], [0, 0]]]}));
-    assert!(matches!(e, RoiError::SelfIntersection { how: "overlaps", .. }), "{e:?}");
+    let e = err(
+        json!({"type": "Polygon", "coordinates": [[[0, 0], [2, 0], [2, 1], [1, 1], [1, 0], [3, 0], [3, -1], [0, -1], [0, 0]]]}),
+    );
+    assert!(
+        matches!(
+            e,
+            RoiError::SelfIntersection {
+                how: "overlaps",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
 
     // Touching at a point is allowed: two squares of one ring meeting at a corner.
     Region::from_geojson(&json!({"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1], [2, 1], [2, 2], [1, 2], [1, 1], [0, 1], [0, 0]]]}))
@@ -148,8 +246,16 @@ fn self_intersection() {
 
 #[test]
 fn hole_outside_shell() {
-    let e = err(json!({"type": "Polygon", "coordinates": [square(), [[2, 2], [3, 2], [3, 3], [2, 2]]]}));
-    assert_eq!(e, RoiError::HoleOutsideShell { at: "$.coordinates".into(), ring: 1 });
+    let e = err(
+        json!({"type": "Polygon", "coordinates": [square(), [[2, 2], [3, 2], [3, 3], [2, 2]]]}),
+    );
+    assert_eq!(
+        e,
+        RoiError::HoleOutsideShell {
+            at: "$.coordinates".into(),
+            ring: 1
+        }
+    );
 }
 
 /// A ring of 50,000 vertices with one crossing near the end is found fast.
@@ -176,8 +282,12 @@ fn big_ring_crossing_check_is_fast() {
     let start = Instant::now();
     let e = err(invalid);
     let invalid_time = start.elapsed();
-    let RoiError::SelfIntersection { edge_a, edge_b, .. } = e else { panic!("{e:?}") };
+    let RoiError::SelfIntersection { edge_a, edge_b, .. } = e else {
+        panic!("{e:?}")
+    };
     assert_eq!((edge_a, edge_b), (k - 1, k + 1));
-    println!("50,000-vertex ring: valid checked in {valid_time:?}, crossing found in {invalid_time:?}");
+    println!(
+        "50,000-vertex ring: valid checked in {valid_time:?}, crossing found in {invalid_time:?}"
+    );
     assert!(valid_time.as_secs_f64() < 5.0);
 }

@@ -17,4 +17,6 @@ pub mod tmerc;
 mod zone;
 
 pub use tile::{Bounds, TileId, TileIdError, UtmZone, IX_END, IX_MIN, IY_END, IY_MIN};
-pub use zone::{place, tile_info, GridError, Placement, TileInfo, ZoneGrid, PIXEL_M, ZONE_GRID_BLOCK_PX};
+pub use zone::{
+    place, tile_info, GridError, Placement, TileInfo, ZoneGrid, PIXEL_M, ZONE_GRID_BLOCK_PX,
+};

@@ -259,7 +259,10 @@ impl FromStr for TileId {
         }
         let [ix, iy] = cell;
         TileId::from_cell(ix, iy).map_err(|_| {
-            let (lon, lat) = (f64::from(ix * 10 + 5) / 100.0, f64::from(iy * 10 + 5) / 100.0);
+            let (lon, lat) = (
+                f64::from(ix * 10 + 5) / 100.0,
+                f64::from(iy * 10 + 5) / 100.0,
+            );
             if (IX_MIN..IX_END).contains(&ix) {
                 TileIdError::OutOfRange {
                     axis: "latitude",
@@ -327,7 +330,10 @@ mod tests {
     fn point_on_an_edge_belongs_to_the_cell_east_and_north() {
         let tile = TileId::from_point(0.3, 0.7).unwrap();
         assert_eq!(tile.name(), "grid_0.35_0.75");
-        assert_eq!(TileId::from_point(180.0, 90.0).unwrap().name(), "grid_-179.95_89.95");
+        assert_eq!(
+            TileId::from_point(180.0, 90.0).unwrap().name(),
+            "grid_-179.95_89.95"
+        );
     }
 
     #[test]
@@ -335,14 +341,50 @@ mod tests {
         let err = |s: &str| s.parse::<TileId>().unwrap_err();
         assert!(matches!(err("tile_0.05_0.05"), TileIdError::Form { .. }));
         assert!(matches!(err("grid_0.05"), TileIdError::Form { .. }));
-        assert!(matches!(err("grid_0.05_0.1"), TileIdError::Number { axis: "latitude", .. }));
-        assert!(matches!(err("grid_+0.05_0.15"), TileIdError::Number { axis: "longitude", .. }));
-        assert!(matches!(err("grid_0.10_0.15"), TileIdError::NotCentre { axis: "longitude", .. }));
-        assert!(matches!(err("grid_0.05_90.05"), TileIdError::OutOfRange { axis: "latitude", .. }));
-        assert!(matches!(err("grid_180.05_0.05"), TileIdError::OutOfRange { axis: "longitude", .. }));
-        assert!(matches!(err("grid_-0.05_0.05_x"), TileIdError::Number { .. }));
+        assert!(matches!(
+            err("grid_0.05_0.1"),
+            TileIdError::Number {
+                axis: "latitude",
+                ..
+            }
+        ));
+        assert!(matches!(
+            err("grid_+0.05_0.15"),
+            TileIdError::Number {
+                axis: "longitude",
+                ..
+            }
+        ));
+        assert!(matches!(
+            err("grid_0.10_0.15"),
+            TileIdError::NotCentre {
+                axis: "longitude",
+                ..
+            }
+        ));
+        assert!(matches!(
+            err("grid_0.05_90.05"),
+            TileIdError::OutOfRange {
+                axis: "latitude",
+                ..
+            }
+        ));
+        assert!(matches!(
+            err("grid_180.05_0.05"),
+            TileIdError::OutOfRange {
+                axis: "longitude",
+                ..
+            }
+        ));
+        assert!(matches!(
+            err("grid_-0.05_0.05_x"),
+            TileIdError::Number { .. }
+        ));
         let msg = err("grid_0.10_0.15").to_string();
-        assert!(msg.contains("grid_0.10_0.15") && msg.contains("centre"), "{msg}");
+        assert!(
+            msg.contains("grid_0.10_0.15") && msg.contains("centre"),
+            "{msg}"
+        );
         assert!(matches!(
             TileId::from_point(f64::NAN, 0.0),
             Err(TileIdError::NotFinite { .. })

@@ -49,7 +49,8 @@ fn krueger() -> Krueger {
             + 7891.0 / 37800.0 * n6,
         13.0 / 48.0 * n2 - 3.0 / 5.0 * n3 + 557.0 / 1440.0 * n4 + 281.0 / 630.0 * n5
             - 1_983_433.0 / 1_935_360.0 * n6,
-        61.0 / 240.0 * n3 - 103.0 / 140.0 * n4 + 15061.0 / 26880.0 * n5
+        61.0 / 240.0 * n3 - 103.0 / 140.0 * n4
+            + 15061.0 / 26880.0 * n5
             + 167_603.0 / 181_440.0 * n6,
         49561.0 / 161_280.0 * n4 - 179.0 / 168.0 * n5 + 6_601_661.0 / 7_257_600.0 * n6,
         34729.0 / 80640.0 * n5 - 3_418_889.0 / 1_995_840.0 * n6,
@@ -100,10 +101,7 @@ impl TransverseMercator {
             let taup = tau * sigma.hypot(1.0) - sigma * tau.hypot(1.0);
             // Gauss–Schreiber (spherical transverse Mercator) of the conformal
             // sphere, eq. 10.
-            (
-                taup.atan2(cos_lam),
-                (sin_lam / taup.hypot(cos_lam)).asinh(),
-            )
+            (taup.atan2(cos_lam), (sin_lam / taup.hypot(cos_lam)).asinh())
         };
 
         // Krüger series, eq. 11.

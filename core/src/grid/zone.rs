@@ -163,7 +163,10 @@ pub fn place(tiles: &[TileId]) -> Result<ZoneGrid, GridError> {
             info.origin_n
         }
     };
-    let min_e = infos.iter().map(|i| i.origin_e).fold(f64::INFINITY, f64::min);
+    let min_e = infos
+        .iter()
+        .map(|i| i.origin_e)
+        .fold(f64::INFINITY, f64::min);
     let max_n = infos.iter().map(north).fold(f64::NEG_INFINITY, f64::max);
     let origin_x = (min_e / PIXEL_M).floor() * PIXEL_M;
     let origin_y = (max_n / PIXEL_M).ceil() * PIXEL_M;
@@ -202,8 +205,12 @@ mod tests {
 
     #[test]
     fn mixed_zones_name_the_tiles() {
-        let err = place(&[tile("grid_5.95_1.05"), tile("grid_6.05_1.05"), tile("grid_5.85_1.05")])
-            .unwrap_err();
+        let err = place(&[
+            tile("grid_5.95_1.05"),
+            tile("grid_6.05_1.05"),
+            tile("grid_5.85_1.05"),
+        ])
+        .unwrap_err();
         assert_eq!(
             err.to_string(),
             "tiles lie in different UTM zones and cannot share one grid: \
@@ -226,6 +233,9 @@ mod tests {
         assert_eq!(n.row, 0);
         // The southern tile starts where the northern one ends (±1 px of
         // rounding in the heights).
-        assert!((i64::from(s.row) - i64::from(n.height)).abs() <= 1, "{grid:?}");
+        assert!(
+            (i64::from(s.row) - i64::from(n.height)).abs() <= 1,
+            "{grid:?}"
+        );
     }
 }
