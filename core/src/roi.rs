@@ -198,6 +198,23 @@ impl Region {
         })
     }
 
+    /// A bbox written `min_lon,min_lat,max_lon,max_lat` (as on a command
+    /// line; spaces around the numbers are allowed).
+    pub fn from_bbox_str(text: &str) -> Result<Region, RoiError> {
+        let numbers: Vec<f64> = text
+            .split(',')
+            .map(|part| part.trim().parse::<f64>())
+            .collect::<Result<_, _>>()
+            .map_err(|e| structure("bbox", format!("{text:?}: {e}")))?;
+        let [min_lon, min_lat, max_lon, max_lat] = numbers[..] else {
+            return Err(structure(
+                "bbox",
+                format!("{text:?}: expected four numbers min_lon,min_lat,max_lon,max_lat"),
+            ));
+        };
+        Region::from_bbox(min_lon, min_lat, max_lon, max_lat)
+    }
+
     /// The polygons, in input order.
     pub fn polygons(&self) -> &[Polygon] {
         &self.polygons

@@ -167,6 +167,25 @@ fn bbox_inverted() {
 }
 
 #[test]
+fn bbox_text() {
+    let r = Region::from_bbox_str(" -0.3, 10 ,0.2,10.1").unwrap();
+    assert_eq!(r.tiles().len(), 5);
+    let e = Region::from_bbox_str("1,2,3").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "bbox: \"1,2,3\": expected four numbers min_lon,min_lat,max_lon,max_lat"
+    );
+    assert!(matches!(
+        Region::from_bbox_str("1,2,x,4"),
+        Err(RoiError::Structure { .. })
+    ));
+    assert!(matches!(
+        Region::from_bbox_str("1,2,0,4"),
+        Err(RoiError::BboxInverted { axis: "lon", .. })
+    ));
+}
+
+#[test]
 fn antimeridian() {
     let e = err(
         json!({"type": "Polygon", "coordinates": [[[179, 0], [-179, 0], [-179, 1], [179, 1], [179, 0]]]}),
