@@ -287,6 +287,13 @@ impl TileSet {
         spans.get(at).is_some_and(|&(start, _)| start <= ix)
     }
 
+    /// The tiles in order, collected (allocated once, at [`TileSet::len`]).
+    pub fn to_vec(&self) -> Vec<TileId> {
+        let mut tiles = Vec::with_capacity(self.len());
+        tiles.extend(self.iter());
+        tiles
+    }
+
     /// The tiles in order (row, then column).
     pub fn iter(&self) -> impl Iterator<Item = TileId> + '_ {
         self.rows.iter().flat_map(|row| {
@@ -554,8 +561,13 @@ fn ring(value: &Value, at: &str) -> Result<Vec<[f64; 2]>, RoiError> {
                 "expected a position [longitude, latitude]",
             ));
         };
-        check_coordinate(&format!("{at}[{k}]"), "longitude", lon, 180.0)
-            .and_then(|()| check_coordinate(&format!("{at}[{k}]"), "latitude", lat, 90.0))?;
+        // The path is formatted only for a bad position: rings run to tens
+        // of thousands.
+        if !(lon.abs() <= 180.0 && lat.abs() <= 90.0) {
+            let here = format!("{at}[{k}]");
+            check_coordinate(&here, "longitude", lon, 180.0)?;
+            check_coordinate(&here, "latitude", lat, 90.0)?;
+        }
         ring.push([lon, lat]);
     }
     if ring.len() < 4 {

@@ -356,7 +356,7 @@ fn a_million_tiles() {
     let enumerate = start.elapsed();
     assert_eq!(set.len(), 1_000_000);
     let start = Instant::now();
-    let all: Vec<TileId> = set.iter().collect();
+    let all = set.to_vec();
     let listed = start.elapsed();
     assert_eq!(all.len(), 1_000_000);
     assert_eq!(all[0].to_string(), "grid_-49.95_-49.95");
