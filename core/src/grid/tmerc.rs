@@ -133,8 +133,8 @@ mod tests {
 
     #[test]
     fn meridian_arc_to_pole_matches_quarter_meridian() {
-        // The WGS84 quarter meridian is 10,001,965.729 m (Karney 2011, table 1
-        // gives A·π/2); scaled by k0 at the pole.
+        // The WGS84 quarter meridian (A·π/2) is 10,001,965.729 m; UTM scales
+        // it by k0.
         let (_, n) = TransverseMercator::utm(31, false).forward(3.0, 90.0);
         assert!((n - 0.9996 * 10_001_965.729_230_8).abs() < 1e-3, "{n}");
     }
