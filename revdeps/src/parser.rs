@@ -61,6 +61,10 @@ struct Parser<'a> {
     pos: Pos,
 }
 
+fn is_atom(v: &Value) -> bool {
+    matches!(v.kind, ValueKind::String(_) | ValueKind::Ident(_) | ValueKind::Int(_) | ValueKind::Bool(_))
+}
+
 fn describe(t: &Tok) -> String {
     match t {
         Tok::Eof => "end of file".into(),
@@ -174,12 +178,17 @@ impl<'a> Parser<'a> {
         Ok(l)
     }
 
+    /// Relations hold between plain atoms only (`atom RELOP atom` in
+    /// opam-file-format), so `{>= "1" < "2"}` is two prefix relations.
     fn rel_expr(&mut self, depth: u32) -> Result<Value, SyntaxError> {
         let l = self.unary(depth)?;
+        if !is_atom(&l) {
+            return Ok(l);
+        }
         match self.tok.clone() {
             Tok::Relop(op) => {
                 self.advance()?;
-                let r = self.unary(depth)?;
+                let r = self.plain_atom()?;
                 Ok(Value {
                     pos: l.pos,
                     kind: ValueKind::Relop(op, Box::new(l), Box::new(r)),
@@ -187,7 +196,7 @@ impl<'a> Parser<'a> {
             }
             Tok::EnvOp(op) => {
                 self.advance()?;
-                let r = self.unary(depth)?;
+                let r = self.plain_atom()?;
                 Ok(Value {
                     pos: l.pos,
                     kind: ValueKind::EnvBinding(Box::new(l), op, Box::new(r)),
@@ -195,6 +204,21 @@ impl<'a> Parser<'a> {
             }
             _ => Ok(l),
         }
+    }
+
+    fn plain_atom(&mut self) -> Result<Value, SyntaxError> {
+        let pos = self.pos;
+        let kind = match self.tok.clone() {
+            Tok::Str(_) | Tok::Ident(_) | Tok::Int(_) | Tok::Bool(_) => match self.advance()? {
+                Tok::Str(s) => ValueKind::String(s),
+                Tok::Ident(s) => ValueKind::Ident(s),
+                Tok::Int(n) => ValueKind::Int(n),
+                Tok::Bool(b) => ValueKind::Bool(b),
+                _ => unreachable!("matched above"),
+            },
+            t => return Err(self.err(format!("expected a string, identifier, integer or boolean, found {}", describe(&t)))),
+        };
+        Ok(Value { pos, kind })
     }
 
     fn unary(&mut self, depth: u32) -> Result<Value, SyntaxError> {
@@ -215,7 +239,7 @@ impl<'a> Parser<'a> {
             }
             Tok::Relop(op) => {
                 self.advance()?;
-                let v = self.unary(depth + 1)?;
+                let v = self.plain_atom()?;
                 Ok(Value { pos, kind: ValueKind::PrefixRelop(op, Box::new(v)) })
             }
             _ => self.optioned(depth),

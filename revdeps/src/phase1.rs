@@ -1,0 +1,229 @@
+//! Phase 1: one pass over the repository — which package versions depend on
+//! the target (`--depends-on`, version-aware), and the reverse closure for
+//! `--recursive`. The result is the sorted candidate list phase 2 checks.
+
+use crate::formula::{resolve, Formula, RAtom};
+use crate::repository::{PkgId, Repository};
+use crate::variant::{DepVars, PkgEnv, Variant};
+use rayon::prelude::*;
+
+/// Which of opam-repo-ci's reverse-dependency queries to answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Query {
+    /// The union of the three below, without the target.
+    Union,
+    /// `--depends-on T --depopts`
+    Depopts,
+    /// `--depends-on T --recursive`
+    Recursive,
+    /// `--depends-on T --with-test --depopts`
+    WithTestDepopts,
+}
+
+impl Query {
+    /// The flags a candidate needs for this query.
+    pub fn flags(self) -> u8 {
+        match self {
+            Query::Union => DEPOPTS | RECURSIVE | WITH_TEST_DEPOPTS,
+            Query::Depopts => DEPOPTS,
+            Query::Recursive => RECURSIVE,
+            Query::WithTestDepopts => WITH_TEST_DEPOPTS,
+        }
+    }
+}
+
+/// Candidate of `--depends-on T --depopts`.
+pub const DEPOPTS: u8 = 1;
+/// Candidate of `--depends-on T --recursive`.
+pub const RECURSIVE: u8 = 2;
+/// Candidate of `--depends-on T --with-test --depopts`.
+pub const WITH_TEST_DEPOPTS: u8 = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub pkg: PkgId,
+    /// Which queries selected it (bits `DEPOPTS`, `RECURSIVE`, `WITH_TEST_DEPOPTS`).
+    pub queries: u8,
+}
+
+/// Phase 1's answer: candidates sorted by package id (name, then version),
+/// the target itself excluded.
+#[derive(Clone, Debug)]
+pub struct Candidates {
+    pub target: PkgId,
+    pub query: Query,
+    pub list: Vec<Candidate>,
+}
+
+/// Dependency variables of `opam list --depends-on` (build, no post, no doc, no dev).
+pub fn list_dep_vars(test: bool) -> DepVars {
+    DepVars {
+        build: Some(true),
+        post: Some(false),
+        test: Some(test),
+        doc: Some(false),
+        dev: Some(false),
+    }
+}
+
+/// Dependency variables of the solver's universe (OpamSwitchState.universe):
+/// `with-test` for every package when asked, `dev` for development packages,
+/// `build`/`post` as the solver call sets them.
+pub fn universe_dep_vars(repo: &Repository, pkg: PkgId, test: bool, post: bool) -> DepVars {
+    DepVars {
+        build: Some(true),
+        post: Some(post),
+        test: Some(test),
+        doc: Some(false),
+        dev: Some(repo.packages[pkg as usize].opam.dev),
+    }
+}
+
+pub fn env<'a>(repo: &'a Repository, variant: &'a Variant, pkg: PkgId, deps: DepVars) -> PkgEnv<'a> {
+    PkgEnv {
+        variant,
+        name: repo.name(pkg),
+        version: repo.version(pkg),
+        deps,
+    }
+}
+
+/// `depends` (and `depopts` when asked) with filters resolved.
+pub fn resolved_depends(repo: &Repository, variant: &Variant, pkg: PkgId, deps: DepVars, depopts: bool) -> Formula<RAtom> {
+    let p = &repo.packages[pkg as usize];
+    let e = env(repo, variant, pkg, deps);
+    let d = resolve(&p.opam.depends, &e);
+    if depopts {
+        Formula::and(vec![d, resolve(&p.opam.depopts, &e)])
+    } else {
+        d
+    }
+}
+
+/// OpamFormula.verifies: keep only the atoms naming the target; the formula
+/// must be non-empty and satisfied by the target's version.
+pub fn verifies(f: &Formula<RAtom>, name: &str, version: &str) -> bool {
+    let only = f.map(&mut |a: &RAtom| {
+        if a.name == name {
+            Formula::Atom(a.clone())
+        } else {
+            Formula::Empty
+        }
+    });
+    !matches!(only, Formula::Empty) && only.eval(&mut |a| a.matches_version(version))
+}
+
+/// `opam list --depends-on T --all-versions --depopts [--with-test]` before
+/// the coinstallability filter.
+pub fn depends_on(repo: &Repository, variant: &Variant, target: PkgId, test: bool) -> Vec<PkgId> {
+    let (tn, tv) = (repo.name(target), repo.version(target));
+    (0..repo.packages.len() as PkgId)
+        .into_par_iter()
+        .filter(|&p| verifies(&resolved_depends(repo, variant, p, list_dep_vars(test), true), tn, tv))
+        .collect()
+}
+
+/// Package versions matching an atom, ascending.
+pub fn matching<'a>(repo: &'a Repository, a: &'a RAtom) -> impl Iterator<Item = PkgId> + 'a {
+    let vf = &a.vf;
+    repo.versions_of(&a.name).filter(move |&q| match vf {
+        Formula::Empty => true,
+        _ => a.matches_version(repo.version(q)),
+    })
+}
+
+/// Edges of opam's dependency graph for one atom. opam turns
+/// `"a" {>= "1" & < "2"}` into the CUDF atoms `a >= 1` and `a < 2`
+/// (OpamFilter.atomise_extended) before dose builds the graph from every
+/// atom of the CNF, so each version constraint contributes its own edges.
+pub fn graph_targets(repo: &Repository, a: &RAtom) -> Vec<PkgId> {
+    let mut leaves = Vec::new();
+    a.vf.atoms(&mut leaves);
+    if leaves.is_empty() {
+        return repo.versions_of(&a.name).collect();
+    }
+    repo.versions_of(&a.name)
+        .filter(|&q| {
+            let v = repo.version(q);
+            leaves.iter().any(|(op, c)| op.holds(crate::version::compare(v, c.as_str())))
+        })
+        .collect()
+}
+
+/// The reverse-dependency table of the `--recursive` graph: for each package,
+/// the versions whose hard dependencies (any OR branch) it can satisfy.
+pub fn reverse_graph(repo: &Repository, variant: &Variant) -> Vec<Vec<PkgId>> {
+    let fwd: Vec<Vec<PkgId>> = (0..repo.packages.len() as PkgId)
+        .into_par_iter()
+        .map(|p| {
+            // OpamSwitchState.reverse_dependencies: universe without tests, build, no post.
+            let f = resolved_depends(repo, variant, p, universe_dep_vars(repo, p, false, false), false);
+            let mut atoms = Vec::new();
+            f.atoms(&mut atoms);
+            let mut out: Vec<PkgId> = atoms.iter().flat_map(|a| graph_targets(repo, a)).collect();
+            out.sort_unstable();
+            out.dedup();
+            out
+        })
+        .collect();
+    let mut rev = vec![Vec::new(); repo.packages.len()];
+    for (p, succ) in fwd.iter().enumerate() {
+        for &q in succ {
+            rev[q as usize].push(p as PkgId);
+        }
+    }
+    rev
+}
+
+/// The transitive reverse closure of `target`, with each member's parent
+/// (the package it depends on that led there) for explanations.
+pub fn reverse_closure(rev: &[Vec<PkgId>], target: PkgId) -> Vec<Option<PkgId>> {
+    let mut parent: Vec<Option<PkgId>> = vec![None; rev.len()];
+    let mut seen = vec![false; rev.len()];
+    seen[target as usize] = true;
+    let mut queue = std::collections::VecDeque::from([target]);
+    while let Some(q) = queue.pop_front() {
+        for &p in &rev[q as usize] {
+            if !seen[p as usize] {
+                seen[p as usize] = true;
+                parent[p as usize] = Some(q);
+                queue.push_back(p);
+            }
+        }
+    }
+    parent
+}
+
+/// Phase 1 for one query.
+pub fn phase1(repo: &Repository, variant: &Variant, target: PkgId, query: Query) -> Candidates {
+    let flags = query.flags();
+    let mut q = vec![0u8; repo.packages.len()];
+    if flags & DEPOPTS != 0 {
+        for p in depends_on(repo, variant, target, false) {
+            q[p as usize] |= DEPOPTS;
+        }
+    }
+    if flags & WITH_TEST_DEPOPTS != 0 {
+        for p in depends_on(repo, variant, target, true) {
+            q[p as usize] |= WITH_TEST_DEPOPTS;
+        }
+    }
+    if flags & RECURSIVE != 0 {
+        let rev = reverse_graph(repo, variant);
+        for (p, parent) in reverse_closure(&rev, target).iter().enumerate() {
+            if parent.is_some() {
+                q[p] |= RECURSIVE;
+            }
+        }
+    }
+    let list = q
+        .iter()
+        .enumerate()
+        .filter(|&(p, &f)| f != 0 && p as PkgId != target)
+        .map(|(p, &f)| Candidate {
+            pkg: p as PkgId,
+            queries: f,
+        })
+        .collect();
+    Candidates { target, query, list }
+}

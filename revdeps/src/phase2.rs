@@ -1,0 +1,358 @@
+//! Phase 2: coinstallability. Each universe (with or without tests) is
+//! encoded once as CNF; every worker builds its own SAT solver from it and
+//! asks, per candidate, "T, the compiler and this candidate at their exact
+//! versions, all constraints respected?" under an assumption. A model found
+//! for one candidate also proves every other candidate it installs.
+
+use crate::formula::{resolve, Formula, RAtom};
+use crate::phase1::{self, Candidate, DEPOPTS, RECURSIVE, WITH_TEST_DEPOPTS};
+use crate::repository::{PkgId, Repository};
+use crate::variant::{DepVars, Variant};
+use batsat::{lbool, BasicSolver, Lit, SolverInterface, Var};
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// A literal: variable index (packages first, then auxiliaries) and sign.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct L(pub u32, pub bool);
+
+impl L {
+    pub fn lit(self) -> Lit {
+        // Variables are created in index order, so every index below `nvars` exists.
+        Lit::new(Var::unsafe_from_idx(self.0), self.1)
+    }
+}
+
+/// Why a clause exists, for explanations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Depends(PkgId),
+    OneVersion(u32),
+    Conflict(PkgId, PkgId),
+    ConflictClass(PkgId),
+}
+
+/// The CNF of one universe: package variable `p` is "p is installed".
+pub struct Encoding {
+    pub nvars: u32,
+    pub clauses: Vec<Vec<L>>,
+    pub origins: Vec<Origin>,
+    /// `available` evaluated for every package version.
+    pub available: Vec<bool>,
+    pub test: bool,
+}
+
+/// opam's universe for `--coinstallable-with` (OpamSolver.coinstallable_subset):
+/// available packages only, dependencies with `build` and `post` true.
+pub fn available(repo: &Repository, variant: &Variant) -> Vec<bool> {
+    (0..repo.packages.len() as PkgId)
+        .into_par_iter()
+        .map(|p| {
+            let e = phase1::env(repo, variant, p, DepVars::NONE);
+            let o = &repo.packages[p as usize].opam;
+            o.available.eval_bool(&e, false) && missing_depexts(repo, variant, p).is_empty()
+        })
+        .collect()
+}
+
+/// The system packages `p` needs on this host that the host cannot provide.
+pub fn missing_depexts<'a>(repo: &'a Repository, variant: &Variant, p: PkgId) -> Vec<&'a str> {
+    let o = &repo.packages[p as usize].opam;
+    if variant.missing_depexts.is_empty() || o.depexts.is_empty() {
+        return Vec::new();
+    }
+    let e = phase1::env(repo, variant, p, DepVars::NONE);
+    o.depexts
+        .iter()
+        .filter(|(_, f)| f.eval_bool(&e, false))
+        .flat_map(|(names, _)| names.iter())
+        .filter(|n| variant.missing_depexts.contains(n.as_str()))
+        .map(String::as_str)
+        .collect()
+}
+
+/// Every system package selected by some package's `depexts` on this host.
+pub fn host_depexts(repo: &Repository, variant: &Variant) -> std::collections::BTreeSet<String> {
+    let mut all = std::collections::BTreeSet::new();
+    for p in 0..repo.packages.len() as PkgId {
+        let e = phase1::env(repo, variant, p, DepVars::NONE);
+        for (names, f) in &repo.packages[p as usize].opam.depexts {
+            if f.eval_bool(&e, false) {
+                all.extend(names.iter().cloned());
+            }
+        }
+    }
+    all
+}
+
+impl Encoding {
+    pub fn new(repo: &Repository, variant: &Variant, avail: &[bool], test: bool) -> Encoding {
+        let n = repo.packages.len() as u32;
+        let mut enc = Encoding {
+            nvars: n,
+            clauses: Vec::new(),
+            origins: Vec::new(),
+            available: avail.to_vec(),
+            test,
+        };
+        // Dependencies and conflicts, resolved in parallel, encoded in order.
+        let resolved: Vec<Option<(Formula<RAtom>, Vec<PkgId>)>> = (0..n)
+            .into_par_iter()
+            .map(|p| {
+                if !avail[p as usize] {
+                    return None;
+                }
+                let deps = phase1::resolved_depends(repo, variant, p, phase1::universe_dep_vars(repo, p, test, true), false);
+                let e = phase1::env(repo, variant, p, DepVars::NONE);
+                let cf = resolve(&repo.packages[p as usize].opam.conflicts, &e);
+                let mut atoms = Vec::new();
+                cf.atoms(&mut atoms);
+                let mut conf: Vec<PkgId> = atoms
+                    .iter()
+                    .flat_map(|a| phase1::matching(repo, a))
+                    .filter(|&q| q != p && avail[q as usize])
+                    .collect();
+                conf.sort_unstable();
+                conf.dedup();
+                Some((deps, conf))
+            })
+            .collect();
+        for (p, r) in resolved.iter().enumerate() {
+            let Some((deps, conf)) = r else { continue };
+            let p = p as PkgId;
+            enc.implies(repo, p, deps);
+            for &q in conf {
+                enc.push(vec![L(p, false), L(q, false)], Origin::Conflict(p, q));
+            }
+        }
+        // At most one version per name.
+        for name in 0..repo.names.len() as u32 {
+            let vs: Vec<u32> = repo.versions(name).filter(|&p| avail[p as usize]).collect();
+            let lits: Vec<L> = vs.iter().map(|&p| L(p, true)).collect();
+            enc.at_most_one(&lits, Origin::OneVersion(name));
+        }
+        // Conflict classes: at most one name per class.
+        let mut classes: std::collections::BTreeMap<&str, std::collections::BTreeMap<u32, Vec<PkgId>>> = Default::default();
+        for p in 0..n {
+            if !avail[p as usize] {
+                continue;
+            }
+            let pk = &repo.packages[p as usize];
+            for c in &pk.opam.conflict_class {
+                classes.entry(c.as_str()).or_default().entry(pk.name).or_default().push(p);
+            }
+        }
+        for members in classes.values() {
+            if members.len() < 2 {
+                continue;
+            }
+            let mut uses = Vec::new();
+            for ps in members.values() {
+                let u = enc.fresh();
+                for &p in ps {
+                    enc.push(vec![L(p, false), L(u, true)], Origin::ConflictClass(p));
+                }
+                uses.push(L(u, true));
+            }
+            let first = members.values().next().and_then(|v| v.first()).copied().unwrap_or(0);
+            enc.at_most_one(&uses, Origin::ConflictClass(first));
+        }
+        enc
+    }
+
+    fn fresh(&mut self) -> u32 {
+        self.nvars += 1;
+        self.nvars - 1
+    }
+
+    fn push(&mut self, c: Vec<L>, o: Origin) {
+        self.clauses.push(c);
+        self.origins.push(o);
+    }
+
+    /// `p → f`, Tseitin-style: one clause per conjunct, auxiliaries for
+    /// conjunctions nested in disjunctions.
+    fn implies(&mut self, repo: &Repository, p: PkgId, f: &Formula<RAtom>) {
+        match f {
+            Formula::Empty => {}
+            Formula::And(v) => v.iter().for_each(|x| self.implies(repo, p, x)),
+            _ => {
+                let mut c = vec![L(p, false)];
+                if self.disjunct(repo, p, f, &mut c) {
+                    self.push(c, Origin::Depends(p));
+                }
+            }
+        }
+    }
+
+    /// Appends literals whose disjunction implies `f`; false if `f` is trivially true.
+    fn disjunct(&mut self, repo: &Repository, p: PkgId, f: &Formula<RAtom>, out: &mut Vec<L>) -> bool {
+        match f {
+            Formula::Empty => false,
+            Formula::Atom(a) => {
+                out.extend(phase1::matching(repo, a).filter(|&q| self.available[q as usize]).map(|q| L(q, true)));
+                true
+            }
+            Formula::Or(v) => {
+                for x in v {
+                    if !self.disjunct(repo, p, x, out) {
+                        return false;
+                    }
+                }
+                true
+            }
+            Formula::And(v) => {
+                let y = self.fresh();
+                for x in v {
+                    let mut c = vec![L(y, false)];
+                    if self.disjunct(repo, p, x, &mut c) {
+                        self.push(c, Origin::Depends(p));
+                    }
+                }
+                out.push(L(y, true));
+                true
+            }
+        }
+    }
+
+    /// Pairwise for a few literals, a sequential counter (Sinz 2005) beyond.
+    fn at_most_one(&mut self, lits: &[L], o: Origin) {
+        if lits.len() <= 6 {
+            for i in 0..lits.len() {
+                for j in i + 1..lits.len() {
+                    self.push(vec![L(lits[i].0, false), L(lits[j].0, false)], o);
+                }
+            }
+            return;
+        }
+        let n = lits.len();
+        let s: Vec<u32> = (0..n - 1).map(|_| self.fresh()).collect();
+        self.push(vec![L(lits[0].0, false), L(s[0], true)], o);
+        for i in 1..n - 1 {
+            self.push(vec![L(lits[i].0, false), L(s[i], true)], o);
+            self.push(vec![L(s[i - 1], false), L(s[i], true)], o);
+            self.push(vec![L(lits[i].0, false), L(s[i - 1], false)], o);
+        }
+        self.push(vec![L(lits[n - 1].0, false), L(s[n - 2], false)], o);
+    }
+
+    /// A fresh solver holding this CNF plus the given unit clauses; `prefer`
+    /// marks package variables the search should try to install first.
+    pub fn solver(&self, units: &[PkgId], prefer: &[bool]) -> BasicSolver {
+        let mut s = BasicSolver::default();
+        for v in 0..self.nvars {
+            let pol = if (v as usize) < prefer.len() && prefer[v as usize] { lbool::TRUE } else { lbool::UNDEF };
+            s.new_var(pol, true);
+        }
+        let mut buf = Vec::new();
+        for c in &self.clauses {
+            buf.clear();
+            buf.extend(c.iter().map(|l| l.lit()));
+            s.add_clause_reuse(&mut buf);
+        }
+        for &u in units {
+            let mut c = vec![L(u, true).lit()];
+            s.add_clause_reuse(&mut c);
+        }
+        s
+    }
+}
+
+/// Is `pkg` installed in the solver's current model?
+pub fn in_model(s: &BasicSolver, pkg: PkgId) -> bool {
+    s.value_lit(L(pkg, true).lit()) == lbool::TRUE
+}
+
+/// Coinstallability of each `pkgs` with `target` and the compiler in one
+/// universe; `known` may already hold proven packages (by package id) and
+/// receives every package a model installs.
+pub fn coinstallable(
+    enc: &Encoding,
+    target: PkgId,
+    compiler: PkgId,
+    pkgs: &[PkgId],
+    known: &[AtomicBool],
+    jobs: usize,
+) -> Vec<bool> {
+    if !enc.available[target as usize] || !enc.available[compiler as usize] {
+        return vec![false; pkgs.len()];
+    }
+    let mut prefer = vec![false; enc.available.len()];
+    for &p in pkgs {
+        prefer[p as usize] = true;
+    }
+    let next = AtomicUsize::new(0);
+    let result: Vec<AtomicBool> = (0..pkgs.len()).map(|_| AtomicBool::new(false)).collect();
+    let work = || {
+        let mut s = enc.solver(&[target, compiler], &prefer);
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= pkgs.len() {
+                break;
+            }
+            let p = pkgs[i];
+            if !enc.available[p as usize] {
+                continue;
+            }
+            if known[p as usize].load(Ordering::Relaxed) {
+                result[i].store(true, Ordering::Relaxed);
+                continue;
+            }
+            if s.solve_limited(&[L(p, true).lit()]) == lbool::TRUE {
+                result[i].store(true, Ordering::Relaxed);
+                for &q in pkgs {
+                    if !known[q as usize].load(Ordering::Relaxed) && in_model(&s, q) {
+                        known[q as usize].store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    };
+    let jobs = jobs.max(1).min(pkgs.len().max(1));
+    std::thread::scope(|sc| {
+        for _ in 1..jobs {
+            sc.spawn(work);
+        }
+        work();
+    });
+    result.into_iter().map(|b| b.into_inner()).collect()
+}
+
+/// Phase 2 over a slice of phase 1's candidates: those that are coinstallable
+/// with the target and the compiler, in the universe of each query that
+/// selected them. Sorted as given.
+pub fn phase2(repo: &Repository, variant: &Variant, target: PkgId, candidates: &[Candidate], jobs: usize) -> Vec<PkgId> {
+    let Some(compiler) = repo
+        .versions_of(&variant.compiler_name)
+        .find(|&p| repo.version(p) == variant.compiler_version)
+    else {
+        return Vec::new();
+    };
+    let avail = available(repo, variant);
+    let mut ok = vec![false; candidates.len()];
+    // Without tests: `--depopts` and `--recursive`.
+    let idx0: Vec<usize> = (0..candidates.len())
+        .filter(|&i| candidates[i].queries & (DEPOPTS | RECURSIVE) != 0)
+        .collect();
+    if !idx0.is_empty() {
+        let enc = Encoding::new(repo, variant, &avail, false);
+        let known: Vec<AtomicBool> = (0..repo.packages.len()).map(|_| AtomicBool::new(false)).collect();
+        let pkgs: Vec<PkgId> = idx0.iter().map(|&i| candidates[i].pkg).collect();
+        for (k, r) in coinstallable(&enc, target, compiler, &pkgs, &known, jobs).into_iter().enumerate() {
+            ok[idx0[k]] |= r;
+        }
+    }
+    // With tests: `--with-test --depopts`, for those not already in.
+    let idx1: Vec<usize> = (0..candidates.len())
+        .filter(|&i| candidates[i].queries & WITH_TEST_DEPOPTS != 0 && !ok[i])
+        .collect();
+    if !idx1.is_empty() {
+        let enc = Encoding::new(repo, variant, &avail, true);
+        let known: Vec<AtomicBool> = (0..repo.packages.len()).map(|_| AtomicBool::new(false)).collect();
+        let pkgs: Vec<PkgId> = idx1.iter().map(|&i| candidates[i].pkg).collect();
+        for (k, r) in coinstallable(&enc, target, compiler, &pkgs, &known, jobs).into_iter().enumerate() {
+            ok[idx1[k]] |= r;
+        }
+    }
+    candidates.iter().zip(ok).filter(|(_, b)| *b).map(|(c, _)| c.pkg).collect()
+}
