@@ -1,1 +1,447 @@
-fn main(){}
+//! `tessera-encode`: encode tiles, benchmark and tune backends, make synthetic inputs.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::builder::TypedValueParser;
+use clap::{Args, Parser, Subcommand};
+use tessera_encoder::{
+    bench, random_checkpoint, tile, write_safetensors, BackendChoice, Checkpoint, DeviceProfile,
+    EncodeError, Encoder, ModelConfig, OutputOptions, ProfileSet, SynthTile, TileInputs,
+};
+
+#[derive(Parser)]
+#[command(name = "tessera-encode", version, about = "TESSERA v2 pixel encoder")]
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    encode: EncodeArgs,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Pixels/s, GFLOP/s and fraction of this machine's GEMM rate, per backend and thread count.
+    Bench(BenchArgs),
+    /// Sweep chunk and block sizes and store the fastest in the device profile.
+    Tune(TuneArgs),
+    /// Write a random-weight checkpoint (.safetensors) of the given sizes.
+    SynthCkpt(SynthCkptArgs),
+    /// Write a random tile in the geotessera layout.
+    SynthTile(SynthTileArgs),
+}
+
+/// Backend and device settings shared by every command that encodes.
+#[derive(Args, Clone)]
+struct RunArgs {
+    /// auto, reference, cpu, onednn or cuda.
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// Threads (default: the profile's, else all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Pixels per GEMM chunk (default: the profile's).
+    #[arg(long)]
+    batch_pixels: Option<usize>,
+    /// Pixels per thread block (default: the profile's).
+    #[arg(long)]
+    block_pixels: Option<usize>,
+    /// Device profile TOML file.
+    #[arg(long)]
+    profile: Option<PathBuf>,
+}
+
+impl RunArgs {
+    fn choice(&self) -> Result<BackendChoice> {
+        Ok(BackendChoice::parse(&self.backend)?)
+    }
+    fn resolve(&self) -> Result<(BackendChoice, DeviceProfile)> {
+        let choice = self.choice()?.resolve();
+        let mut p = DeviceProfile::resolve(self.profile.as_deref(), choice.name())?;
+        if let Some(t) = self.threads {
+            p.threads = t.max(1);
+        }
+        if let Some(b) = self.batch_pixels {
+            p.chunk_pixels = b.max(1);
+        }
+        if let Some(b) = self.block_pixels {
+            p.block_pixels = b.max(1);
+        }
+        if choice == BackendChoice::Reference {
+            // candle sizes its GEMM parallelism from this variable on every call.
+            std::env::set_var("RAYON_NUM_THREADS", p.threads.to_string());
+        }
+        Ok((choice, p))
+    }
+}
+
+#[derive(Args)]
+struct EncodeArgs {
+    /// Checkpoint (.pt or .safetensors).
+    #[arg(long)]
+    ckpt: Option<PathBuf>,
+    /// One tile directory (bands.npy, masks.npy, ...).
+    #[arg(long, conflicts_with = "data_root")]
+    tile: Option<PathBuf>,
+    /// Encode every tile directory under this root.
+    #[arg(long)]
+    data_root: Option<PathBuf>,
+    /// Where NAME.npy (and NAME_scales.npy) go; NAME = the tile directory's name.
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// Write int8 codes plus per-pixel scales instead of f32.
+    #[arg(long)]
+    int8: bool,
+    /// Keep only the first N channels (Matryoshka truncation, no renormalisation).
+    #[arg(long, default_value_t = 128, value_parser = clap::builder::PossibleValuesParser::new(["16", "32", "64", "128"]).map(|s| s.parse::<usize>().expect("listed values are numbers")))]
+    dim: usize,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Checkpoint; default: random weights of `--size`.
+    #[arg(long)]
+    ckpt: Option<PathBuf>,
+    /// Sizes of the random checkpoint: large (published) or small (fixtures).
+    #[arg(long, default_value = "large")]
+    size: String,
+    /// Real tile to time; default: a synthetic tile with `--obs` valid observations per modality.
+    #[arg(long)]
+    tile: Option<PathBuf>,
+    #[arg(long, default_value_t = 16)]
+    pixels: usize,
+    #[arg(long, default_value_t = 64)]
+    obs: usize,
+    /// Backends to compare.
+    #[arg(long, default_value = "reference,cpu", value_delimiter = ',')]
+    backends: Vec<String>,
+    /// Thread counts to try.
+    #[arg(long, value_delimiter = ',')]
+    threads: Vec<usize>,
+    #[arg(long, default_value_t = 1)]
+    reps: usize,
+    #[arg(long)]
+    batch_pixels: Option<usize>,
+    #[arg(long)]
+    block_pixels: Option<usize>,
+    #[arg(long)]
+    profile: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct TuneArgs {
+    #[arg(long)]
+    ckpt: Option<PathBuf>,
+    #[arg(long, default_value = "large")]
+    size: String,
+    #[arg(long)]
+    tile: Option<PathBuf>,
+    #[arg(long, default_value_t = 64)]
+    pixels: usize,
+    #[arg(long, default_value_t = 64)]
+    obs: usize,
+    #[arg(long, default_value = "32,64,128,256,512", value_delimiter = ',')]
+    chunks: Vec<usize>,
+    #[arg(long, default_value = "1,2,4,8,16", value_delimiter = ',')]
+    blocks: Vec<usize>,
+    /// Profile file to update.
+    #[arg(long, default_value = "tessera-profiles.toml")]
+    profile: PathBuf,
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Args)]
+struct SynthCkptArgs {
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value_t = 160)]
+    latent_dim: usize,
+    #[arg(long, default_value_t = 4)]
+    num_layers: usize,
+    #[arg(long, default_value_t = 4)]
+    nhead: usize,
+    #[arg(long, default_value_t = 2560)]
+    dim_feedforward: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct SynthTileArgs {
+    /// Tile directory to create.
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value_t = 32)]
+    height: usize,
+    #[arg(long, default_value_t = 32)]
+    width: usize,
+    #[arg(long, default_value_t = 64)]
+    s2_frames: usize,
+    #[arg(long, default_value_t = 32)]
+    s1_asc_frames: usize,
+    #[arg(long, default_value_t = 32)]
+    s1_desc_frames: usize,
+    /// Probability that a frame is a valid observation.
+    #[arg(long, default_value_t = 0.7)]
+    clear: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        None => run_encode(cli.encode),
+        Some(Cmd::Bench(a)) => run_bench(a),
+        Some(Cmd::Tune(a)) => run_tune(a),
+        Some(Cmd::SynthCkpt(a)) => run_synth_ckpt(a),
+        Some(Cmd::SynthTile(a)) => run_synth_tile(a),
+    };
+    if let Err(e) = result {
+        let cancelled = matches!(e.downcast_ref::<EncodeError>(), Some(EncodeError::Cancelled));
+        eprintln!("error: {e:#}");
+        std::process::exit(if cancelled { 130 } else { 1 });
+    }
+}
+
+fn run_encode(a: EncodeArgs) -> Result<()> {
+    let ckpt = a.ckpt.context("--ckpt is required")?;
+    let out_dir = a.out_dir.context("--out-dir is required")?;
+    let tiles = match (&a.tile, &a.data_root) {
+        (Some(t), None) => vec![t.clone()],
+        (None, Some(root)) => {
+            let found = tile::find_tiles(root)?;
+            if found.is_empty() {
+                bail!("no tile directory (with bands.npy) under {}", root.display());
+            }
+            found
+        }
+        _ => bail!("give --tile DIR or --data-root DIR"),
+    };
+    let (choice, profile) = a.run.resolve()?;
+    let enc = Encoder::load(&ckpt, choice, profile)?;
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let cancel = cancel.clone();
+        ctrlc::set_handler(move || cancel.store(true, Ordering::Relaxed))
+            .context("installing the Ctrl-C handler")?;
+    }
+    for dir in &tiles {
+        let name = tile_name(dir)?;
+        let inputs = TileInputs::read(dir)?;
+        let bar = indicatif::ProgressBar::new(inputs.pixels() as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg} [{elapsed_precise}] {wide_bar} {pos}/{len} px ({per_sec}, eta {eta})",
+            )
+            .expect("the template is valid"),
+        );
+        bar.set_message(name.clone());
+        let emb = enc.encode_tile(
+            &inputs,
+            &|done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            },
+            &cancel,
+        );
+        bar.finish_and_clear();
+        let emb = emb.with_context(|| format!("encoding {}", dir.display()))?;
+        let files = emb.write_outputs(
+            &out_dir,
+            &name,
+            OutputOptions {
+                int8: a.int8,
+                dim: a.dim,
+            },
+        )?;
+        for f in files {
+            eprintln!("wrote {}", f.display());
+        }
+    }
+    Ok(())
+}
+
+fn tile_name(dir: &Path) -> Result<String> {
+    let canon = dir
+        .canonicalize()
+        .with_context(|| format!("tile directory {}", dir.display()))?;
+    canon
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_string)
+        .with_context(|| format!("tile directory {} has no usable name", dir.display()))
+}
+
+fn config_for(size: &str) -> Result<ModelConfig> {
+    Ok(match size {
+        "large" => ModelConfig::large(),
+        "small" => ModelConfig {
+            latent_dim: 16,
+            num_layers: 2,
+            nhead: 4,
+            dim_feedforward: 128,
+            repr_dim: 128,
+        },
+        other => bail!("--size {other}: expected large or small"),
+    })
+}
+
+fn bench_inputs(
+    ckpt: &Option<PathBuf>,
+    size: &str,
+    tile: &Option<PathBuf>,
+    pixels: usize,
+    obs: usize,
+) -> Result<(Checkpoint, TileInputs)> {
+    let ck = match ckpt {
+        Some(p) => Checkpoint::load(p)?,
+        None => random_checkpoint(&config_for(size)?, 1),
+    };
+    let t = match tile {
+        Some(p) => TileInputs::read(p)?,
+        None => TileInputs::synthetic(&SynthTile {
+            height: 1,
+            width: pixels.max(1),
+            s2_frames: obs,
+            s1_asc_frames: obs / 2,
+            s1_desc_frames: obs - obs / 2,
+            clear: 1.0,
+            seed: 2,
+        }),
+    };
+    Ok((ck, t))
+}
+
+fn run_bench(a: BenchArgs) -> Result<()> {
+    let (ck, tile) = bench_inputs(&a.ckpt, &a.size, &a.tile, a.pixels, a.obs)?;
+    let cfg = ck.config;
+    let threads = if a.threads.is_empty() {
+        vec![1, tessera_encoder::profile::available_threads()]
+    } else {
+        a.threads.clone()
+    };
+    println!(
+        "model: latent {} (d {}), {} layers, {} heads, FFN {}: {} params; tile {} px, {:.2} GFLOP",
+        cfg.latent_dim,
+        cfg.d_model(),
+        cfg.num_layers,
+        cfg.nhead,
+        cfg.dim_feedforward,
+        cfg.param_count(),
+        tile.pixels(),
+        bench::tile_flops(&cfg, &tile) / 1e9
+    );
+    println!(
+        "{:<10} {:>7} {:>6} {:>6} {:>10} {:>9} {:>10} {:>8}",
+        "backend", "threads", "chunk", "block", "pixels/s", "GFLOP/s", "gemm GF/s", "of gemm"
+    );
+    let mut dedup = threads.clone();
+    dedup.dedup();
+    for t in dedup {
+        let peak = bench::gemm_rate(t, 1.0);
+        for b in &a.backends {
+            let run = RunArgs {
+                backend: b.clone(),
+                threads: Some(t),
+                batch_pixels: a.batch_pixels,
+                block_pixels: a.block_pixels,
+                profile: a.profile.clone(),
+            };
+            let (choice, profile) = run.resolve()?;
+            let r = bench::bench_encoder(&ck, choice, profile, &tile, a.reps, false)?;
+            println!(
+                "{:<10} {:>7} {:>6} {:>6} {:>10.2} {:>9.1} {:>10.1} {:>7.0}%",
+                r.backend,
+                t,
+                r.chunk_pixels,
+                r.block_pixels,
+                r.pixels_per_s,
+                r.gflops,
+                peak,
+                100.0 * r.gflops / peak
+            );
+        }
+    }
+    Ok(())
+}
+
+fn run_tune(a: TuneArgs) -> Result<()> {
+    let (ck, tile) = bench_inputs(&a.ckpt, &a.size, &a.tile, a.pixels, a.obs)?;
+    let run = RunArgs {
+        backend: a.backend.clone(),
+        threads: a.threads,
+        batch_pixels: None,
+        block_pixels: None,
+        profile: Some(a.profile.clone()),
+    };
+    let (choice, base) = run.resolve()?;
+    println!("device: {} ({}, {} threads)", base.device, base.backend, base.threads);
+    println!("{:>6} {:>6} {:>10} {:>9}", "chunk", "block", "pixels/s", "GFLOP/s");
+    let results = bench::tune(&ck, choice, &base, &tile, &a.chunks, &a.blocks, &mut |r| {
+        println!(
+            "{:>6} {:>6} {:>10.2} {:>9.1}",
+            r.chunk_pixels, r.block_pixels, r.pixels_per_s, r.gflops
+        )
+    })?;
+    let best = results.first().context("no chunk/block combination to try")?;
+    let mut set = if a.profile.exists() {
+        ProfileSet::load(&a.profile)?
+    } else {
+        ProfileSet::default()
+    };
+    let chosen = DeviceProfile {
+        chunk_pixels: best.chunk_pixels,
+        block_pixels: best.block_pixels,
+        ..base
+    };
+    set.upsert(chosen.clone());
+    set.save(&a.profile)?;
+    println!(
+        "best: chunk {} block {} ({:.2} pixels/s); written to {}",
+        chosen.chunk_pixels,
+        chosen.block_pixels,
+        best.pixels_per_s,
+        a.profile.display()
+    );
+    Ok(())
+}
+
+fn run_synth_ckpt(a: SynthCkptArgs) -> Result<()> {
+    let cfg = ModelConfig {
+        latent_dim: a.latent_dim,
+        num_layers: a.num_layers,
+        nhead: a.nhead,
+        dim_feedforward: a.dim_feedforward,
+        repr_dim: 128,
+    };
+    if cfg.d_model() % cfg.nhead != 0 {
+        bail!("4 x latent_dim must be divisible by nhead");
+    }
+    write_safetensors(&random_checkpoint(&cfg, a.seed), &a.out)?;
+    eprintln!("wrote {} ({} params)", a.out.display(), cfg.param_count());
+    Ok(())
+}
+
+fn run_synth_tile(a: SynthTileArgs) -> Result<()> {
+    let t = TileInputs::synthetic(&SynthTile {
+        height: a.height,
+        width: a.width,
+        s2_frames: a.s2_frames,
+        s1_asc_frames: a.s1_asc_frames,
+        s1_desc_frames: a.s1_desc_frames,
+        clear: a.clear,
+        seed: a.seed,
+    });
+    t.write(&a.out)?;
+    eprintln!("wrote {}", a.out.display());
+    Ok(())
+}

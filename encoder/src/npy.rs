@@ -266,7 +266,7 @@ mod tests {
     fn round_trip() {
         let data: Vec<u8> = f32_bytes(&[1.0, -2.5, 3.0, 4.0, 5.0, 6.0]);
         let b = to_bytes(DType::F32, &[2, 3], &data);
-        assert_eq!(b.len() % 64, 24 % 64 + (64 - 24 % 64) % 64 - 40 + 16); // header to 64
+        assert_eq!((b.len() - 24) % 64, 0, "header padded to 64 bytes");
         let a = parse(&b).unwrap();
         assert_eq!(a.shape, vec![2, 3]);
         assert_eq!(a.to_f32(), vec![1.0, -2.5, 3.0, 4.0, 5.0, 6.0]);

@@ -1,0 +1,130 @@
+//! The interface every compute backend implements, and how one is chosen.
+//!
+//! A backend runs the two pieces of the model that carry the FLOPs: a
+//! backbone over a batch of pixels that share one sequence length, and the
+//! head over pooled features. Grouping, gathering and output are shared
+//! (`encode.rs`), so a new backend (`onednn.rs`, `cuda.rs` behind the cargo
+//! features of those names) only implements [`Backend`] and adds itself to
+//! [`create`].
+
+pub mod cpu;
+pub mod reference;
+
+use std::sync::Arc;
+
+use crate::error::{EncodeError, Result};
+use crate::model::{Modality, StudentWeights};
+use crate::profile::DeviceProfile;
+
+/// `n` pixels' sequences of one length, ready for a backbone.
+#[derive(Debug, Clone, Copy)]
+pub struct SequenceBatch<'a> {
+    pub n: usize,
+    pub len: usize,
+    pub bands: usize,
+    /// (n, len, bands) standardised band values.
+    pub values: &'a [f32],
+    /// (n, len) raw days of year.
+    pub doys: &'a [f32],
+}
+
+/// A compute backend. Implementations must be deterministic: the same batch
+/// gives the same bits whatever the thread count, so the reduction order may
+/// depend on the profile's block size but never on the number of threads.
+pub trait Backend: Send + Sync {
+    /// Short name (`reference`, `cpu`, ...).
+    fn name(&self) -> &'static str;
+    /// Run one backbone: returns (n, d_model) pooled features.
+    fn backbone(&self, modality: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>>;
+    /// Run the head on `n` pixels' pooled S2 and S1 features (each (n, d)):
+    /// returns (n, repr_dim).
+    fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>>;
+}
+
+/// Which backend the caller asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendChoice {
+    /// The fastest one compiled in and usable here: cuda, then onednn, then cpu.
+    Auto,
+    Reference,
+    Cpu,
+    Onednn,
+    Cuda,
+}
+
+impl BackendChoice {
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "auto" => BackendChoice::Auto,
+            "reference" => BackendChoice::Reference,
+            "cpu" => BackendChoice::Cpu,
+            "onednn" => BackendChoice::Onednn,
+            "cuda" => BackendChoice::Cuda,
+            other => {
+                return Err(EncodeError::Invalid(format!(
+                    "unknown backend `{other}` (auto, reference, cpu, onednn, cuda)"
+                )))
+            }
+        })
+    }
+
+    /// The concrete backend `Auto` resolves to in this build.
+    pub fn resolve(self) -> BackendChoice {
+        match self {
+            BackendChoice::Auto => {
+                if cfg!(feature = "cuda") {
+                    BackendChoice::Cuda
+                } else if cfg!(feature = "onednn") {
+                    BackendChoice::Onednn
+                } else {
+                    BackendChoice::Cpu
+                }
+            }
+            c => c,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Reference => "reference",
+            BackendChoice::Cpu => "cpu",
+            BackendChoice::Onednn => "onednn",
+            BackendChoice::Cuda => "cuda",
+        }
+    }
+
+    /// Backends this build can run on this machine.
+    pub fn available() -> Vec<BackendChoice> {
+        let mut v = vec![BackendChoice::Reference, BackendChoice::Cpu];
+        if cfg!(feature = "onednn") {
+            v.push(BackendChoice::Onednn);
+        }
+        if cfg!(feature = "cuda") {
+            v.push(BackendChoice::Cuda);
+        }
+        v
+    }
+}
+
+/// Build the chosen backend over shared weights.
+pub fn create(
+    choice: BackendChoice,
+    weights: Arc<StudentWeights>,
+    profile: &DeviceProfile,
+) -> Result<Box<dyn Backend>> {
+    match choice.resolve() {
+        BackendChoice::Reference => Ok(Box::new(reference::ReferenceBackend::new(weights)?)),
+        BackendChoice::Cpu => Ok(Box::new(cpu::CpuBackend::new(weights, profile)?)),
+        // Seams: `backend/onednn.rs` and `backend/cuda.rs` plug in here behind
+        // their features.
+        c @ (BackendChoice::Onednn | BackendChoice::Cuda) => Err(EncodeError::backend(
+            c.name(),
+            format!(
+                "not available in this build (enable the `{}` cargo feature)",
+                c.name()
+            ),
+        )),
+        BackendChoice::Auto => unreachable!("resolve() never returns Auto"),
+    }
+}

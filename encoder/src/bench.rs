@@ -1,0 +1,166 @@
+//! Measuring: this machine's sgemm rate (the peer every figure is compared
+//! with), and an encoder's pixels/s and GFLOP/s on a tile.
+
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use crate::backend::BackendChoice;
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+use crate::encode::Encoder;
+use crate::error::Result;
+use crate::model::Modality;
+use crate::profile::DeviceProfile;
+use crate::sequence::bin_len;
+use crate::tile::TileInputs;
+
+/// Model FLOPs to encode `tile` (padding tokens included, as they are computed).
+pub fn tile_flops(cfg: &ModelConfig, tile: &TileInputs) -> f64 {
+    let d = cfg.d_model() as f64;
+    let head = 2.0 * (2.0 * d * 4.0 * d + 4.0 * d * cfg.repr_dim as f64);
+    let mut total = 0.0;
+    for p in 0..tile.pixels() {
+        let n2 = tile.valid_count(Modality::S2, p);
+        let n1 = tile.valid_count(Modality::S1, p);
+        if n2 == 0 && n1 == 0 {
+            continue;
+        }
+        for (m, n) in [(Modality::S2, n2), (Modality::S1, n1)] {
+            let len = bin_len(n);
+            total += len as f64 * cfg.flops_per_token(m.bands(), len);
+        }
+        total += head;
+    }
+    total
+}
+
+/// Sustained single-precision GEMM rate of `threads` threads, each running
+/// its own single-threaded `gemm` of a transformer-FFN shape (512 x 640 x
+/// 2560) for about `seconds`. GFLOP/s.
+pub fn gemm_rate(threads: usize, seconds: f64) -> f64 {
+    let (m, k, n) = (512usize, 640usize, 2560usize);
+    let flops = 2.0 * (m * k * n) as f64;
+    let start = Instant::now();
+    let counts: Vec<usize> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads.max(1))
+            .map(|t| {
+                s.spawn(move || {
+                    let a: Vec<f32> = (0..m * k).map(|i| ((i + t) % 7) as f32 * 0.1).collect();
+                    let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
+                    let mut c = vec![0f32; m * n];
+                    let mut reps = 0;
+                    while reps == 0 || start.elapsed().as_secs_f64() < seconds {
+                        // SAFETY: a, b, c hold m*k, k*n, m*n elements, row-major.
+                        unsafe {
+                            gemm::gemm(
+                                m,
+                                n,
+                                k,
+                                c.as_mut_ptr(),
+                                1,
+                                n as isize,
+                                false,
+                                a.as_ptr(),
+                                1,
+                                k as isize,
+                                b.as_ptr(),
+                                1,
+                                n as isize,
+                                0.0f32,
+                                1.0f32,
+                                false,
+                                false,
+                                false,
+                                gemm::Parallelism::None,
+                            );
+                        }
+                        reps += 1;
+                    }
+                    std::hint::black_box(&c);
+                    reps
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("gemm bench thread does not panic"))
+            .collect()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    counts.iter().sum::<usize>() as f64 * flops / secs / 1e9
+}
+
+/// One backend's measured speed on one tile.
+#[derive(Debug, Clone)]
+pub struct BenchResult {
+    pub backend: String,
+    pub threads: usize,
+    pub chunk_pixels: usize,
+    pub block_pixels: usize,
+    pub pixels: usize,
+    pub seconds: f64,
+    pub pixels_per_s: f64,
+    pub gflops: f64,
+}
+
+/// Encode `tile` `reps` times (after one warm-up pass when `warmup`) and report the best pass.
+pub fn bench_encoder(
+    ckpt: &Checkpoint,
+    choice: BackendChoice,
+    profile: DeviceProfile,
+    tile: &TileInputs,
+    reps: usize,
+    warmup: bool,
+) -> Result<BenchResult> {
+    let enc = Encoder::from_checkpoint(ckpt, choice, profile.clone())?;
+    let flops = tile_flops(enc.config(), tile);
+    let cancel = AtomicBool::new(false);
+    if warmup {
+        enc.encode_tile(tile, &|_, _| {}, &cancel)?;
+    }
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        enc.encode_tile(tile, &|_, _| {}, &cancel)?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(BenchResult {
+        backend: enc.backend_name().to_string(),
+        threads: profile.threads,
+        chunk_pixels: profile.chunk_pixels,
+        block_pixels: profile.block_pixels,
+        pixels: tile.pixels(),
+        seconds: best,
+        pixels_per_s: tile.pixels() as f64 / best,
+        gflops: flops / best / 1e9,
+    })
+}
+
+/// Sweep chunk and block sizes; returns every measurement, fastest first.
+pub fn tune(
+    ckpt: &Checkpoint,
+    choice: BackendChoice,
+    base: &DeviceProfile,
+    tile: &TileInputs,
+    chunks: &[usize],
+    blocks: &[usize],
+    on_result: &mut dyn FnMut(&BenchResult),
+) -> Result<Vec<BenchResult>> {
+    let mut results = Vec::new();
+    for &chunk in chunks {
+        for &block in blocks {
+            if block > chunk {
+                continue;
+            }
+            let p = DeviceProfile {
+                chunk_pixels: chunk,
+                block_pixels: block,
+                ..base.clone()
+            };
+            let r = bench_encoder(ckpt, choice, p, tile, 1, false)?;
+            on_result(&r);
+            results.push(r);
+        }
+    }
+    results.sort_by(|a, b| b.pixels_per_s.total_cmp(&a.pixels_per_s));
+    Ok(results)
+}

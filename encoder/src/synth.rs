@@ -1,0 +1,145 @@
+//! Synthetic material for demos, tests and benchmarks: random-weight
+//! checkpoints of any size and (via `TileInputs::synthetic`) random tiles.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use crate::checkpoint::{Checkpoint, Param};
+use crate::config::{ModelConfig, S1_BANDS, S2_BANDS};
+use crate::error::{EncodeError, Result};
+
+/// splitmix64: tiny, seedable, good enough for random weights and tiles.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn uniform(&mut self, a: f64) -> f32 {
+        ((self.next_f64() * 2.0 - 1.0) * a) as f32
+    }
+}
+
+/// Every tensor name and shape a checkpoint of these sizes holds, in the
+/// upstream (PyTorch `state_dict`) naming.
+pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let d = cfg.d_model();
+    let f = cfg.dim_feedforward;
+    let mut v: Vec<(String, Vec<usize>)> = Vec::new();
+    let lin = |v: &mut Vec<(String, Vec<usize>)>, name: String, i: usize, o: usize| {
+        v.push((format!("{name}.weight"), vec![o, i]));
+        v.push((format!("{name}.bias"), vec![o]));
+    };
+    for (bb, bands) in [("s2_backbone", S2_BANDS), ("s1_backbone", S1_BANDS)] {
+        lin(&mut v, format!("{bb}.embedding.0"), bands, d);
+        lin(&mut v, format!("{bb}.embedding.2"), d, d);
+        for l in 0..cfg.num_layers {
+            let p = format!("{bb}.transformer_encoder.layers.{l}");
+            v.push((format!("{p}.self_attn.in_proj_weight"), vec![3 * d, d]));
+            v.push((format!("{p}.self_attn.in_proj_bias"), vec![3 * d]));
+            lin(&mut v, format!("{p}.self_attn.out_proj"), d, d);
+            lin(&mut v, format!("{p}.linear1"), d, f);
+            lin(&mut v, format!("{p}.linear2"), f, d);
+            for n in ["norm1", "norm2"] {
+                v.push((format!("{p}.{n}.weight"), vec![d]));
+                v.push((format!("{p}.{n}.bias"), vec![d]));
+            }
+        }
+        lin(&mut v, format!("{bb}.attn_pool.query"), d, 1);
+    }
+    lin(&mut v, "dim_reducer.0".into(), 2 * d, 4 * d);
+    v.push(("dim_reducer.1.weight".into(), vec![4 * d]));
+    v.push(("dim_reducer.1.bias".into(), vec![4 * d]));
+    lin(&mut v, "dim_reducer.4".into(), 4 * d, cfg.repr_dim);
+    v
+}
+
+/// A checkpoint with random weights (PyTorch-like init: U(±1/sqrt(fan_in))
+/// for Linear, 1 ± 0.1 / ±0.1 for LayerNorm).
+pub fn random_checkpoint(cfg: &ModelConfig, seed: u64) -> Checkpoint {
+    let mut rng = Rng::new(seed);
+    let mut tensors = BTreeMap::new();
+    for (name, shape) in tensor_shapes(cfg) {
+        let n: usize = shape.iter().product();
+        let is_norm = name.contains("norm") || name.starts_with("dim_reducer.1.");
+        let data: Vec<f32> = if is_norm {
+            let base = if name.ends_with("weight") { 1.0 } else { 0.0 };
+            (0..n).map(|_| base + rng.uniform(0.1)).collect()
+        } else {
+            // fan_in: the weight's second axis; biases share their weight's.
+            let fan_in = tensor_fan_in(cfg, &name);
+            let a = 1.0 / (fan_in as f64).sqrt();
+            (0..n).map(|_| rng.uniform(a)).collect()
+        };
+        tensors.insert(name, Param { shape, data });
+    }
+    Checkpoint {
+        path: "<synthetic>".into(),
+        config: *cfg,
+        tensors,
+    }
+}
+
+fn tensor_fan_in(cfg: &ModelConfig, name: &str) -> usize {
+    let d = cfg.d_model();
+    if name.contains("embedding.0") {
+        if name.starts_with("s2") {
+            S2_BANDS
+        } else {
+            S1_BANDS
+        }
+    } else if name.contains("linear2") {
+        cfg.dim_feedforward
+    } else if name.starts_with("dim_reducer.0") {
+        2 * d
+    } else if name.starts_with("dim_reducer.4") {
+        4 * d
+    } else {
+        d
+    }
+}
+
+/// Write a checkpoint as `.safetensors` with `args` JSON in the metadata.
+pub fn write_safetensors(ckpt: &Checkpoint, path: &Path) -> Result<()> {
+    use safetensors::tensor::{Dtype, TensorView};
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = ckpt
+        .tensors
+        .iter()
+        .map(|(k, p)| {
+            (
+                k.clone(),
+                p.shape.clone(),
+                p.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            )
+        })
+        .collect();
+    let views = bytes
+        .iter()
+        .map(|(k, s, b)| {
+            TensorView::new(Dtype::F32, s.clone(), b)
+                .map(|v| (k.clone(), v))
+                .map_err(|e| EncodeError::tensor(k, e.to_string()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let meta: HashMap<String, String> =
+        [("args".to_string(), ckpt.config.to_json().to_string())].into();
+    let tmp = path.with_extension("safetensors.tmp");
+    safetensors::tensor::serialize_to_file(views, Some(meta), &tmp).map_err(|e| {
+        EncodeError::Checkpoint {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        }
+    })?;
+    std::fs::rename(&tmp, path).map_err(|e| EncodeError::io(path, e))
+}

@@ -1,0 +1,386 @@
+//! Tile inputs in the geotessera preprocessing layout: reading, validating
+//! the files against each other, writing (for synthetic tiles), and per-pixel
+//! access to frames.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{EncodeError, Result};
+use crate::model::Modality;
+use crate::npy::{self, DType, NpyArray};
+use crate::sequence::{
+    standardise, S1_ASC_MEAN, S1_ASC_STD, S1_DESC_MEAN, S1_DESC_STD, S2_MEAN, S2_STD,
+};
+
+/// One SAR orbit direction: (T,H,W,2) i16 VV/VH and a day of year per frame.
+#[derive(Debug, Clone)]
+pub struct SarPass {
+    pub data: Vec<i16>,
+    pub doys: Vec<i32>,
+    mean: [f64; 2],
+    std: [f64; 2],
+}
+
+impl SarPass {
+    pub fn frames(&self) -> usize {
+        self.doys.len()
+    }
+}
+
+/// Everything the encoder reads for one tile.
+#[derive(Debug, Clone)]
+pub struct TileInputs {
+    pub height: usize,
+    pub width: usize,
+    /// (T,H,W,10) u16, bands B04 B02 B03 B08 B8A B05 B06 B07 B11 B12.
+    pub bands: Vec<u16>,
+    /// (T,H,W), non-zero = clear.
+    pub masks: Vec<u8>,
+    pub doys: Vec<i32>,
+    pub ascending: SarPass,
+    /// Absent files read as a pass with no frames.
+    pub descending: SarPass,
+}
+
+fn tile_err(path: &Path, reason: impl Into<String>) -> EncodeError {
+    EncodeError::Tile {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+fn read_checked(path: &Path, dtypes: &[DType], ndim: usize) -> Result<NpyArray> {
+    let a = npy::read(path).map_err(|e| match e {
+        EncodeError::Npy { path, reason } => EncodeError::Tile { path, reason },
+        EncodeError::Io { path, source } => EncodeError::Tile {
+            path,
+            reason: source.to_string(),
+        },
+        other => other,
+    })?;
+    if !dtypes.contains(&a.dtype) {
+        return Err(tile_err(
+            path,
+            format!(
+                "dtype {}, expected {}",
+                a.dtype.descr(),
+                dtypes.iter().map(|d| d.descr()).collect::<Vec<_>>().join(" or ")
+            ),
+        ));
+    }
+    if a.shape.len() != ndim {
+        return Err(tile_err(
+            path,
+            format!("shape {:?} has {} axes, expected {ndim}", a.shape, a.shape.len()),
+        ));
+    }
+    Ok(a)
+}
+
+const DOY_DTYPES: &[DType] = &[DType::I16, DType::U16, DType::I32, DType::I64, DType::U8];
+
+fn read_doys(path: &Path, frames: usize, data_file: &str) -> Result<Vec<i32>> {
+    let a = read_checked(path, DOY_DTYPES, 1)?;
+    if a.shape[0] != frames {
+        return Err(tile_err(
+            path,
+            format!(
+                "{} days of year, but {data_file} has {frames} frames",
+                a.shape[0]
+            ),
+        ));
+    }
+    Ok(a.to_i64()
+        .expect("integer dtype checked above")
+        .into_iter()
+        .map(|v| v as i32)
+        .collect())
+}
+
+fn read_sar(dir: &Path, name: &str, hw: (usize, usize), asc: bool) -> Result<SarPass> {
+    let (mean, std) = if asc {
+        (S1_ASC_MEAN, S1_ASC_STD)
+    } else {
+        (S1_DESC_MEAN, S1_DESC_STD)
+    };
+    let data_path = dir.join(format!("{name}.npy"));
+    let doy_path = dir.join(format!("{name}_doy.npy"));
+    match (data_path.exists(), doy_path.exists()) {
+        (false, false) => {
+            return Ok(SarPass {
+                data: Vec::new(),
+                doys: Vec::new(),
+                mean,
+                std,
+            })
+        }
+        (true, false) => return Err(tile_err(&doy_path, "missing, but its data file exists")),
+        (false, true) => return Err(tile_err(&data_path, "missing, but its _doy file exists")),
+        _ => {}
+    }
+    let a = read_checked(&data_path, &[DType::I16], 4)?;
+    if (a.shape[1], a.shape[2]) != hw || a.shape[3] != 2 {
+        return Err(tile_err(
+            &data_path,
+            format!(
+                "shape {:?}, expected (T, {}, {}, 2) to match bands.npy",
+                a.shape, hw.0, hw.1
+            ),
+        ));
+    }
+    let doys = read_doys(&doy_path, a.shape[0], &format!("{name}.npy"))?;
+    let data = a
+        .data
+        .chunks_exact(2)
+        .map(|c| i16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    Ok(SarPass {
+        data,
+        doys,
+        mean,
+        std,
+    })
+}
+
+impl TileInputs {
+    /// Read and cross-check a tile directory. Any error names the file.
+    pub fn read(dir: &Path) -> Result<Self> {
+        let bands_path = dir.join("bands.npy");
+        let b = read_checked(&bands_path, &[DType::U16], 4)?;
+        if b.shape[3] != 10 {
+            return Err(tile_err(
+                &bands_path,
+                format!("shape {:?}: last axis must be the 10 S2 bands", b.shape),
+            ));
+        }
+        let (t, h, w) = (b.shape[0], b.shape[1], b.shape[2]);
+        let masks_path = dir.join("masks.npy");
+        let m = read_checked(&masks_path, &[DType::U8, DType::Bool], 3)?;
+        if m.shape != [t, h, w] {
+            return Err(tile_err(
+                &masks_path,
+                format!("shape {:?}, but bands.npy is {:?}", m.shape, b.shape),
+            ));
+        }
+        let doys = read_doys(&dir.join("doys.npy"), t, "bands.npy")?;
+        let ascending = read_sar(dir, "sar_ascending", (h, w), true)?;
+        let descending = read_sar(dir, "sar_descending", (h, w), false)?;
+        let bands = b
+            .data
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        Ok(TileInputs {
+            height: h,
+            width: w,
+            bands,
+            masks: m.data,
+            doys,
+            ascending,
+            descending,
+        })
+    }
+
+    /// Write the tile in the same layout (both SAR passes always written).
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| EncodeError::io(dir, e))?;
+        let (h, w) = (self.height, self.width);
+        let t = self.doys.len();
+        let u16b: Vec<u8> = self.bands.iter().flat_map(|v| v.to_le_bytes()).collect();
+        npy::write(&dir.join("bands.npy"), DType::U16, &[t, h, w, 10], &u16b)?;
+        npy::write(&dir.join("masks.npy"), DType::U8, &[t, h, w], &self.masks)?;
+        let i32b = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        npy::write(&dir.join("doys.npy"), DType::I32, &[t], &i32b(&self.doys))?;
+        for (name, p) in [
+            ("sar_ascending", &self.ascending),
+            ("sar_descending", &self.descending),
+        ] {
+            let b: Vec<u8> = p.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+            npy::write(
+                &dir.join(format!("{name}.npy")),
+                DType::I16,
+                &[p.frames(), h, w, 2],
+                &b,
+            )?;
+            npy::write(
+                &dir.join(format!("{name}_doy.npy")),
+                DType::I32,
+                &[p.frames()],
+                &i32b(&p.doys),
+            )?;
+        }
+        Ok(())
+    }
+
+    pub fn pixels(&self) -> usize {
+        self.height * self.width
+    }
+
+    pub fn s2_frames(&self) -> usize {
+        self.doys.len()
+    }
+
+    pub fn s1_frames(&self) -> usize {
+        self.ascending.frames() + self.descending.frames()
+    }
+
+    /// Frames of `modality` valid at pixel `p`, in file order (S1: ascending
+    /// frames, then descending). S2: mask non-zero; S1: VV or VH non-zero.
+    pub fn valid_frames(&self, modality: Modality, p: usize, out: &mut Vec<usize>) {
+        out.clear();
+        let hw = self.pixels();
+        match modality {
+            Modality::S2 => {
+                out.extend((0..self.s2_frames()).filter(|&t| self.masks[t * hw + p] != 0));
+            }
+            Modality::S1 => {
+                let na = self.ascending.frames();
+                for (base, pass) in [(0, &self.ascending), (na, &self.descending)] {
+                    out.extend((0..pass.frames()).filter_map(|t| {
+                        let i = (t * hw + p) * 2;
+                        (pass.data[i] != 0 || pass.data[i + 1] != 0).then_some(base + t)
+                    }));
+                }
+            }
+        }
+    }
+
+    /// Number of valid frames of `modality` at pixel `p`.
+    pub fn valid_count(&self, modality: Modality, p: usize) -> usize {
+        let hw = self.pixels();
+        match modality {
+            Modality::S2 => (0..self.s2_frames())
+                .filter(|&t| self.masks[t * hw + p] != 0)
+                .count(),
+            Modality::S1 => [&self.ascending, &self.descending]
+                .iter()
+                .map(|pass| {
+                    (0..pass.frames())
+                        .filter(|&t| {
+                            let i = (t * hw + p) * 2;
+                            pass.data[i] != 0 || pass.data[i + 1] != 0
+                        })
+                        .count()
+                })
+                .sum(),
+        }
+    }
+
+    /// Standardised band values of `frame` at pixel `p` into `out`; returns
+    /// the frame's day of year.
+    pub(crate) fn frame_token(
+        &self,
+        modality: Modality,
+        frame: usize,
+        p: usize,
+        out: &mut [f32],
+    ) -> f32 {
+        let hw = self.pixels();
+        match modality {
+            Modality::S2 => {
+                let i = (frame * hw + p) * 10;
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = standardise(self.bands[i + k] as f64, S2_MEAN[k], S2_STD[k]);
+                }
+                self.doys[frame] as f32
+            }
+            Modality::S1 => {
+                let na = self.ascending.frames();
+                let (pass, t) = if frame < na {
+                    (&self.ascending, frame)
+                } else {
+                    (&self.descending, frame - na)
+                };
+                let i = (t * hw + p) * 2;
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = standardise(pass.data[i + k] as f64, pass.mean[k], pass.std[k]);
+                }
+                pass.doys[t] as f32
+            }
+        }
+    }
+
+    /// A random tile for demos and benchmarks. Each S2 frame is clear with
+    /// probability `clear`; each SAR frame is present with probability `clear`.
+    pub fn synthetic(spec: &SynthTile) -> Self {
+        let mut rng = crate::synth::Rng::new(spec.seed);
+        let (h, w) = (spec.height, spec.width);
+        let hw = h * w;
+        let doys_for = |rng: &mut crate::synth::Rng, t: usize| -> Vec<i32> {
+            let mut d: Vec<i32> = (0..t).map(|_| 1 + (rng.next_f64() * 365.0) as i32).collect();
+            d.sort_unstable();
+            d
+        };
+        let bands = (0..spec.s2_frames * hw * 10)
+            .map(|_| (rng.next_f64() * 6000.0) as u16)
+            .collect();
+        let masks = (0..spec.s2_frames * hw)
+            .map(|_| u8::from(rng.next_f64() < spec.clear))
+            .collect();
+        let doys = doys_for(&mut rng, spec.s2_frames);
+        let mut sar = |t: usize, asc: bool| {
+            let mut data = vec![0i16; t * hw * 2];
+            for px in data.chunks_exact_mut(2) {
+                if rng.next_f64() < spec.clear {
+                    px[0] = 1 + (rng.next_f64() * 12000.0) as i16;
+                    px[1] = 1 + (rng.next_f64() * 8000.0) as i16;
+                }
+            }
+            let (mean, std) = if asc {
+                (S1_ASC_MEAN, S1_ASC_STD)
+            } else {
+                (S1_DESC_MEAN, S1_DESC_STD)
+            };
+            SarPass {
+                data,
+                doys: doys_for(&mut rng, t),
+                mean,
+                std,
+            }
+        };
+        let ascending = sar(spec.s1_asc_frames, true);
+        let descending = sar(spec.s1_desc_frames, false);
+        TileInputs {
+            height: h,
+            width: w,
+            bands,
+            masks,
+            doys,
+            ascending,
+            descending,
+        }
+    }
+}
+
+/// Sizes of a synthetic tile.
+#[derive(Debug, Clone)]
+pub struct SynthTile {
+    pub height: usize,
+    pub width: usize,
+    pub s2_frames: usize,
+    pub s1_asc_frames: usize,
+    pub s1_desc_frames: usize,
+    /// Probability that a frame is a valid observation.
+    pub clear: f64,
+    pub seed: u64,
+}
+
+/// Every directory under `root` (recursively) that holds a `bands.npy`, sorted.
+pub fn find_tiles(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let rd = std::fs::read_dir(&dir).map_err(|e| EncodeError::io(&dir, e))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| EncodeError::io(&dir, e))?;
+            let p = entry.path();
+            if p.is_dir() {
+                stack.push(p);
+            }
+        }
+        if dir.join("bands.npy").is_file() {
+            found.push(dir);
+        }
+    }
+    found.sort();
+    Ok(found)
+}
