@@ -160,7 +160,11 @@ pub fn parse(bytes: &[u8]) -> std::result::Result<NpyArray, String> {
         .ok_or_else(|| "truncated header".to_string())?;
     let header = std::str::from_utf8(header).map_err(|_| "header is not text".to_string())?;
     let descr = dict_value(header, "descr").ok_or("header has no 'descr'")?;
-    let descr = descr.trim().trim_matches(|c| c == '\'' || c == '"');
+    let descr = descr
+        .trim_start()
+        .strip_prefix(['\'', '"'])
+        .and_then(|s| s.split(['\'', '"']).next())
+        .ok_or("'descr' is not a string")?;
     let dtype = DType::parse(descr).ok_or_else(|| format!("unsupported dtype '{descr}'"))?;
     let fortran = dict_value(header, "fortran_order").ok_or("header has no 'fortran_order'")?;
     if fortran.trim().starts_with("True") {
