@@ -242,9 +242,10 @@ impl<'a> Vars<'a> {
         } else {
             format!("{}.{}", self.prefix, name)
         };
-        let p = self.store.tensors.get(&full).ok_or_else(|| {
-            EncodeError::tensor(&full, "missing from the checkpoint".to_string())
-        })?;
+        let p =
+            self.store.tensors.get(&full).ok_or_else(|| {
+                EncodeError::tensor(&full, "missing from the checkpoint".to_string())
+            })?;
         if p.shape != shape {
             return Err(EncodeError::tensor(
                 &full,

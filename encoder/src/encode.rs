@@ -96,7 +96,10 @@ impl Encoder {
                         .or_default()
                         .push(p);
                 }
-                Groups { modality: m, by_len }
+                Groups {
+                    modality: m,
+                    by_len,
+                }
             })
             .collect();
 

@@ -206,7 +206,10 @@ fn main() {
         Some(Cmd::SynthTile(a)) => run_synth_tile(a),
     };
     if let Err(e) = result {
-        let cancelled = matches!(e.downcast_ref::<EncodeError>(), Some(EncodeError::Cancelled));
+        let cancelled = matches!(
+            e.downcast_ref::<EncodeError>(),
+            Some(EncodeError::Cancelled)
+        );
         eprintln!("error: {e:#}");
         std::process::exit(if cancelled { 130 } else { 1 });
     }
@@ -220,7 +223,10 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
         (None, Some(root)) => {
             let found = tile::find_tiles(root)?;
             if found.is_empty() {
-                bail!("no tile directory (with bands.npy) under {}", root.display());
+                bail!(
+                    "no tile directory (with bands.npy) under {}",
+                    root.display()
+                );
             }
             found
         }
@@ -384,15 +390,23 @@ fn run_tune(a: TuneArgs) -> Result<()> {
         profile: Some(a.profile.clone()),
     };
     let (choice, base) = run.resolve()?;
-    println!("device: {} ({}, {} threads)", base.device, base.backend, base.threads);
-    println!("{:>6} {:>6} {:>10} {:>9}", "chunk", "block", "pixels/s", "GFLOP/s");
+    println!(
+        "device: {} ({}, {} threads)",
+        base.device, base.backend, base.threads
+    );
+    println!(
+        "{:>6} {:>6} {:>10} {:>9}",
+        "chunk", "block", "pixels/s", "GFLOP/s"
+    );
     let results = bench::tune(&ck, choice, &base, &tile, &a.chunks, &a.blocks, &mut |r| {
         println!(
             "{:>6} {:>6} {:>10.2} {:>9.1}",
             r.chunk_pixels, r.block_pixels, r.pixels_per_s, r.gflops
         )
     })?;
-    let best = results.first().context("no chunk/block combination to try")?;
+    let best = results
+        .first()
+        .context("no chunk/block combination to try")?;
     let mut set = if a.profile.exists() {
         ProfileSet::load(&a.profile)?
     } else {

@@ -72,10 +72,7 @@ impl LayerNorm {
     fn load(vb: &Vars, dim: usize) -> Result<Self> {
         Ok(LayerNorm {
             dim,
-            affine: Some((
-                vb.get(&[dim], "weight")?.data,
-                vb.get(&[dim], "bias")?.data,
-            )),
+            affine: Some((vb.get(&[dim], "weight")?.data, vb.get(&[dim], "bias")?.data)),
             eps: LN_EPS,
         })
     }
@@ -238,4 +235,3 @@ pub fn doy_encoding(doy: f32, out: &mut [f32]) {
         out[2 * i + 1] = a.cos() as f32;
     }
 }
-

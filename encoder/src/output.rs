@@ -82,7 +82,12 @@ impl TileEmbedding {
     /// `NAME_scales.npy` (f32 (H,W)) into `dir`. Each file is written under a
     /// temporary name and renamed into place only when all are written, so a
     /// failure leaves no output.
-    pub fn write_outputs(&self, dir: &Path, name: &str, opts: OutputOptions) -> Result<Vec<PathBuf>> {
+    pub fn write_outputs(
+        &self,
+        dir: &Path,
+        name: &str,
+        opts: OutputOptions,
+    ) -> Result<Vec<PathBuf>> {
         let emb = if opts.dim == self.dim {
             self.clone()
         } else {
@@ -94,7 +99,10 @@ impl TileEmbedding {
         if opts.int8 {
             let (codes, scales) = emb.quantize();
             let cb: Vec<u8> = codes.iter().map(|&c| c as u8).collect();
-            files.push((dir.join(format!("{name}.npy")), npy::to_bytes(DType::I8, &shape, &cb)));
+            files.push((
+                dir.join(format!("{name}.npy")),
+                npy::to_bytes(DType::I8, &shape, &cb),
+            ));
             files.push((
                 dir.join(format!("{name}_scales.npy")),
                 npy::to_bytes(DType::F32, &shape[..2], &npy::f32_bytes(&scales)),

@@ -86,10 +86,7 @@ impl ProfileSet {
             if p.chunk_pixels == 0 || p.block_pixels == 0 || p.threads == 0 {
                 return Err(EncodeError::Profile {
                     path: path.to_path_buf(),
-                    reason: format!(
-                        "profile for `{}` ({}) has a zero size",
-                        p.device, p.backend
-                    ),
+                    reason: format!("profile for `{}` ({}) has a zero size", p.device, p.backend),
                 });
             }
         }

@@ -55,7 +55,13 @@ pub fn fill_positions(n: usize, bin: usize, out: &mut Vec<usize>) {
             return;
         }
         let step = (n - 1) as f64 / (bin - 1) as f64;
-        out.extend((0..bin).map(|i| if i == bin - 1 { n - 1 } else { (i as f64 * step) as usize }));
+        out.extend((0..bin).map(|i| {
+            if i == bin - 1 {
+                n - 1
+            } else {
+                (i as f64 * step) as usize
+            }
+        }));
         return;
     }
     out.extend(0..n);
@@ -108,9 +114,12 @@ impl<'t> Gatherer<'t> {
         fill_positions(n, len, &mut self.pos);
         for (k, &i) in self.pos.iter().enumerate() {
             let frame = self.valid[i];
-            doys[k] = self
-                .tile
-                .frame_token(self.modality, frame, p, &mut values[k * bands..(k + 1) * bands]);
+            doys[k] = self.tile.frame_token(
+                self.modality,
+                frame,
+                p,
+                &mut values[k * bands..(k + 1) * bands],
+            );
         }
     }
 }

@@ -63,14 +63,22 @@ fn read_checked(path: &Path, dtypes: &[DType], ndim: usize) -> Result<NpyArray> 
             format!(
                 "dtype {}, expected {}",
                 a.dtype.descr(),
-                dtypes.iter().map(|d| d.descr()).collect::<Vec<_>>().join(" or ")
+                dtypes
+                    .iter()
+                    .map(|d| d.descr())
+                    .collect::<Vec<_>>()
+                    .join(" or ")
             ),
         ));
     }
     if a.shape.len() != ndim {
         return Err(tile_err(
             path,
-            format!("shape {:?} has {} axes, expected {ndim}", a.shape, a.shape.len()),
+            format!(
+                "shape {:?} has {} axes, expected {ndim}",
+                a.shape,
+                a.shape.len()
+            ),
         ));
     }
     Ok(a)
@@ -306,7 +314,9 @@ impl TileInputs {
         let (h, w) = (spec.height, spec.width);
         let hw = h * w;
         let doys_for = |rng: &mut crate::synth::Rng, t: usize| -> Vec<i32> {
-            let mut d: Vec<i32> = (0..t).map(|_| 1 + (rng.next_f64() * 365.0) as i32).collect();
+            let mut d: Vec<i32> = (0..t)
+                .map(|_| 1 + (rng.next_f64() * 365.0) as i32)
+                .collect();
             d.sort_unstable();
             d
         };

@@ -52,7 +52,11 @@ fn cli(ckpt: &Path, tile: &Path, out: &Path) -> (bool, String, usize) {
         .output()
         .unwrap();
     let n = std::fs::read_dir(out).map(|r| r.count()).unwrap_or(0);
-    (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned(), n)
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+        n,
+    )
 }
 
 #[test]
@@ -84,19 +88,37 @@ fn truncated_and_mismatched_inputs_name_the_file_and_write_nothing() {
         (
             "masks.npy",
             Box::new(|t: &Path| {
-                npy::write(&t.join("masks.npy"), DType::U8, &[29, 12, 10], &vec![1u8; 29 * 120]).unwrap();
+                npy::write(
+                    &t.join("masks.npy"),
+                    DType::U8,
+                    &[29, 12, 10],
+                    &vec![1u8; 29 * 120],
+                )
+                .unwrap();
             }),
         ),
         (
             "sar_ascending.npy",
             Box::new(|t: &Path| {
-                npy::write(&t.join("sar_ascending.npy"), DType::F32, &[20, 12, 10, 2], &vec![0u8; 20 * 240 * 4]).unwrap();
+                npy::write(
+                    &t.join("sar_ascending.npy"),
+                    DType::F32,
+                    &[20, 12, 10, 2],
+                    &vec![0u8; 20 * 240 * 4],
+                )
+                .unwrap();
             }),
         ),
         (
             "sar_descending_doy.npy",
             Box::new(|t: &Path| {
-                npy::write(&t.join("sar_descending_doy.npy"), DType::I32, &[3], &[0u8; 12]).unwrap();
+                npy::write(
+                    &t.join("sar_descending_doy.npy"),
+                    DType::I32,
+                    &[3],
+                    &[0u8; 12],
+                )
+                .unwrap();
             }),
         ),
         (
@@ -110,10 +132,16 @@ fn truncated_and_mismatched_inputs_name_the_file_and_write_nothing() {
         copy_tile(&tile);
         damage(&tile);
         let err = TileInputs::read(&tile).unwrap_err().to_string();
-        assert!(err.contains(file), "error for {file} does not name it: {err}");
+        assert!(
+            err.contains(file),
+            "error for {file} does not name it: {err}"
+        );
         let (ok, stderr, n) = cli(&ckpt, &tile, &d.join("out"));
         assert!(!ok, "CLI accepted a bad {file}");
-        assert!(stderr.contains(file), "CLI error does not name {file}: {stderr}");
+        assert!(
+            stderr.contains(file),
+            "CLI error does not name {file}: {stderr}"
+        );
         assert_eq!(n, 0, "output written despite a bad {file}");
         std::fs::remove_dir_all(&d).unwrap();
     }
@@ -140,14 +168,27 @@ fn bad_checkpoints_name_the_tensor() {
     assert!(load(&good).is_none());
 
     let mut missing = good.clone();
-    missing.tensors.remove("s1_backbone.transformer_encoder.layers.0.linear2.bias");
+    missing
+        .tensors
+        .remove("s1_backbone.transformer_encoder.layers.0.linear2.bias");
     let e = load(&missing).unwrap().to_string();
-    assert!(e.contains("s1_backbone.transformer_encoder.layers.0.linear2.bias") && e.contains("missing"), "{e}");
+    assert!(
+        e.contains("s1_backbone.transformer_encoder.layers.0.linear2.bias")
+            && e.contains("missing"),
+        "{e}"
+    );
 
     let mut shaped = good.clone();
-    shaped.tensors.get_mut("dim_reducer.4.weight").unwrap().shape = vec![64, 32];
+    shaped
+        .tensors
+        .get_mut("dim_reducer.4.weight")
+        .unwrap()
+        .shape = vec![64, 32];
     let e = load(&shaped).unwrap().to_string();
-    assert!(e.contains("dim_reducer.4.weight") && e.contains("shape"), "{e}");
+    assert!(
+        e.contains("dim_reducer.4.weight") && e.contains("shape"),
+        "{e}"
+    );
 
     let mut extra = good.clone();
     let t = extra.tensors["dim_reducer.1.bias"].clone();
@@ -193,13 +234,27 @@ fn synthetic_checkpoint_round_trips_and_cancel_stops() {
     assert_eq!(back.bands, tile.bands);
     let p = DeviceProfile::default_for("cpu");
     let enc = Encoder::from_checkpoint(&ck, BackendChoice::Cpu, p).unwrap();
-    let reference = Encoder::from_checkpoint(&ck, BackendChoice::Reference, DeviceProfile::default_for("reference")).unwrap();
-    let a = enc.encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false)).unwrap();
-    let b = reference.encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false)).unwrap();
+    let reference = Encoder::from_checkpoint(
+        &ck,
+        BackendChoice::Reference,
+        DeviceProfile::default_for("reference"),
+    )
+    .unwrap();
+    let a = enc
+        .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
+        .unwrap();
+    let b = reference
+        .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
+        .unwrap();
     for (x, y) in a.values.iter().zip(&b.values) {
-        assert!((x - y).abs() < 1e-4 || (x.is_nan() && y.is_nan()), "{x} vs {y}");
+        assert!(
+            (x - y).abs() < 1e-4 || (x.is_nan() && y.is_nan()),
+            "{x} vs {y}"
+        );
     }
-    let err = enc.encode_tile(&tile, &|_, _| {}, &AtomicBool::new(true)).unwrap_err();
+    let err = enc
+        .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(true))
+        .unwrap_err();
     assert!(matches!(err, EncodeError::Cancelled));
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use tessera_encoder::npy;
-use tessera_encoder::{BackendChoice, DeviceProfile, Encoder, OutputOptions, TileEmbedding, TileInputs};
+use tessera_encoder::{
+    BackendChoice, DeviceProfile, Encoder, OutputOptions, TileEmbedding, TileInputs,
+};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/encoder");
 
@@ -24,7 +26,12 @@ fn profile(backend: BackendChoice, threads: usize, chunk: usize, block: usize) -
     }
 }
 
-fn encode(ckpt: &Path, tile: &TileInputs, backend: BackendChoice, p: DeviceProfile) -> TileEmbedding {
+fn encode(
+    ckpt: &Path,
+    tile: &TileInputs,
+    backend: BackendChoice,
+    p: DeviceProfile,
+) -> TileEmbedding {
     let enc = Encoder::load(ckpt, backend, p).expect("fixture checkpoint loads");
     enc.encode_tile(tile, &|_, _| {}, &AtomicBool::new(false))
         .expect("fixture tile encodes")
@@ -39,7 +46,9 @@ fn check_against_upstream(name: &str, backend: BackendChoice) {
         backend,
         profile(backend, 2, 16, 4),
     );
-    let expected = npy::read(&dir.join("expected/emb_f32.npy")).unwrap().to_f32();
+    let expected = npy::read(&dir.join("expected/emb_f32.npy"))
+        .unwrap()
+        .to_f32();
     let nodata_exp: Vec<bool> = npy::read(&dir.join("expected/nodata.npy"))
         .unwrap()
         .data
@@ -52,7 +61,10 @@ fn check_against_upstream(name: &str, backend: BackendChoice) {
     let (mut worst_cos, mut worst_abs) = (1.0f64, 0.0f32);
     for (p, (a, b)) in emb.values.chunks(r).zip(expected.chunks(r)).enumerate() {
         if nodata_exp[p] {
-            assert!(a.iter().all(|v| v.is_nan()), "no-data pixel {p} must be NaN");
+            assert!(
+                a.iter().all(|v| v.is_nan()),
+                "no-data pixel {p} must be NaN"
+            );
             continue;
         }
         let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
@@ -63,14 +75,22 @@ fn check_against_upstream(name: &str, backend: BackendChoice) {
             worst_abs = worst_abs.max((x - y).abs());
         }
     }
-    assert!(worst_cos >= 0.99999, "{name}/{backend:?}: cosine {worst_cos}");
-    assert!(worst_abs <= 1e-4, "{name}/{backend:?}: max abs error {worst_abs}");
+    assert!(
+        worst_cos >= 0.99999,
+        "{name}/{backend:?}: cosine {worst_cos}"
+    );
+    assert!(
+        worst_abs <= 1e-4,
+        "{name}/{backend:?}: max abs error {worst_abs}"
+    );
 
     // int8: within ±1 everywhere, equal on >= 99 %; no-data pixels code 0, scale inf.
     let (codes, scales) = emb.quantize();
     let exp_codes = npy::read(&dir.join("expected/tile.npy")).unwrap();
     assert_eq!(exp_codes.dtype, npy::DType::I8);
-    let exp_scales = npy::read(&dir.join("expected/tile_scales.npy")).unwrap().to_f32();
+    let exp_scales = npy::read(&dir.join("expected/tile_scales.npy"))
+        .unwrap()
+        .to_f32();
     let (mut equal, mut total) = (0usize, 0usize);
     for (p, (c, e)) in codes.chunks(r).zip(exp_codes.data.chunks(r)).enumerate() {
         if nodata_exp[p] {
@@ -79,16 +99,27 @@ fn check_against_upstream(name: &str, backend: BackendChoice) {
             continue;
         }
         let rel = (scales[p] - exp_scales[p]).abs() / exp_scales[p];
-        assert!(rel < 1e-4, "pixel {p}: scale {} vs {}", scales[p], exp_scales[p]);
+        assert!(
+            rel < 1e-4,
+            "pixel {p}: scale {} vs {}",
+            scales[p],
+            exp_scales[p]
+        );
         for (&a, &b) in c.iter().zip(e) {
             let b = b as i8;
-            assert!((a as i32 - b as i32).abs() <= 1, "pixel {p}: code {a} vs {b}");
+            assert!(
+                (a as i32 - b as i32).abs() <= 1,
+                "pixel {p}: code {a} vs {b}"
+            );
             equal += usize::from(a == b);
             total += 1;
         }
     }
     let frac = equal as f64 / total as f64;
-    assert!(frac >= 0.99, "{name}/{backend:?}: only {frac} of int8 codes equal");
+    assert!(
+        frac >= 0.99,
+        "{name}/{backend:?}: only {frac} of int8 codes equal"
+    );
 }
 
 #[test]
@@ -111,7 +142,12 @@ fn pt_and_safetensors_give_identical_output() {
     let tile = TileInputs::read(&dir.join("tile")).unwrap();
     for b in [BackendChoice::Cpu, BackendChoice::Reference] {
         let a = encode(&dir.join("ckpt.pt"), &tile, b, profile(b, 1, 64, 4));
-        let s = encode(&dir.join("ckpt.safetensors"), &tile, b, profile(b, 1, 64, 4));
+        let s = encode(
+            &dir.join("ckpt.safetensors"),
+            &tile,
+            b,
+            profile(b, 1, 64, 4),
+        );
         let bits = |e: &TileEmbedding| e.values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&a), bits(&s), "{b:?}");
     }
@@ -126,8 +162,15 @@ fn byte_identical_across_runs_and_thread_counts() {
     let out = |threads: usize, tag: &str| -> Vec<u8> {
         let emb = encode(&ckpt, &tile, b, profile(b, threads, 32, 4));
         let d = std::env::temp_dir().join(format!("tessera-det-{}-{tag}", std::process::id()));
-        emb.write_outputs(&d, "t", OutputOptions { int8: false, dim: 128 })
-            .unwrap();
+        emb.write_outputs(
+            &d,
+            "t",
+            OutputOptions {
+                int8: false,
+                dim: 128,
+            },
+        )
+        .unwrap();
         let bytes = std::fs::read(d.join("t.npy")).unwrap();
         std::fs::remove_dir_all(&d).unwrap();
         bytes
@@ -142,16 +185,32 @@ fn byte_identical_across_runs_and_thread_counts() {
 fn int8_output_files_follow_the_published_format() {
     let dir = case("small");
     let tile = TileInputs::read(&dir.join("tile")).unwrap();
-    let emb = encode(&dir.join("ckpt.safetensors"), &tile, BackendChoice::Cpu, profile(BackendChoice::Cpu, 2, 64, 4));
+    let emb = encode(
+        &dir.join("ckpt.safetensors"),
+        &tile,
+        BackendChoice::Cpu,
+        profile(BackendChoice::Cpu, 2, 64, 4),
+    );
     let out = std::env::temp_dir().join(format!("tessera-int8-{}", std::process::id()));
-    emb.write_outputs(&out, "grid_x", OutputOptions { int8: true, dim: 32 }).unwrap();
+    emb.write_outputs(
+        &out,
+        "grid_x",
+        OutputOptions {
+            int8: true,
+            dim: 32,
+        },
+    )
+    .unwrap();
     let codes = npy::read(&out.join("grid_x.npy")).unwrap();
     let scales = npy::read(&out.join("grid_x_scales.npy")).unwrap();
     assert_eq!(codes.dtype, npy::DType::I8);
     assert_eq!(codes.shape, vec![12, 10, 32]);
     assert_eq!(scales.shape, vec![12, 10]);
     assert_eq!(scales.to_f32()[0], f32::INFINITY, "pixel (0,0) has no data");
-    let names: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names.len(), 2, "no temporary files left: {names:?}");
     std::fs::remove_dir_all(&out).unwrap();
 }

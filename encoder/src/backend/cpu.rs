@@ -265,7 +265,12 @@ impl PBackbone {
         for p in 0..b {
             let hp = &ws.h[p * len * d..(p + 1) * len * d];
             for (t, row) in hp.chunks_exact(d).enumerate() {
-                w[t] = row.iter().zip(&self.pool_w).map(|(a, b)| a * b).sum::<f32>() + self.pool_b;
+                w[t] = row
+                    .iter()
+                    .zip(&self.pool_w)
+                    .map(|(a, b)| a * b)
+                    .sum::<f32>()
+                    + self.pool_b;
             }
             softmax_in_place(&mut w);
             let o = &mut out[p * d..(p + 1) * d];
@@ -331,7 +336,8 @@ impl CpuBackend {
             }
             return;
         }
-        let mut per_thread: Vec<Vec<(usize, &mut [f32])>> = (0..threads).map(|_| Vec::new()).collect();
+        let mut per_thread: Vec<Vec<(usize, &mut [f32])>> =
+            (0..threads).map(|_| Vec::new()).collect();
         for (i, blk) in blocks.into_iter().enumerate() {
             per_thread[i % threads].push(blk);
         }
