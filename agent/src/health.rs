@@ -64,7 +64,8 @@ impl HealthCollector {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };
-        let disks = Disks::new_with_refreshed_list_specifics(DiskRefreshKind::nothing().with_storage());
+        let disks =
+            Disks::new_with_refreshed_list_specifics(DiskRefreshKind::nothing().with_storage());
         let disk = disk_holding(&disks, &workdir);
         Self {
             workdir,
@@ -204,7 +205,9 @@ mod tests {
 
     #[test]
     fn resolve_keeps_missing_tail_under_canonical_parent() {
-        let tmp = std::env::temp_dir().canonicalize().expect("temp dir exists");
+        let tmp = std::env::temp_dir()
+            .canonicalize()
+            .expect("temp dir exists");
         let p = resolve(&tmp.join("flotilla-no-such-dir").join("deeper"));
         assert_eq!(p, tmp.join("flotilla-no-such-dir").join("deeper"));
     }

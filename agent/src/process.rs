@@ -152,8 +152,14 @@ pub async fn run(
         workdir: spec.workdir.clone(),
         source,
     })?;
-    let stdout = child.stdout().take().expect("stdout was set to piped at spawn");
-    let stderr = child.stderr().take().expect("stderr was set to piped at spawn");
+    let stdout = child
+        .stdout()
+        .take()
+        .expect("stdout was set to piped at spawn");
+    let stderr = child
+        .stderr()
+        .take()
+        .expect("stderr was set to piped at spawn");
     let mut tree = Tree::new(child, command);
 
     let stop_reading = CancellationToken::new();
@@ -272,7 +278,9 @@ struct Tree {
 
 impl Tree {
     fn new(child: Box<dyn TokioChildWrapper>, command: String) -> Self {
-        let pid = child.id().expect("a child that was just spawned has not been reaped");
+        let pid = child
+            .id()
+            .expect("a child that was just spawned has not been reaped");
         Self {
             child,
             pid,
@@ -478,7 +486,11 @@ mod group {
             return true;
         };
         dir.filter_map(Result::ok)
-            .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            })
             .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
             .any(|stat| {
                 // "pid (comm) state ppid pgrp ...": comm may hold spaces and
@@ -574,7 +586,12 @@ async fn pump<R: AsyncRead + Unpin>(
 
 /// Sends `line` (and clears it) unless the receiver has gone; after that
 /// output is only drained.
-async fn send(log: &mpsc::Sender<LogLine>, stream: Stream, line: &mut Vec<u8>, delivering: &mut bool) {
+async fn send(
+    log: &mpsc::Sender<LogLine>,
+    stream: Stream,
+    line: &mut Vec<u8>,
+    delivering: &mut bool,
+) {
     let bytes = std::mem::take(line);
     if !*delivering {
         return;
@@ -666,7 +683,9 @@ mod tests {
         let mut out = Vec::new();
         loop {
             let mut line = Vec::new();
-            let s = read_segment(&mut reader, &mut line, max).await.expect("reading a slice");
+            let s = read_segment(&mut reader, &mut line, max)
+                .await
+                .expect("reading a slice");
             let end = s == Segment::End;
             out.push((s, line));
             if end {

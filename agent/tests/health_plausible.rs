@@ -9,7 +9,11 @@ fn report_is_plausible_here() {
     assert_eq!(h.os, std::env::consts::OS);
     assert_eq!(h.arch, std::env::consts::ARCH);
     assert!(h.cores >= 1, "cores {}", h.cores);
-    assert!(h.memory_total_bytes > 0, "memory total {}", h.memory_total_bytes);
+    assert!(
+        h.memory_total_bytes > 0,
+        "memory total {}",
+        h.memory_total_bytes
+    );
     assert!(
         h.memory_available_bytes <= h.memory_total_bytes,
         "available {} > total {}",
@@ -24,7 +28,11 @@ fn report_is_plausible_here() {
         h.disk_total_bytes
     );
     if cfg!(target_os = "linux") {
-        assert!(h.open_fds.is_some_and(|n| n > 0), "open fds {:?}", h.open_fds);
+        assert!(
+            h.open_fds.is_some_and(|n| n > 0),
+            "open fds {:?}",
+            h.open_fds
+        );
     }
     if cfg!(unix) {
         assert!(h.load_1m.is_some_and(|l| l >= 0.0), "load {:?}", h.load_1m);

@@ -76,7 +76,11 @@ async fn wait_for_file(path: &Path) -> String {
                 return s;
             }
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "{} never appeared", path.display());
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{} never appeared",
+            path.display()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -110,7 +114,16 @@ printf 'crlf\r\n'; echo; printf 'no newline'"#;
     assert_eq!(got.expect("runs"), Outcome::Exited { code: 0 });
     assert_eq!(
         lines_of(&lines, Stream::Stdout),
-        ["out 1", "out 2", "out 3", "out 4", "out 5", "crlf", "", "no newline"]
+        [
+            "out 1",
+            "out 2",
+            "out 3",
+            "out 4",
+            "out 5",
+            "crlf",
+            "",
+            "no newline"
+        ]
     );
     assert_eq!(
         lines_of(&lines, Stream::Stderr),
@@ -121,14 +134,22 @@ printf 'crlf\r\n'; echo; printf 'no newline'"#;
 #[tokio::test]
 async fn env_and_workdir_are_honoured() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut s = spec(r#"echo "$FLOTILLA_TEST_VAR"; pwd -P; echo "${PATH:+path kept}""#, dir.path());
-    s.env.insert("FLOTILLA_TEST_VAR".into(), "hello world".into());
+    let mut s = spec(
+        r#"echo "$FLOTILLA_TEST_VAR"; pwd -P; echo "${PATH:+path kept}""#,
+        dir.path(),
+    );
+    s.env
+        .insert("FLOTILLA_TEST_VAR".into(), "hello world".into());
     let (got, lines) = run_collect(&s, 8, CancellationToken::new()).await;
     assert_eq!(got.expect("runs"), Outcome::Exited { code: 0 });
     let canonical = dir.path().canonicalize().expect("canonical temp dir");
     assert_eq!(
         lines_of(&lines, Stream::Stdout),
-        ["hello world", canonical.to_str().expect("utf-8 temp path"), "path kept"]
+        [
+            "hello world",
+            canonical.to_str().expect("utf-8 temp path"),
+            "path kept"
+        ]
     );
 }
 
@@ -164,7 +185,11 @@ async fn timeout_kills_the_group() {
     let start = Instant::now();
     let (got, _) = run_collect(&s, 8, CancellationToken::new()).await;
     assert_eq!(got.expect("runs"), Outcome::TimedOut);
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
     let pid = read_pid(&wait_for_file(&pidfile).await);
     assert!(is_dead(pid), "grandchild {pid} survived the timeout");
 }
@@ -180,13 +205,20 @@ async fn cancel_kills_the_grandchild() {
         async move { run_collect(&s, 8, cancel).await }
     });
     let pid = read_pid(&wait_for_file(&pidfile).await);
-    assert!(!is_dead(pid), "grandchild {pid} should be running before cancel");
+    assert!(
+        !is_dead(pid),
+        "grandchild {pid} should be running before cancel"
+    );
     let start = Instant::now();
     cancel.cancel();
     let (got, _) = run.await.expect("run task");
     assert_eq!(got.expect("runs"), Outcome::Cancelled);
     // SIGTERM ends sleep at once: no need to wait for the grace.
-    assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
     assert!(is_dead(pid), "grandchild {pid} survived cancellation");
 }
 
@@ -199,7 +231,11 @@ async fn strays_left_by_a_finished_shell_are_killed() {
     let (got, lines) = run_collect(&s, 8, CancellationToken::new()).await;
     assert_eq!(got.expect("runs"), Outcome::Exited { code: 0 });
     assert_eq!(lines_of(&lines, Stream::Stdout), ["done"]);
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
     let pid = read_pid(&wait_for_file(&dir.path().join("pid")).await);
     assert!(is_dead(pid), "stray {pid} outlived its shell");
 }
@@ -222,7 +258,10 @@ async fn a_group_ignoring_sigterm_is_killed_after_the_grace() {
     let (got, _) = run.await.expect("run task");
     let took = start.elapsed();
     assert_eq!(got.expect("runs"), Outcome::Cancelled);
-    assert!(took >= Duration::from_millis(700), "SIGKILL before the grace: {took:?}");
+    assert!(
+        took >= Duration::from_millis(700),
+        "SIGKILL before the grace: {took:?}"
+    );
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(is_dead(pid), "{pid} survived SIGKILL");
 }
@@ -252,7 +291,10 @@ async fn long_lines_are_split_and_bad_utf8_replaced() {
     assert_eq!(got.expect("runs"), Outcome::Exited { code: 0 });
     let out = lines_of(&lines, Stream::Stdout);
     let lens: Vec<usize> = out.iter().map(|l| l.len()).collect();
-    assert_eq!(lens, [MAX_LINE_BYTES, MAX_LINE_BYTES, MAX_LINE_BYTES, 100, 3 + 2]);
+    assert_eq!(
+        lens,
+        [MAX_LINE_BYTES, MAX_LINE_BYTES, MAX_LINE_BYTES, 100, 3 + 2]
+    );
     assert_eq!(out[4], "x\u{FFFD}y");
 }
 
@@ -285,7 +327,10 @@ async fn dropping_the_run_kills_the_tree() {
     assert!(task.await.expect_err("aborted").is_cancelled());
     let start = Instant::now();
     while !is_dead(pid) {
-        assert!(start.elapsed() < Duration::from_secs(5), "{pid} outlived the dropped run");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{pid} outlived the dropped run"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
