@@ -76,7 +76,8 @@ fn cli_writes_output_for_a_good_tile() {
 #[test]
 fn truncated_and_mismatched_inputs_name_the_file_and_write_nothing() {
     let ckpt = Path::new(FIXTURES).join("small/ckpt.safetensors");
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![
+    type Damage = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Damage)> = vec![
         (
             "bands.npy",
             Box::new(|t: &Path| {

@@ -1,0 +1,159 @@
+//! The `tessera-encode` subcommands end to end: synthetic inputs, a data
+//! root with several tiles, and a tuning sweep that writes a profile.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tessera_encoder::npy;
+use tessera_encoder::ProfileSet;
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tessera-cli-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(args: &[&str], extra: &[&Path]) -> String {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tessera-encode"));
+    c.args(args);
+    for p in extra {
+        c.arg(p);
+    }
+    let o = c.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{args:?} failed: {text}");
+    text
+}
+
+#[test]
+fn synth_inputs_then_encode_a_data_root() {
+    let d = scratch("root");
+    let ckpt = d.join("ck.safetensors");
+    run(
+        &[
+            "synth-ckpt",
+            "--latent-dim",
+            "8",
+            "--num-layers",
+            "1",
+            "--nhead",
+            "2",
+            "--dim-feedforward",
+            "16",
+            "--out",
+        ],
+        &[&ckpt],
+    );
+    for name in ["grid_0.05_0.05", "grid_0.15_0.05"] {
+        let t = d.join("root/2024").join(name);
+        run(
+            &[
+                "synth-tile",
+                "--height",
+                "3",
+                "--width",
+                "4",
+                "--s2-frames",
+                "10",
+                "--out",
+            ],
+            &[&t],
+        );
+    }
+    let out = d.join("out");
+    run(
+        &["--backend", "cpu", "--int8", "--dim", "64", "--ckpt"],
+        &[
+            &ckpt,
+            Path::new("--data-root"),
+            &d.join("root"),
+            Path::new("--out-dir"),
+            &out,
+        ],
+    );
+    for name in ["grid_0.05_0.05", "grid_0.15_0.05"] {
+        let codes = npy::read(&out.join(format!("{name}.npy"))).unwrap();
+        assert_eq!(codes.shape, vec![3, 4, 64]);
+        let scales = npy::read(&out.join(format!("{name}_scales.npy"))).unwrap();
+        assert_eq!(scales.shape, vec![3, 4]);
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn tune_writes_the_best_into_the_profile() {
+    let d = scratch("tune");
+    let profile = d.join("profiles.toml");
+    let text = run(
+        &[
+            "tune",
+            "--size",
+            "small",
+            "--pixels",
+            "8",
+            "--obs",
+            "16",
+            "--chunks",
+            "4,8",
+            "--blocks",
+            "1,2",
+            "--threads",
+            "1",
+            "--profile",
+        ],
+        &[&profile],
+    );
+    assert!(text.contains("best:"), "{text}");
+    let set = ProfileSet::load(&profile).unwrap();
+    assert_eq!(set.profiles.len(), 1);
+    let p = &set.profiles[0];
+    assert!([4, 8].contains(&p.chunk_pixels) && [1, 2].contains(&p.block_pixels));
+    // A second sweep updates the same entry rather than adding one.
+    run(
+        &[
+            "tune",
+            "--size",
+            "small",
+            "--pixels",
+            "8",
+            "--obs",
+            "16",
+            "--chunks",
+            "8",
+            "--blocks",
+            "2",
+            "--threads",
+            "1",
+            "--profile",
+        ],
+        &[&profile],
+    );
+    assert_eq!(ProfileSet::load(&profile).unwrap().profiles.len(), 1);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn bench_prints_a_ratio_against_gemm() {
+    let text = run(
+        &[
+            "bench",
+            "--size",
+            "small",
+            "--pixels",
+            "4",
+            "--obs",
+            "16",
+            "--threads",
+            "1",
+            "--backends",
+            "cpu",
+        ],
+        &[],
+    );
+    assert!(text.contains("of gemm") && text.contains("cpu"), "{text}");
+}
