@@ -22,13 +22,12 @@ pub struct Encoder {
     weights: Arc<StudentWeights>,
     backend: Box<dyn Backend>,
     profile: DeviceProfile,
+    window_pixels: usize,
 }
 
-/// Pixels of one modality grouped by their sequence length.
-struct Groups {
-    modality: Modality,
-    by_len: BTreeMap<usize, Vec<u32>>,
-}
+/// Pixels with data encoded per window; bounds the pooled features held at
+/// once (16384 x 2 x d floats: 84 MB for the Large model).
+pub const WINDOW_PIXELS: usize = 16384;
 
 impl Encoder {
     /// Load a `.pt` or `.safetensors` checkpoint and build the backend.
@@ -47,6 +46,7 @@ impl Encoder {
             weights,
             backend,
             profile,
+            window_pixels: WINDOW_PIXELS,
         })
     }
 
@@ -62,10 +62,20 @@ impl Encoder {
         &self.profile
     }
 
+    /// Pixels encoded per window (default [`WINDOW_PIXELS`]); smaller bounds
+    /// memory further. Never below one chunk.
+    pub fn set_window_pixels(&mut self, n: usize) {
+        self.window_pixels = n.max(1);
+    }
+
     /// Encode every pixel of a tile. `progress(done, total)` is called after
-    /// each chunk, in pixels (a pixel counts half done after one backbone);
+    /// each chunk, in pixels with data (weighted by the tokens they cost);
     /// when `cancel` becomes true the call returns [`EncodeError::Cancelled`]
     /// at the next chunk boundary.
+    ///
+    /// Pixels are taken in windows of [`WINDOW_PIXELS`] (or one chunk, if
+    /// larger) so pooled features never need memory for a whole tile; inside
+    /// a window each modality is grouped by bin and cut into chunks.
     pub fn encode_tile(
         &self,
         tile: &TileInputs,
@@ -73,7 +83,6 @@ impl Encoder {
         cancel: &AtomicBool,
     ) -> Result<TileEmbedding> {
         let npix = tile.pixels();
-        let d = self.weights.config.d_model();
         let r = self.weights.config.repr_dim;
         let mut counts = [vec![0u16; npix], vec![0u16; npix]];
         for (mi, m) in [Modality::S2, Modality::S1].into_iter().enumerate() {
@@ -85,29 +94,12 @@ impl Encoder {
             .map(|p| counts[0][p] == 0 && counts[1][p] == 0)
             .collect();
         let active: Vec<u32> = (0..npix as u32).filter(|&p| !nodata[p as usize]).collect();
-        let groups: Vec<Groups> = [Modality::S2, Modality::S1]
-            .into_iter()
-            .enumerate()
-            .map(|(mi, m)| {
-                let mut by_len: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
-                for &p in &active {
-                    by_len
-                        .entry(bin_len(counts[mi][p as usize] as usize))
-                        .or_default()
-                        .push(p);
-                }
-                Groups {
-                    modality: m,
-                    by_len,
-                }
-            })
-            .collect();
 
         // Progress is measured in tokens so long sequences weigh what they cost.
-        let total_tokens: usize = groups
-            .iter()
-            .flat_map(|g| g.by_len.iter().map(|(len, px)| len * px.len()))
-            .sum();
+        let tokens = |p: u32| {
+            bin_len(counts[0][p as usize] as usize) + bin_len(counts[1][p as usize] as usize)
+        };
+        let total_tokens: usize = active.iter().map(|&p| tokens(p)).sum();
         let mut done_tokens = 0usize;
         let report = |done_tokens: usize| {
             let done = if total_tokens == 0 {
@@ -118,66 +110,14 @@ impl Encoder {
             progress(done, active.len());
         };
 
-        let mut pooled = [vec![0f32; npix * d], vec![0f32; npix * d]];
-        let chunk = self.profile.chunk_pixels.max(1);
-        for (mi, g) in groups.iter().enumerate() {
-            let bands = g.modality.bands();
-            let mut gather = Gatherer::new(tile, g.modality);
-            for (&len, pixels) in &g.by_len {
-                for part in pixels.chunks(chunk) {
-                    if cancel.load(Ordering::Relaxed) {
-                        return Err(EncodeError::Cancelled);
-                    }
-                    let n = part.len();
-                    let mut values = vec![0f32; n * len * bands];
-                    let mut doys = vec![0f32; n * len];
-                    for (i, &p) in part.iter().enumerate() {
-                        gather.gather(
-                            p as usize,
-                            len,
-                            &mut values[i * len * bands..(i + 1) * len * bands],
-                            &mut doys[i * len..(i + 1) * len],
-                        );
-                    }
-                    let batch = SequenceBatch {
-                        n,
-                        len,
-                        bands,
-                        values: &values,
-                        doys: &doys,
-                    };
-                    let out = self.backend.backbone(g.modality, &batch)?;
-                    if out.len() != n * d {
-                        return Err(EncodeError::backend(
-                            self.backend.name(),
-                            format!("backbone returned {} values for {n} x {d}", out.len()),
-                        ));
-                    }
-                    for (i, &p) in part.iter().enumerate() {
-                        let p = p as usize;
-                        pooled[mi][p * d..(p + 1) * d].copy_from_slice(&out[i * d..(i + 1) * d]);
-                    }
-                    done_tokens += n * len;
-                    report(done_tokens);
-                }
-            }
-        }
-
         let mut values = vec![f32::NAN; npix * r];
-        for part in active.chunks(chunk) {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(EncodeError::Cancelled);
-            }
-            let n = part.len();
-            let mut a = vec![0f32; n * d];
-            let mut b = vec![0f32; n * d];
-            for (i, &p) in part.iter().enumerate() {
-                let p = p as usize;
-                a[i * d..(i + 1) * d].copy_from_slice(&pooled[0][p * d..(p + 1) * d]);
-                b[i * d..(i + 1) * d].copy_from_slice(&pooled[1][p * d..(p + 1) * d]);
-            }
-            let out = self.backend.head(&a, &b, n)?;
-            for (i, &p) in part.iter().enumerate() {
+        let window = self.window_pixels.max(self.profile.chunk_pixels);
+        for win in active.chunks(window) {
+            let out = self.encode_window(tile, win, &counts, cancel, &mut |t| {
+                done_tokens += t;
+                report(done_tokens);
+            })?;
+            for (i, &p) in win.iter().enumerate() {
                 let p = p as usize;
                 values[p * r..(p + 1) * r].copy_from_slice(&out[i * r..(i + 1) * r]);
             }
@@ -190,5 +130,86 @@ impl Encoder {
             values,
             nodata,
         })
+    }
+
+    /// Encode the pixels `win` (all with data): returns (win.len(), repr_dim).
+    fn encode_window(
+        &self,
+        tile: &TileInputs,
+        win: &[u32],
+        counts: &[Vec<u16>; 2],
+        cancel: &AtomicBool,
+        tokens_done: &mut dyn FnMut(usize),
+    ) -> Result<Vec<f32>> {
+        let d = self.weights.config.d_model();
+        let nw = win.len();
+        let chunk = self.profile.chunk_pixels.max(1);
+        let mut pooled = [vec![0f32; nw * d], vec![0f32; nw * d]];
+        for (mi, m) in [Modality::S2, Modality::S1].into_iter().enumerate() {
+            // Window positions grouped by sequence length.
+            let mut by_len: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+            for (i, &p) in win.iter().enumerate() {
+                by_len
+                    .entry(bin_len(counts[mi][p as usize] as usize))
+                    .or_default()
+                    .push(i as u32);
+            }
+            let bands = m.bands();
+            let mut gather = Gatherer::new(tile, m);
+            for (&len, members) in &by_len {
+                for part in members.chunks(chunk) {
+                    if cancel.load(Ordering::Relaxed) {
+                        return Err(EncodeError::Cancelled);
+                    }
+                    let n = part.len();
+                    let mut values = vec![0f32; n * len * bands];
+                    let mut doys = vec![0f32; n * len];
+                    for (k, &i) in part.iter().enumerate() {
+                        gather.gather(
+                            win[i as usize] as usize,
+                            len,
+                            &mut values[k * len * bands..(k + 1) * len * bands],
+                            &mut doys[k * len..(k + 1) * len],
+                        );
+                    }
+                    let batch = SequenceBatch {
+                        n,
+                        len,
+                        bands,
+                        values: &values,
+                        doys: &doys,
+                    };
+                    let out = self.backend.backbone(m, &batch)?;
+                    if out.len() != n * d {
+                        return Err(EncodeError::backend(
+                            self.backend.name(),
+                            format!("backbone returned {} values for {n} x {d}", out.len()),
+                        ));
+                    }
+                    for (k, &i) in part.iter().enumerate() {
+                        let i = i as usize;
+                        pooled[mi][i * d..(i + 1) * d].copy_from_slice(&out[k * d..(k + 1) * d]);
+                    }
+                    tokens_done(n * len);
+                }
+            }
+        }
+        if cancel.load(Ordering::Relaxed) {
+            return Err(EncodeError::Cancelled);
+        }
+        let r = self.weights.config.repr_dim;
+        let mut out = Vec::with_capacity(nw * r);
+        for (a, b) in pooled[0].chunks(chunk * d).zip(pooled[1].chunks(chunk * d)) {
+            let n = a.len() / d;
+            let y = self.backend.head(a, b, n)?;
+            if y.len() != n * r {
+                return Err(EncodeError::backend(
+                    self.backend.name(),
+                    format!("head returned {} values for {n} x {r}", y.len()),
+                ));
+            }
+            out.extend_from_slice(&y);
+        }
+        Ok(out)
     }
 }

@@ -214,3 +214,24 @@ fn int8_output_files_follow_the_published_format() {
     assert_eq!(names.len(), 2, "no temporary files left: {names:?}");
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+#[test]
+/// Windows regroup pixels into different blocks, so bits may differ (GEMM
+/// blocking depends on the block's row count) but values must agree.
+fn windowing_does_not_change_the_output() {
+    let dir = case("small");
+    let tile = TileInputs::read(&dir.join("tile")).unwrap();
+    let b = BackendChoice::Cpu;
+    let whole = encode(&dir.join("ckpt.safetensors"), &tile, b, profile(b, 2, 8, 4));
+    let mut enc = Encoder::load(&dir.join("ckpt.safetensors"), b, profile(b, 2, 8, 4)).unwrap();
+    enc.set_window_pixels(13);
+    let windows = enc
+        .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
+        .unwrap();
+    for (x, y) in whole.values.iter().zip(&windows.values) {
+        assert!(
+            (x - y).abs() <= 1e-5 || (x.is_nan() && y.is_nan()),
+            "{x} vs {y}"
+        );
+    }
+}
