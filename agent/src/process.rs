@@ -61,6 +61,10 @@ pub const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 #[cfg(unix)]
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
+/// A default for [`CommandSpec::kill_grace`]: `docker stop`'s default
+/// SIGTERM-to-SIGKILL wait, which programs that handle SIGTERM are used to.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
+
 /// What to run and the limits to run it under.
 #[derive(Debug, Clone)]
 pub struct CommandSpec {
@@ -75,6 +79,20 @@ pub struct CommandSpec {
     pub timeout: Option<Duration>,
     /// Between SIGTERM and SIGKILL of the group (Unix only).
     pub kill_grace: Duration,
+}
+
+impl CommandSpec {
+    /// `command` in `workdir`, with no extra environment, no timeout and
+    /// [`DEFAULT_KILL_GRACE`].
+    pub fn new(command: impl Into<String>, workdir: impl Into<PathBuf>) -> Self {
+        Self {
+            command: command.into(),
+            env: BTreeMap::new(),
+            workdir: workdir.into(),
+            timeout: None,
+            kill_grace: DEFAULT_KILL_GRACE,
+        }
+    }
 }
 
 /// Which output stream a line came from.

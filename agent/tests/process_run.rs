@@ -3,23 +3,20 @@
 //! outlives the run.
 #![cfg(unix)]
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use flotilla_agent::process::{
-    run, CommandSpec, LogLine, Outcome, ProcessError, Stream, MAX_LINE_BYTES,
+    run, CommandSpec, LogLine, Outcome, ProcessError, Stream, DRAIN_AFTER_EXIT, MAX_LINE_BYTES,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 fn spec(command: &str, workdir: &Path) -> CommandSpec {
     CommandSpec {
-        command: command.to_owned(),
-        env: BTreeMap::new(),
-        workdir: workdir.to_path_buf(),
         timeout: Some(Duration::from_secs(60)),
         kill_grace: Duration::from_secs(2),
+        ..CommandSpec::new(command, workdir)
     }
 }
 
@@ -352,4 +349,42 @@ async fn spawn_failure_names_the_command() {
         .await
         .expect_err("cannot chdir");
     assert!(err.to_string().contains("echo hi"), "{err}");
+}
+
+#[tokio::test]
+async fn a_process_that_left_the_group_does_not_hold_the_run() {
+    if std::process::Command::new("setsid")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return; // no setsid(1) here (macOS)
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    // setsid puts the sleep in a new session and group, out of our reach; it
+    // inherits stdout, so the pipe stays open after the group has ended.
+    let s = spec(
+        "echo before; setsid sh -c 'echo $$ > pid; exec sleep 300' & \
+         while [ ! -s pid ]; do sleep 0.01; done; echo after",
+        dir.path(),
+    );
+    let start = Instant::now();
+    let (got, lines) = run_collect(&s, 8, CancellationToken::new()).await;
+    let took = start.elapsed();
+    let pid = read_pid(&wait_for_file(&dir.path().join("pid")).await);
+    // Clean up the escapee before asserting, so a failure leaves nothing.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    assert_eq!(got.expect("runs"), Outcome::Exited { code: 0 });
+    assert_eq!(lines_of(&lines, Stream::Stdout), ["before", "after"]);
+    assert!(
+        took >= DRAIN_AFTER_EXIT,
+        "stopped reading too early: {took:?}"
+    );
+    assert!(
+        took < DRAIN_AFTER_EXIT + Duration::from_secs(3),
+        "took {took:?}"
+    );
 }
