@@ -102,11 +102,29 @@ pub enum Stream {
     Stderr,
 }
 
+impl From<Stream> for flotilla_core::protocol::LogStream {
+    fn from(s: Stream) -> Self {
+        match s {
+            Stream::Stdout => Self::Stdout,
+            Stream::Stderr => Self::Stderr,
+        }
+    }
+}
+
 /// One line of output, without its line terminator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogLine {
     pub stream: Stream,
     pub line: String,
+}
+
+impl From<LogLine> for flotilla_core::protocol::LogLine {
+    fn from(l: LogLine) -> Self {
+        Self {
+            stream: l.stream.into(),
+            line: l.line,
+        }
+    }
 }
 
 /// How a run ended.
