@@ -17,6 +17,7 @@
 //!   matching, the reverse-dependency table and its closure for `--recursive`.
 //! - [`phase2`]: coinstallability per candidate with a SAT solver under
 //!   assumptions, in parallel; shardable over slices of the candidate list.
+//! - [`cone`]: one small SAT instance per candidate, cut to its dependency cone.
 //! - [`explain`]: why one package is in or out of the answer.
 //! - [`answer`]: the order answers are printed in.
 //! - [`error`]: errors with file and line.
@@ -38,6 +39,7 @@
 //! ```
 
 pub mod answer;
+pub mod cone;
 pub mod error;
 pub mod explain;
 pub mod filter;

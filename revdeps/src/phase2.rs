@@ -10,7 +10,7 @@ use crate::repository::{PkgId, Repository};
 use crate::variant::{DepVars, Variant};
 use batsat::{lbool, BasicSolver, Lit, SolverInterface, Var};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 
 /// A literal: variable index (packages first, then auxiliaries) and sign.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +40,13 @@ pub struct Encoding {
     /// `available` evaluated for every package version.
     pub available: Vec<bool>,
     pub test: bool,
+    /// Per variable, the dependency clauses it heads (`¬v ∨ options…`): what
+    /// installing it obliges. Package variables come first, then auxiliaries.
+    pub heads: Vec<Vec<u32>>,
+    /// Per package, the available packages it conflicts with (either side declared).
+    pub conflicts: Vec<Vec<PkgId>>,
+    /// Per package, the conflict classes (indices) it belongs to.
+    pub classes: Vec<Vec<u32>>,
 }
 
 /// opam's universe for `--coinstallable-with` (OpamSolver.coinstallable_subset):
@@ -94,6 +101,9 @@ impl Encoding {
             origins: Vec::new(),
             available: avail.to_vec(),
             test,
+            heads: vec![Vec::new(); n as usize],
+            conflicts: vec![Vec::new(); n as usize],
+            classes: vec![Vec::new(); n as usize],
         };
         // Dependencies and conflicts, resolved in parallel, encoded in order.
         let resolved: Vec<Option<(Formula<RAtom>, Vec<PkgId>)>> = (0..n)
@@ -123,7 +133,13 @@ impl Encoding {
             enc.implies(repo, p, deps);
             for &q in conf {
                 enc.push(vec![L(p, false), L(q, false)], Origin::Conflict(p, q));
+                enc.conflicts[p as usize].push(q);
+                enc.conflicts[q as usize].push(p);
             }
+        }
+        for c in enc.conflicts.iter_mut() {
+            c.sort_unstable();
+            c.dedup();
         }
         // At most one version per name.
         for name in 0..repo.names.len() as u32 {
@@ -142,7 +158,12 @@ impl Encoding {
                 classes.entry(c.as_str()).or_default().entry(pk.name).or_default().push(p);
             }
         }
-        for members in classes.values() {
+        for (ci, members) in classes.values().enumerate() {
+            for ps in members.values() {
+                for &p in ps {
+                    enc.classes[p as usize].push(ci as u32);
+                }
+            }
             if members.len() < 2 {
                 continue;
             }
@@ -162,10 +183,14 @@ impl Encoding {
 
     fn fresh(&mut self) -> u32 {
         self.nvars += 1;
+        self.heads.push(Vec::new());
         self.nvars - 1
     }
 
     fn push(&mut self, c: Vec<L>, o: Origin) {
+        if let (Origin::Depends(_), Some(h)) = (o, c.first()) {
+            self.heads[h.0 as usize].push(self.clauses.len() as u32);
+        }
         self.clauses.push(c);
         self.origins.push(o);
     }
@@ -263,59 +288,11 @@ pub fn in_model(s: &BasicSolver, pkg: PkgId) -> bool {
     s.value_lit(L(pkg, true).lit()) == lbool::TRUE
 }
 
-/// Coinstallability of each `pkgs` with `target` and the compiler in one
-/// universe; `known` may already hold proven packages (by package id) and
-/// receives every package a model installs.
-pub fn coinstallable(
-    enc: &Encoding,
-    target: PkgId,
-    compiler: PkgId,
-    pkgs: &[PkgId],
-    known: &[AtomicBool],
-    jobs: usize,
-) -> Vec<bool> {
-    if !enc.available[target as usize] || !enc.available[compiler as usize] {
-        return vec![false; pkgs.len()];
+fn report((r, st): (Vec<bool>, crate::cone::Stats), test: bool) -> Vec<bool> {
+    if std::env::var_os("OPAM_REVDEPS_STATS").is_some() {
+        eprintln!("phase 2 (with-test {test}): {} candidates, {st:?}", r.len());
     }
-    let mut prefer = vec![false; enc.available.len()];
-    for &p in pkgs {
-        prefer[p as usize] = true;
-    }
-    let next = AtomicUsize::new(0);
-    let result: Vec<AtomicBool> = (0..pkgs.len()).map(|_| AtomicBool::new(false)).collect();
-    let work = || {
-        let mut s = enc.solver(&[target, compiler], &prefer);
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= pkgs.len() {
-                break;
-            }
-            let p = pkgs[i];
-            if !enc.available[p as usize] {
-                continue;
-            }
-            if known[p as usize].load(Ordering::Relaxed) {
-                result[i].store(true, Ordering::Relaxed);
-                continue;
-            }
-            if s.solve_limited(&[L(p, true).lit()]) == lbool::TRUE {
-                result[i].store(true, Ordering::Relaxed);
-                for &q in pkgs {
-                    if !known[q as usize].load(Ordering::Relaxed) && in_model(&s, q) {
-                        known[q as usize].store(true, Ordering::Relaxed);
-                    }
-                }
-            }
-        }
-    };
-    let jobs = jobs.max(1).min(pkgs.len().max(1));
-    std::thread::scope(|sc| {
-        for _ in 1..jobs {
-            sc.spawn(work);
-        }
-        work();
-    });
-    result.into_iter().map(|b| b.into_inner()).collect()
+    r
 }
 
 /// Phase 2 over a slice of phase 1's candidates: those that are coinstallable
@@ -338,7 +315,7 @@ pub fn phase2(repo: &Repository, variant: &Variant, target: PkgId, candidates: &
         let enc = Encoding::new(repo, variant, &avail, false);
         let known: Vec<AtomicBool> = (0..repo.packages.len()).map(|_| AtomicBool::new(false)).collect();
         let pkgs: Vec<PkgId> = idx0.iter().map(|&i| candidates[i].pkg).collect();
-        for (k, r) in coinstallable(&enc, target, compiler, &pkgs, &known, jobs).into_iter().enumerate() {
+        for (k, r) in report(crate::cone::coinstallable(&enc, repo, target, compiler, &pkgs, &known, jobs), enc.test).into_iter().enumerate() {
             ok[idx0[k]] |= r;
         }
     }
@@ -350,7 +327,7 @@ pub fn phase2(repo: &Repository, variant: &Variant, target: PkgId, candidates: &
         let enc = Encoding::new(repo, variant, &avail, true);
         let known: Vec<AtomicBool> = (0..repo.packages.len()).map(|_| AtomicBool::new(false)).collect();
         let pkgs: Vec<PkgId> = idx1.iter().map(|&i| candidates[i].pkg).collect();
-        for (k, r) in coinstallable(&enc, target, compiler, &pkgs, &known, jobs).into_iter().enumerate() {
+        for (k, r) in report(crate::cone::coinstallable(&enc, repo, target, compiler, &pkgs, &known, jobs), enc.test).into_iter().enumerate() {
             ok[idx1[k]] |= r;
         }
     }

@@ -1,0 +1,67 @@
+//! Shared fixture for the integration tests: one git repository made from the
+//! opam-repository archive in `shared/fixtures/opam`, loaded once per process.
+
+#![allow(dead_code)]
+
+use opam_revdeps::{Repository, Source};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+pub const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/opam");
+
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(FIXTURES)
+}
+
+fn run(dir: &Path, cmd: &str, args: &[&str]) {
+    let out = Command::new(cmd)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A one-commit git repository holding the fixture archive, made once per process.
+pub fn git_repo() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("opam-revdeps-fixture-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let archive = fixtures().join("opam-repository-97014be.tar.gz");
+        run(&dir, "tar", &["xzf", archive.to_str().expect("utf-8 path")]);
+        run(&dir, "git", &["init", "-q"]);
+        run(&dir, "git", &["add", "-A"]);
+        run(
+            &dir,
+            "git",
+            &["-c", "user.name=fixture", "-c", "user.email=fixture@example.invalid", "commit", "-q", "-m", "fixture"],
+        );
+        dir
+    })
+}
+
+/// The fixture repository, read from the git object database (not the checkout).
+pub fn repo() -> &'static Repository {
+    static REPO: OnceLock<Repository> = OnceLock::new();
+    REPO.get_or_init(|| {
+        let spec = format!("{}:HEAD", git_repo().display());
+        Repository::load(&Source::parse(&spec)).expect("fixture repository loads")
+    })
+}
+
+/// Lines of a reference answer.
+pub fn reference(compiler: &str, target: &str, file: &str) -> Vec<String> {
+    let p = fixtures().join("reference").join(compiler).join(target).join(file);
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .lines()
+        .map(str::to_string)
+        .collect()
+}

@@ -1,0 +1,61 @@
+//! Every query and the union match opam 2.1.2's reference answers exactly,
+//! line for line and in the same order, for every target in the fixtures.
+
+mod fixture;
+
+use opam_revdeps::{revdeps, Query, Variant};
+
+fn check(compiler_version: &str, target: &str, query: Query, file: &str) {
+    let repo = fixture::repo();
+    let variant = Variant::debian12("ocaml-base-compiler", compiler_version);
+    let t = repo.find(target).expect("target in fixture");
+    let got = revdeps(repo, &variant, t, query, 2);
+    let mut want = fixture::reference(&format!("ocaml-base-compiler.{compiler_version}"), target, file);
+    // The CLI never lists the target; opam's --recursive does.
+    want.retain(|l| l != target);
+    if got != want {
+        let extra: Vec<_> = got.iter().filter(|l| !want.contains(l)).take(20).collect();
+        let missing: Vec<_> = want.iter().filter(|l| !got.contains(l)).take(20).collect();
+        panic!(
+            "{target} on {compiler_version}, {file}: {} lines, want {}\n  extra: {extra:?}\n  missing: {missing:?}",
+            got.len(),
+            want.len()
+        );
+    }
+}
+
+#[test]
+fn coq_4_14_2() {
+    check("4.14.2", "coq.9.1.1", Query::Depopts, "depopts.txt");
+    check("4.14.2", "coq.9.1.1", Query::Recursive, "recursive.txt");
+    check("4.14.2", "coq.9.1.1", Query::WithTestDepopts, "with-test-depopts.txt");
+    check("4.14.2", "coq.9.1.1", Query::Union, "union.txt");
+}
+
+#[test]
+fn coq_5_5_0() {
+    check("5.5.0", "coq.9.1.1", Query::Depopts, "depopts.txt");
+    check("5.5.0", "coq.9.1.1", Query::Recursive, "recursive.txt");
+    check("5.5.0", "coq.9.1.1", Query::WithTestDepopts, "with-test-depopts.txt");
+    check("5.5.0", "coq.9.1.1", Query::Union, "union.txt");
+}
+
+#[test]
+fn dune_4_14_2_union() {
+    check("4.14.2", "dune.3.20.2", Query::Union, "union.txt");
+}
+
+#[test]
+fn dune_4_14_2_depopts() {
+    check("4.14.2", "dune.3.20.2", Query::Depopts, "depopts.txt");
+}
+
+#[test]
+fn dune_4_14_2_recursive() {
+    check("4.14.2", "dune.3.20.2", Query::Recursive, "recursive.txt");
+}
+
+#[test]
+fn dune_4_14_2_with_test_depopts() {
+    check("4.14.2", "dune.3.20.2", Query::WithTestDepopts, "with-test-depopts.txt");
+}
