@@ -25,6 +25,12 @@ pub struct Encoder {
     window_pixels: usize,
 }
 
+// The agent shares one Encoder between threads.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Encoder>();
+};
+
 /// Pixels with data encoded per window; bounds the pooled features held at
 /// once (16384 x 2 x d floats: 84 MB for the Large model).
 pub const WINDOW_PIXELS: usize = 16384;

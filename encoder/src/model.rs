@@ -222,16 +222,30 @@ impl StudentWeights {
     }
 }
 
-/// Sinusoidal encoding of a raw day of year into `out` (length d): sin on
-/// even channels, cos on odd, frequency `exp(-ln(10000) * 2i / d)`. Computed
-/// in f64 and rounded once, so every backend adds the same values.
-pub fn doy_encoding(doy: f32, out: &mut [f32]) {
-    let d = out.len();
-    let ln = (10000.0f64).ln();
-    for i in 0..d / 2 {
-        let freq = (-ln * (2 * i) as f64 / d as f64).exp();
-        let a = doy as f64 * freq;
-        out[2 * i] = a.sin() as f32;
-        out[2 * i + 1] = a.cos() as f32;
+/// Sinusoidal encoding of a raw day of year: sin on even channels, cos on
+/// odd, frequency `exp(-ln(10000) * 2i / d)`. Computed in f64 and rounded
+/// once, so every backend adds the same values.
+#[derive(Debug, Clone)]
+pub struct DoyEncoding {
+    freqs: Vec<f64>,
+}
+
+impl DoyEncoding {
+    pub fn new(d: usize) -> Self {
+        let ln = (10000.0f64).ln();
+        DoyEncoding {
+            freqs: (0..d / 2)
+                .map(|i| (-ln * (2 * i) as f64 / d as f64).exp())
+                .collect(),
+        }
+    }
+
+    /// Write the encoding of `doy` into `out` (length d).
+    pub fn encode(&self, doy: f32, out: &mut [f32]) {
+        for (pair, f) in out.chunks_exact_mut(2).zip(&self.freqs) {
+            let (s, c) = (doy as f64 * f).sin_cos();
+            pair[0] = s as f32;
+            pair[1] = c as f32;
+        }
     }
 }

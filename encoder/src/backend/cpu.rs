@@ -92,6 +92,7 @@ struct PBackbone {
     layers: Vec<PLayer>,
     pool_w: Vec<f32>,
     pool_b: f32,
+    doy: model::DoyEncoding,
 }
 
 impl PBackbone {
@@ -116,6 +117,7 @@ impl PBackbone {
                 .collect(),
             pool_w: b.pool.weight.clone(),
             pool_b: b.pool.bias[0],
+            doy: model::DoyEncoding::new(b.d_model),
         }
     }
 }
@@ -177,7 +179,7 @@ impl PBackbone {
         self.embed0.forward(values, m, &mut ws.t, true);
         self.embed2.forward(&ws.t, m, &mut ws.h, false);
         for (row, &doy) in ws.h[..m * d].chunks_exact_mut(d).zip(doys) {
-            model::doy_encoding(doy, &mut ws.pe);
+            self.doy.encode(doy, &mut ws.pe);
             for (v, p) in row.iter_mut().zip(&ws.pe) {
                 *v += p;
             }

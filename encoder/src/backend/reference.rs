@@ -35,6 +35,7 @@ struct TBackbone {
     embed2: TLinear,
     layers: Vec<TLayer>,
     pool: TLinear,
+    doy: model::DoyEncoding,
 }
 
 /// candle on the CPU.
@@ -93,6 +94,7 @@ fn backbone(b: &Backbone) -> candle_core::Result<TBackbone> {
             })
             .collect::<candle_core::Result<_>>()?,
         pool: lin(&b.pool)?,
+        doy: model::DoyEncoding::new(b.d_model),
     })
 }
 
@@ -128,7 +130,7 @@ impl TBackbone {
         let x = Tensor::from_slice(batch.values, (n * len, batch.bands), &Device::Cpu)?;
         let mut pe = vec![0f32; n * len * d];
         for (row, &doy) in pe.chunks_exact_mut(d).zip(batch.doys) {
-            model::doy_encoding(doy, row);
+            self.doy.encode(doy, row);
         }
         let pe = Tensor::from_vec(pe, (n * len, d), &Device::Cpu)?;
         let mut h = (self.embed2.forward(&self.embed0.forward(&x)?.relu()?)? + pe)?;
