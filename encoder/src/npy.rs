@@ -136,27 +136,43 @@ pub fn read(path: &Path) -> Result<NpyArray> {
     })
 }
 
-/// Parse `.npy` bytes; the error says what is wrong.
-pub fn parse(bytes: &[u8]) -> std::result::Result<NpyArray, String> {
-    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+/// Parsed header of a `.npy` file.
+#[derive(Debug, Clone)]
+pub struct Header {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Byte offset of the data.
+    pub data_start: usize,
+}
+
+impl Header {
+    pub fn data_bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size()
+    }
+}
+
+/// Length of the header block (magic .. end of header text) from the
+/// first 12 bytes, or None if `prefix` is too short.
+fn header_len(prefix: &[u8]) -> std::result::Result<usize, String> {
+    if prefix.len() < 10 || &prefix[..6] != b"\x93NUMPY" {
         return Err("missing \\x93NUMPY magic".into());
     }
-    let major = bytes[6];
-    let (hlen, start) = match major {
-        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 => {
-            if bytes.len() < 12 {
-                return Err("truncated header".into());
-            }
-            (
-                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
-                12,
-            )
+    match prefix[6] {
+        1 => Ok(10 + u16::from_le_bytes([prefix[8], prefix[9]]) as usize),
+        2 | 3 if prefix.len() >= 12 => {
+            Ok(12 + u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as usize)
         }
-        v => return Err(format!("unsupported format version {v}")),
-    };
+        2 | 3 => Err("truncated header".into()),
+        v => Err(format!("unsupported format version {v}")),
+    }
+}
+
+/// Parse the header at the start of `bytes`.
+pub fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
+    let end = header_len(bytes)?;
+    let start = if bytes[6] == 1 { 10 } else { 12 };
     let header = bytes
-        .get(start..start + hlen)
+        .get(start..end)
         .ok_or_else(|| "truncated header".to_string())?;
     let header = std::str::from_utf8(header).map_err(|_| "header is not text".to_string())?;
     let descr = dict_value(header, "descr").ok_or("header has no 'descr'")?;
@@ -187,26 +203,86 @@ pub fn parse(bytes: &[u8]) -> std::result::Result<NpyArray, String> {
                 .map_err(|_| format!("bad shape entry '{part}'"))?,
         );
     }
-    let n: usize = shape.iter().product();
-    let want = n * dtype.size();
-    let body = &bytes[start + hlen..];
-    if body.len() < want {
-        return Err(format!(
-            "truncated: shape {shape:?} needs {want} data bytes, file has {}",
-            body.len()
-        ));
-    }
-    if body.len() > want {
-        return Err(format!(
-            "{} trailing bytes after the data of shape {shape:?}",
-            body.len() - want
-        ));
-    }
-    Ok(NpyArray {
+    Ok(Header {
         dtype,
         shape,
+        data_start: end,
+    })
+}
+
+fn check_body(h: &Header, body: usize) -> std::result::Result<(), String> {
+    let want = h.data_bytes();
+    if body < want {
+        return Err(format!(
+            "truncated: shape {:?} needs {want} data bytes, file has {body}",
+            h.shape
+        ));
+    }
+    if body > want {
+        return Err(format!(
+            "{} trailing bytes after the data of shape {:?}",
+            body - want,
+            h.shape
+        ));
+    }
+    Ok(())
+}
+
+/// Parse `.npy` bytes; the error says what is wrong.
+pub fn parse(bytes: &[u8]) -> std::result::Result<NpyArray, String> {
+    let h = parse_header(bytes)?;
+    let body = &bytes[h.data_start..];
+    check_body(&h, body.len())?;
+    Ok(NpyArray {
+        dtype: h.dtype,
+        shape: h.shape,
         data: body.to_vec(),
     })
+}
+
+/// Read a large array straight into typed elements, a block at a time, so
+/// the raw bytes are never held alongside the result. `check` sees the
+/// header first and may reject it; `conv` turns one element's
+/// little-endian bytes into a `T`.
+pub fn read_elements<T>(
+    path: &Path,
+    check: impl FnOnce(&Header) -> Result<()>,
+    conv: impl Fn(&[u8]) -> T,
+) -> Result<(Header, Vec<T>)> {
+    use std::io::Read;
+    let npy_err = |reason: String| EncodeError::Npy {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut f = std::fs::File::open(path).map_err(|e| EncodeError::io(path, e))?;
+    let file_len = f.metadata().map_err(|e| EncodeError::io(path, e))?.len() as usize;
+    let mut prefix = vec![0u8; 12.min(file_len)];
+    f.read_exact(&mut prefix)
+        .map_err(|e| EncodeError::io(path, e))?;
+    let end = header_len(&prefix).map_err(npy_err)?;
+    if end > file_len {
+        return Err(npy_err("truncated header".into()));
+    }
+    let mut head = prefix;
+    head.resize(end, 0);
+    f.read_exact(&mut head[12.min(end)..])
+        .map_err(|e| EncodeError::io(path, e))?;
+    let h = parse_header(&head).map_err(npy_err)?;
+    check(&h)?;
+    check_body(&h, file_len - h.data_start).map_err(npy_err)?;
+    let size = h.dtype.size();
+    let n = h.data_bytes() / size;
+    let mut out = Vec::with_capacity(n);
+    let mut buf = vec![0u8; (1 << 20) / size * size];
+    let mut left = h.data_bytes();
+    while left > 0 {
+        let take = left.min(buf.len());
+        f.read_exact(&mut buf[..take])
+            .map_err(|e| EncodeError::io(path, e))?;
+        out.extend(buf[..take].chunks_exact(size).map(&conv));
+        left -= take;
+    }
+    Ok((h, out))
 }
 
 /// The text after `'key':` up to the next top-level comma (or the tuple for shape).

@@ -84,6 +84,43 @@ fn read_checked(path: &Path, dtypes: &[DType], ndim: usize) -> Result<NpyArray> 
     Ok(a)
 }
 
+/// Like [`read_checked`] for the big arrays, converting as it reads.
+fn read_checked_elements<T>(
+    path: &Path,
+    dtype: DType,
+    ndim: usize,
+    conv: impl Fn(&[u8]) -> T,
+) -> Result<(Vec<usize>, Vec<T>)> {
+    let check = |h: &npy::Header| -> Result<()> {
+        if h.dtype != dtype {
+            return Err(tile_err(
+                path,
+                format!("dtype {}, expected {}", h.dtype.descr(), dtype.descr()),
+            ));
+        }
+        if h.shape.len() != ndim {
+            return Err(tile_err(
+                path,
+                format!(
+                    "shape {:?} has {} axes, expected {ndim}",
+                    h.shape,
+                    h.shape.len()
+                ),
+            ));
+        }
+        Ok(())
+    };
+    let (h, v) = npy::read_elements(path, check, conv).map_err(|e| match e {
+        EncodeError::Npy { path, reason } => EncodeError::Tile { path, reason },
+        EncodeError::Io { path, source } => EncodeError::Tile {
+            path,
+            reason: source.to_string(),
+        },
+        other => other,
+    })?;
+    Ok((h.shape, v))
+}
+
 const DOY_DTYPES: &[DType] = &[DType::I16, DType::U16, DType::I32, DType::I64, DType::U8];
 
 fn read_doys(path: &Path, frames: usize, data_file: &str) -> Result<Vec<i32>> {
@@ -125,22 +162,19 @@ fn read_sar(dir: &Path, name: &str, hw: (usize, usize), asc: bool) -> Result<Sar
         (false, true) => return Err(tile_err(&data_path, "missing, but its _doy file exists")),
         _ => {}
     }
-    let a = read_checked(&data_path, &[DType::I16], 4)?;
-    if (a.shape[1], a.shape[2]) != hw || a.shape[3] != 2 {
+    let (shape, data) = read_checked_elements(&data_path, DType::I16, 4, |c| {
+        i16::from_le_bytes([c[0], c[1]])
+    })?;
+    if (shape[1], shape[2]) != hw || shape[3] != 2 {
         return Err(tile_err(
             &data_path,
             format!(
                 "shape {:?}, expected (T, {}, {}, 2) to match bands.npy",
-                a.shape, hw.0, hw.1
+                shape, hw.0, hw.1
             ),
         ));
     }
-    let doys = read_doys(&doy_path, a.shape[0], &format!("{name}.npy"))?;
-    let data = a
-        .data
-        .chunks_exact(2)
-        .map(|c| i16::from_le_bytes([c[0], c[1]]))
-        .collect();
+    let doys = read_doys(&doy_path, shape[0], &format!("{name}.npy"))?;
     Ok(SarPass {
         data,
         doys,
@@ -153,30 +187,27 @@ impl TileInputs {
     /// Read and cross-check a tile directory. Any error names the file.
     pub fn read(dir: &Path) -> Result<Self> {
         let bands_path = dir.join("bands.npy");
-        let b = read_checked(&bands_path, &[DType::U16], 4)?;
-        if b.shape[3] != 10 {
+        let (bshape, bands) = read_checked_elements(&bands_path, DType::U16, 4, |c| {
+            u16::from_le_bytes([c[0], c[1]])
+        })?;
+        if bshape[3] != 10 {
             return Err(tile_err(
                 &bands_path,
-                format!("shape {:?}: last axis must be the 10 S2 bands", b.shape),
+                format!("shape {bshape:?}: last axis must be the 10 S2 bands"),
             ));
         }
-        let (t, h, w) = (b.shape[0], b.shape[1], b.shape[2]);
+        let (t, h, w) = (bshape[0], bshape[1], bshape[2]);
         let masks_path = dir.join("masks.npy");
         let m = read_checked(&masks_path, &[DType::U8, DType::Bool], 3)?;
         if m.shape != [t, h, w] {
             return Err(tile_err(
                 &masks_path,
-                format!("shape {:?}, but bands.npy is {:?}", m.shape, b.shape),
+                format!("shape {:?}, but bands.npy is {bshape:?}", m.shape),
             ));
         }
         let doys = read_doys(&dir.join("doys.npy"), t, "bands.npy")?;
         let ascending = read_sar(dir, "sar_ascending", (h, w), true)?;
         let descending = read_sar(dir, "sar_descending", (h, w), false)?;
-        let bands = b
-            .data
-            .chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .collect();
         Ok(TileInputs {
             height: h,
             width: w,
