@@ -243,6 +243,14 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
     for dir in &tiles {
         let name = tile_name(dir)?;
         let inputs = TileInputs::read(dir)?;
+        eprintln!(
+            "encoding {name}: {}x{} px, {} S2 + {} S1 frames, {} backend",
+            inputs.height,
+            inputs.width,
+            inputs.s2_frames(),
+            inputs.s1_frames(),
+            enc.backend_name()
+        );
         let bar = indicatif::ProgressBar::new(inputs.pixels() as u64);
         bar.set_style(
             indicatif::ProgressStyle::with_template(

@@ -157,3 +157,80 @@ fn bench_prints_a_ratio_against_gemm() {
     );
     assert!(text.contains("of gemm") && text.contains("cpu"), "{text}");
 }
+
+#[test]
+fn ctrl_c_stops_without_output() {
+    use std::io::BufRead;
+    let d = scratch("sigint");
+    let ckpt = d.join("ck.safetensors");
+    run(
+        &[
+            "synth-ckpt",
+            "--latent-dim",
+            "16",
+            "--num-layers",
+            "2",
+            "--nhead",
+            "4",
+            "--dim-feedforward",
+            "128",
+            "--out",
+        ],
+        &[&ckpt],
+    );
+    let tile = d.join("grid_1.05_1.05");
+    run(
+        &[
+            "synth-tile",
+            "--height",
+            "48",
+            "--width",
+            "48",
+            "--s2-frames",
+            "64",
+            "--clear",
+            "1",
+            "--out",
+        ],
+        &[&tile],
+    );
+    let out = d.join("out");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera-encode"))
+        .args([
+            "--backend",
+            "cpu",
+            "--threads",
+            "1",
+            "--batch-pixels",
+            "8",
+            "--int8",
+            "--ckpt",
+        ])
+        .arg(&ckpt)
+        .arg("--tile")
+        .arg(&tile)
+        .arg("--out-dir")
+        .arg(&out)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    // The handler is installed before the first tile starts.
+    for line in lines.by_ref() {
+        if line.unwrap().starts_with("encoding ") {
+            break;
+        }
+    }
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let rest: Vec<String> = lines.map_while(|l| l.ok()).collect();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{rest:?}");
+    assert!(rest.iter().any(|l| l.contains("cancelled")), "{rest:?}");
+    let left = std::fs::read_dir(&out).map(|r| r.count()).unwrap_or(0);
+    assert_eq!(left, 0, "output written after Ctrl-C");
+    std::fs::remove_dir_all(&d).unwrap();
+}
