@@ -1,10 +1,20 @@
 //! # flotilla-agent
 //!
+//! Runs on a worker: registers with the server, leases jobs while below its
+//! capacity, runs them, streams their logs, uploads their outputs and
+//! reports each result once. Holds no job state the server does not also
+//! have; a restart hands its old leases back.
+//!
 //! # Layout
 //!
-//! - [`process`]: runs one shell command in its own process group, streams its
-//!   output lines, enforces timeout and cancellation on the whole tree.
+//! - [`runner`]: the lease loop, the heartbeat loop, running one job.
+//! - [`server_api`]: typed calls to the agent protocol, retried while the
+//!   server is unreachable.
+//! - [`process`]: runs one shell command in its own process group, streams
+//!   its output lines, enforces timeout and cancellation on the whole tree.
 //! - [`health`]: the host health report sent with every heartbeat.
 
 pub mod health;
 pub mod process;
+pub mod runner;
+pub mod server_api;

@@ -140,3 +140,60 @@ pub mod limits {
     pub const MAX_LABELS: usize = 64;
     pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
 }
+
+/// Checks a declared output path: relative, `/`-separated, no `..`, no
+/// empty or `.` components, printable. Returns what is wrong.
+pub fn check_output_path(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("is empty".into());
+    }
+    if path.len() > 1024 {
+        return Err("is longer than 1024 bytes".into());
+    }
+    if path.starts_with('/') || path.contains('\\') || path.contains(':') {
+        return Err("must be a relative path with `/` separators".into());
+    }
+    if path.chars().any(|c| c.is_control()) {
+        return Err("contains a control character".into());
+    }
+    for part in path.split('/') {
+        match part {
+            "" => return Err("has an empty component (`//` or a trailing `/`)".into()),
+            "." | ".." => return Err(format!("has a `{part}` component")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_paths_are_checked() {
+        assert!(check_output_path("out/result.txt").is_ok());
+        for bad in ["", "/etc/passwd", "a/../b", "a//b", "a/", "./a", "c:\\x", "a\nb"] {
+            assert!(check_output_path(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn spec_parses_with_kind_tag_and_rejects_unknown_kind() {
+        let spec: JobSpec =
+            serde_json::from_str(r#"{"kind":"command","command":"true"}"#).unwrap();
+        assert_eq!(spec.kind(), "command");
+        let err = serde_json::from_str::<JobSpec>(r#"{"kind":"nope","command":"true"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown variant `nope`"), "{err}");
+    }
+
+    #[test]
+    fn states_round_trip() {
+        for s in JobState::ALL {
+            assert_eq!(s.as_str().parse::<JobState>().unwrap(), s);
+        }
+        assert!("done".parse::<JobState>().is_err());
+    }
+}

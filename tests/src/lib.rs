@@ -1,1 +1,65 @@
-//! Harness for the end-to-end tests (being written).
+//! # flotilla-e2e
+//!
+//! Harness for the end-to-end tests: a real PostgreSQL cluster (made the way
+//! `flotilla up` makes its own), the real `flotilla` server and
+//! `flotilla-agent` binaries as child processes on loopback port 0 (or a
+//! fixed free port when a test restarts the server), and the HTTP API.
+//!
+//! The binaries must be built first (`cargo build --bins`; `.ci/run` does).
+//!
+//! # Layout
+//!
+//! - [`pg`]: the shared cluster (one per test process, reused across runs
+//!   under `target/e2e-pg`) and fresh databases per test.
+//! - [`procs`]: server and agent processes.
+//! - [`api`]: a small client for the REST API.
+
+pub mod api;
+pub mod pg;
+pub mod procs;
+
+use std::path::PathBuf;
+
+/// The directory holding the built binaries (`target/debug`), found from
+/// this test executable (`target/debug/deps/NAME-HASH`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test knows its own path");
+    let deps = exe.parent().expect("test executables live in target/*/deps");
+    deps.parent().expect("deps has a parent").to_path_buf()
+}
+
+/// Path of a workspace binary; panics with what to do if it is not built.
+pub fn binary(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.is_file(),
+        "{} is not built; run `cargo build --bins` before the end-to-end tests",
+        p.display()
+    );
+    p
+}
+
+/// A scratch directory that PostgreSQL's unprivileged user can traverse.
+pub fn scratch(prefix: &str) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(std::env::temp_dir())
+        .expect("making a temp dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod temp dir");
+    dir
+}
+
+/// Waits until `cond` holds, polling; panics with `what` after `timeout`.
+pub async fn eventually<F, Fut>(what: &str, timeout: std::time::Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while !cond().await {
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what flotilla needs on Debian/Ubuntu, skipping what is present:
+# PostgreSQL (the embedded default runs the system's initdb/pg_ctl), oneDNN
+# (the encoder's fast CPU path), a C toolchain. With --test, also what the
+# test suite starts: an S3-compatible server (moto, from PyPI).
+set -euo pipefail
+
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+sudo=""
+if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: run as root or install sudo" >&2; exit 1; }
+    sudo="sudo"
+fi
+
+pkgs=(postgresql libdnnl-dev build-essential pkg-config git ca-certificates curl python3 python3-pip)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# Debian's postgresql package starts a system cluster; flotilla does not use
+# it (it makes a private one), so it is left as the package set it up.
+
+if ! command -v cargo >/dev/null; then
+    echo "setup: no Rust toolchain found; install one from your distribution or rustup" >&2
+    exit 1
+fi
+
+if [ "$want_test" = 1 ] && ! python3 -c 'import moto.server' 2>/dev/null; then
+    echo "setup: installing moto[server] (an S3-compatible server for the tests)"
+    python3 -m pip install -q 'moto[server]>=5,<6' 2>/dev/null \
+        || python3 -m pip install -q --break-system-packages 'moto[server]>=5,<6'
+fi

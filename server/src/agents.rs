@@ -1,0 +1,172 @@
+//! The `agents` table: registration, health, operator state
+//! (active/paused/draining/drained), and the list the API and dashboard show.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use flotilla_core::api::{AgentState, AgentView};
+use flotilla_core::health::HostHealth;
+use flotilla_core::protocol::{LeaseRef, Register};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// Registers (or re-registers) an agent by name. Operator state survives
+/// re-registration: a paused agent that restarts stays paused.
+pub async fn register(db: &PgPool, reg: &Register) -> Result<(Uuid, AgentState), sqlx::Error> {
+    let (id, state): (Uuid, String) = sqlx::query_as(
+        "INSERT INTO agents (id, name, labels, kinds, capacity, version, devices, health,
+                             last_seen_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
+         ON CONFLICT (name) DO UPDATE SET
+             labels = EXCLUDED.labels, kinds = EXCLUDED.kinds, capacity = EXCLUDED.capacity,
+             version = EXCLUDED.version, devices = EXCLUDED.devices, health = EXCLUDED.health,
+             last_seen_at = now(), registered_at = now()
+         RETURNING id, state",
+    )
+    .bind(Uuid::new_v4())
+    .bind(&reg.name)
+    .bind(serde_json::to_value(&reg.labels).expect("labels serialise"))
+    .bind(&reg.kinds)
+    .bind(reg.capacity as i32)
+    .bind(&reg.version)
+    .bind(&reg.devices)
+    .bind(serde_json::to_value(&reg.health).expect("health serialises"))
+    .fetch_one(db)
+    .await?;
+    Ok((id, parse_state(&state)))
+}
+
+fn parse_state(s: &str) -> AgentState {
+    AgentState::parse(s).unwrap_or(AgentState::Paused)
+}
+
+/// The agent id behind a name, if registered.
+pub async fn id_of(db: &PgPool, name: &str) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM agents WHERE name = $1")
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}
+
+/// Leases the server thinks the agent holds.
+pub async fn held_leases(db: &PgPool, agent: Uuid) -> Result<Vec<LeaseRef>, sqlx::Error> {
+    let rows: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "SELECT id, lease_token FROM jobs WHERE agent_id = $1 AND state IN ('leased', 'running')",
+    )
+    .bind(agent)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(job_id, lease_token)| LeaseRef {
+            job_id,
+            lease_token,
+        })
+        .collect())
+}
+
+/// Records a heartbeat's health; moves a draining agent with no work left
+/// to drained. Returns the agent's state.
+pub async fn touch(db: &PgPool, agent: Uuid, health: &HostHealth) -> Result<AgentState, sqlx::Error> {
+    let state: String = sqlx::query_scalar(
+        "UPDATE agents SET health = $2, last_seen_at = now(),
+             state = CASE WHEN state = 'draining' AND NOT EXISTS (
+                               SELECT 1 FROM jobs WHERE agent_id = $1
+                                 AND state IN ('leased', 'running'))
+                          THEN 'drained' ELSE state END
+         WHERE id = $1 RETURNING state",
+    )
+    .bind(agent)
+    .bind(serde_json::to_value(health).expect("health serialises"))
+    .fetch_one(db)
+    .await?;
+    Ok(parse_state(&state))
+}
+
+pub async fn state_of(db: &PgPool, agent: Uuid) -> Result<AgentState, sqlx::Error> {
+    let s: String = sqlx::query_scalar("SELECT state FROM agents WHERE id = $1")
+        .bind(agent)
+        .fetch_one(db)
+        .await?;
+    Ok(parse_state(&s))
+}
+
+/// What the operator asked for.
+#[derive(Debug, Clone, Copy)]
+pub enum Steer {
+    Pause,
+    Drain,
+    Resume,
+}
+
+/// Sets the operator state; `None` if no such agent.
+pub async fn steer(db: &PgPool, name: &str, steer: Steer) -> Result<Option<AgentState>, sqlx::Error> {
+    let sql = match steer {
+        Steer::Pause => "UPDATE agents SET state = 'paused' WHERE name = $1 RETURNING state",
+        Steer::Resume => "UPDATE agents SET state = 'active' WHERE name = $1 RETURNING state",
+        Steer::Drain => {
+            "UPDATE agents a SET state = CASE WHEN EXISTS (
+                     SELECT 1 FROM jobs WHERE agent_id = a.id AND state IN ('leased', 'running'))
+                 THEN 'draining' ELSE 'drained' END
+             WHERE name = $1 RETURNING state"
+        }
+    };
+    let s: Option<String> = sqlx::query_scalar(sql).bind(name).fetch_optional(db).await?;
+    Ok(s.as_deref().map(parse_state))
+}
+
+#[derive(sqlx::FromRow)]
+struct AgentRow {
+    name: String,
+    state: String,
+    labels: serde_json::Value,
+    kinds: Vec<String>,
+    capacity: i32,
+    registered_at: DateTime<Utc>,
+    last_seen_at: Option<DateTime<Utc>>,
+    health: Option<serde_json::Value>,
+    devices: serde_json::Value,
+    slots: i64,
+    running: i64,
+    online: bool,
+}
+
+/// Every agent, by name. Online = seen within three heartbeat intervals.
+pub async fn list(db: &PgPool, heartbeat: Duration) -> Result<Vec<AgentView>, sqlx::Error> {
+    let rows: Vec<AgentRow> = sqlx::query_as(
+        "SELECT a.name, a.state, a.labels, a.kinds, a.capacity, a.registered_at, a.last_seen_at,
+                a.health, a.devices,
+                COALESCE(sum(j.cost), 0)::bigint AS slots, count(j.id) AS running,
+                COALESCE(a.last_seen_at > now() - $1 * interval '1 millisecond', false) AS online
+         FROM agents a
+         LEFT JOIN jobs j ON j.agent_id = a.id AND j.state IN ('leased', 'running')
+         GROUP BY a.id ORDER BY a.name",
+    )
+    .bind((heartbeat.as_millis() * 3) as i64)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let health: Option<HostHealth> =
+                r.health.and_then(|h| serde_json::from_value(h).ok());
+            AgentView {
+                disk_nearly_full: health.as_ref().is_some_and(|h| h.disk_nearly_full()),
+                name: r.name,
+                state: parse_state(&r.state),
+                online: r.online,
+                labels: serde_json::from_value::<BTreeMap<String, String>>(r.labels)
+                    .unwrap_or_default(),
+                kinds: r.kinds,
+                capacity: r.capacity as u32,
+                slots_in_use: r.slots as u32,
+                running_jobs: r.running as u32,
+                registered_at: r.registered_at,
+                last_seen_at: r.last_seen_at,
+                health,
+                devices: r.devices,
+            }
+        })
+        .collect())
+}

@@ -1,0 +1,68 @@
+//! `JsonBody<T>`: like axum's `Json`, but every rejection is an [`ApiError`]
+//! in the JSON envelope, naming the line and column of a syntax error and
+//! the field of a type error.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let is_json = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json") || v.ends_with("+json"));
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            let status = rejection.into_response().status();
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge(format!(
+                    "request body is larger than {} bytes",
+                    state.settings.max_body_bytes
+                ))
+            } else {
+                ApiError::BadRequest("could not read the request body".into())
+            }
+        })?;
+        if !is_json {
+            return Err(ApiError::BadRequest(
+                "send the body as JSON with `Content-Type: application/json`".into(),
+            ));
+        }
+        parse(&bytes).map(JsonBody)
+    }
+}
+
+/// Parses JSON with an error that says where and what.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize(de) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let at = format!("line {} column {}", inner.line(), inner.column());
+            Err(match inner.classify() {
+                serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                    ApiError::BadRequest(format!("malformed JSON at {at}: {inner}"))
+                }
+                _ => {
+                    let field = if path == "." { String::new() } else { format!(" at `{path}`") };
+                    ApiError::Invalid {
+                        message: format!("invalid request{field}: {inner}"),
+                        detail: Some(serde_json::json!({ "path": path })),
+                    }
+                }
+            })
+        }
+    }
+}

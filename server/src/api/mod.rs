@@ -1,0 +1,71 @@
+//! The HTTP surface, listed in one router: the REST API under `/api/v1`,
+//! the agent protocol under `/api/agent/v1`, `/healthz`.
+//!
+//! - [`jobs`]: submit, show, list, log, cancel.
+//! - [`agents`]: list; pause, drain, resume.
+//! - [`tokens`]: make API and agent tokens.
+//! - [`agent_protocol`]: what agents call.
+//! - [`body`]: the JSON body extractor that answers in the error envelope.
+
+pub mod agent_protocol;
+pub mod agents;
+pub mod body;
+pub mod jobs;
+pub mod tokens;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post, put};
+use axum::Router;
+
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+
+pub fn router(state: AppState) -> Router {
+    let limit = state.settings.max_body_bytes;
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/api/v1/jobs", post(jobs::submit).get(jobs::list))
+        .route("/api/v1/jobs/{id}", get(jobs::show))
+        .route("/api/v1/jobs/{id}/log", get(jobs::log))
+        .route("/api/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/api/v1/agents", get(agents::list))
+        .route("/api/v1/agents/{name}/{action}", post(agents::steer))
+        .route("/api/v1/tokens", post(tokens::create))
+        .route("/api/agent/v1/register", post(agent_protocol::register))
+        .route("/api/agent/v1/lease", post(agent_protocol::lease))
+        .route("/api/agent/v1/heartbeat", post(agent_protocol::heartbeat))
+        .route("/api/agent/v1/jobs/{id}/start", post(agent_protocol::start))
+        .route("/api/agent/v1/jobs/{id}/log", post(agent_protocol::log))
+        .route("/api/agent/v1/jobs/{id}/complete", post(agent_protocol::complete))
+        .route("/api/agent/v1/jobs/{id}/fail", post(agent_protocol::fail))
+        .route(
+            "/api/agent/v1/jobs/{id}/outputs/{*name}",
+            // Outputs stream to the store; they may be far bigger than JSON.
+            put(agent_protocol::upload_output).layer(DefaultBodyLimit::disable()),
+        )
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// 200 once the server can reach PostgreSQL.
+async fn healthz(State(state): State<AppState>) -> ApiResult<&'static str> {
+    sqlx::query("SELECT 1").execute(&state.db).await?;
+    Ok("ok")
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route; the API lives under /api/v1".into())
+}
+
+/// Parses a UUID path segment with a useful message.
+pub fn parse_id(raw: &str) -> ApiResult<uuid::Uuid> {
+    raw.parse()
+        .map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a job id (a UUID)")))
+}
+
+pub(crate) fn created<T: serde::Serialize>(body: T) -> (StatusCode, axum::Json<T>) {
+    (StatusCode::CREATED, axum::Json(body))
+}

@@ -1,0 +1,109 @@
+//! The API error type: maps to a status and the JSON error body. 5xx bodies
+//! say nothing internal; the detail goes to the log.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use flotilla_core::api::{ErrorBody, ErrorInfo};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    /// A body that parsed but whose values are wrong; `detail` says where.
+    #[error("{message}")]
+    Invalid {
+        message: String,
+        detail: Option<serde_json::Value>,
+    },
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// A call about a job from an attempt that is no longer current.
+    #[error("{0}")]
+    StaleLease(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("database unavailable")]
+    Unavailable(#[source] sqlx::Error),
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ApiError::Invalid {
+            message: message.into(),
+            detail: None,
+        }
+    }
+
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ApiError::Invalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ApiError::StaleLease(_) => (StatusCode::CONFLICT, "stale_lease"),
+            ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        match &e {
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_) => ApiError::Unavailable(e),
+            _ => ApiError::Internal(e.into()),
+        }
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    fn from(e: anyhow::Error) -> Self {
+        ApiError::Internal(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        let (message, detail) = match &self {
+            ApiError::Internal(e) => {
+                tracing::error!(error = ?e, "internal error");
+                ("internal error; see the server log".to_string(), None)
+            }
+            ApiError::Unavailable(e) => {
+                tracing::warn!(error = %e, "database unavailable");
+                (
+                    "the database is unavailable; retry shortly".to_string(),
+                    None,
+                )
+            }
+            ApiError::Invalid { message, detail } => (message.clone(), detail.clone()),
+            other => (other.to_string(), None),
+        };
+        let body = ErrorBody {
+            error: ErrorInfo {
+                code: code.to_string(),
+                message,
+                detail,
+            },
+        };
+        (status, Json(body)).into_response()
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,71 @@
+//! The claim: one statement that picks the best job for an agent with
+//! `FOR UPDATE SKIP LOCKED`, sets the lease and records the attempt.
+
+use std::time::Duration;
+
+use flotilla_core::job::JobSpec;
+use flotilla_core::protocol::LeasedJob;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// Claims the best job for `agent_id`, if any fits: a kind it runs, labels it
+/// carries, a cost within its free slots, and the agent active. Order:
+/// priority, then the fair-share tag, then age.
+pub async fn claim(
+    db: &PgPool,
+    agent_id: Uuid,
+    lease_ttl: Duration,
+) -> Result<Option<LeasedJob>, sqlx::Error> {
+    let lease_token = Uuid::new_v4();
+    let row: Option<(Uuid, i32, serde_json::Value, i32)> = sqlx::query_as(
+        "WITH me AS (
+             SELECT a.id, a.labels, a.kinds,
+                    a.capacity - COALESCE((SELECT sum(cost) FROM jobs
+                                           WHERE agent_id = a.id
+                                             AND state IN ('leased', 'running')), 0) AS free
+             FROM agents a
+             WHERE a.id = $1 AND a.state = 'active'
+         ),
+         pick AS (
+             SELECT j.id FROM jobs j, me
+             WHERE j.state IN ('queued', 'retrying') AND j.run_after <= now()
+               AND j.kind = ANY (me.kinds) AND me.labels @> j.labels AND j.cost <= me.free
+             ORDER BY j.priority DESC, j.share_seq, j.created_at
+             LIMIT 1
+             FOR UPDATE OF j SKIP LOCKED
+         ),
+         leased AS (
+             UPDATE jobs j
+             SET state = 'leased', agent_id = $1, lease_token = $2,
+                 lease_expires_at = now() + $3 * interval '1 millisecond',
+                 attempt = j.attempt + 1, error = NULL
+             FROM pick WHERE j.id = pick.id
+             RETURNING j.id, j.attempt, j.spec, j.cost
+         ),
+         attempt AS (
+             INSERT INTO job_attempts (job_id, attempt, agent_id, lease_token)
+             SELECT id, attempt, $1, $2 FROM leased
+         )
+         SELECT id, attempt, spec, cost FROM leased",
+    )
+    .bind(agent_id)
+    .bind(lease_token)
+    .bind(lease_ttl.as_millis() as i64)
+    .fetch_optional(db)
+    .await?;
+    let Some((job_id, attempt, spec, cost)) = row else {
+        return Ok(None);
+    };
+    let spec: JobSpec = serde_json::from_value(spec).map_err(|e| sqlx::Error::ColumnDecode {
+        index: "spec".into(),
+        source: Box::new(e),
+    })?;
+    Ok(Some(LeasedJob {
+        job_id,
+        attempt: attempt as u32,
+        lease_token,
+        lease_ttl_ms: lease_ttl.as_millis() as u64,
+        cost: cost as u32,
+        spec,
+    }))
+}

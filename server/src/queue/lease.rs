@@ -1,0 +1,349 @@
+//! What an agent does with a lease. Each call is guarded by job id, lease
+//! token and agent id together: a call from an older attempt, or about a job
+//! another agent holds, changes nothing and is refused with a reason.
+
+use std::time::Duration;
+
+use flotilla_core::api::Progress;
+use flotilla_core::job::FailureClass;
+use flotilla_core::protocol::{HeldLease, LeaseAction, LeaseStatus, LogLine};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// Why a lease-guarded call changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseRefused {
+    #[error("job {0} does not exist")]
+    NoSuchJob(Uuid),
+    #[error("job {0} is leased to another agent")]
+    NotYours(Uuid),
+    #[error("lease {token} of job {job} is stale: the job is {state} at attempt {attempt} now")]
+    Stale {
+        job: Uuid,
+        token: Uuid,
+        state: String,
+        attempt: i32,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+/// Works out why a guarded statement touched no row.
+async fn refusal(db: &PgPool, job: Uuid, token: Uuid, agent: Uuid) -> LeaseRefused {
+    let row: Result<Option<(Option<Uuid>, Option<Uuid>, String, i32)>, _> =
+        sqlx::query_as("SELECT agent_id, lease_token, state, attempt FROM jobs WHERE id = $1")
+            .bind(job)
+            .fetch_optional(db)
+            .await;
+    match row {
+        Err(e) => LeaseRefused::Db(e),
+        Ok(None) => LeaseRefused::NoSuchJob(job),
+        Ok(Some((holder, current, state, attempt))) => {
+            let held_by_other = matches!(state.as_str(), "leased" | "running")
+                && holder.is_some_and(|h| h != agent);
+            let ours_ever: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM job_attempts
+                                WHERE job_id = $1 AND lease_token = $2 AND agent_id = $3)",
+            )
+            .bind(job)
+            .bind(token)
+            .bind(agent)
+            .fetch_one(db)
+            .await
+            .unwrap_or(false);
+            if held_by_other && !ours_ever {
+                LeaseRefused::NotYours(job)
+            } else if !ours_ever && current != Some(token) {
+                LeaseRefused::NotYours(job)
+            } else {
+                LeaseRefused::Stale {
+                    job,
+                    token,
+                    state,
+                    attempt,
+                }
+            }
+        }
+    }
+}
+
+/// The job's process is running.
+pub async fn start(db: &PgPool, agent: Uuid, job: Uuid, token: Uuid) -> Result<(), LeaseRefused> {
+    let done = sqlx::query(
+        "WITH j AS (
+             UPDATE jobs SET state = 'running', started_at = COALESCE(started_at, now())
+             WHERE id = $1 AND lease_token = $2 AND agent_id = $3 AND state IN ('leased', 'running')
+             RETURNING id, attempt)
+         UPDATE job_attempts a SET started_at = now() FROM j
+         WHERE a.job_id = j.id AND a.attempt = j.attempt",
+    )
+    .bind(job)
+    .bind(token)
+    .bind(agent)
+    .execute(db)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Err(refusal(db, job, token, agent).await);
+    }
+    Ok(())
+}
+
+/// Extends every lease the agent still holds and reports what to do with
+/// each: carry on, cancel, or drop it (lost).
+pub async fn heartbeat(
+    db: &PgPool,
+    agent: Uuid,
+    leases: &[HeldLease],
+    lease_ttl: Duration,
+) -> Result<Vec<LeaseStatus>, sqlx::Error> {
+    let ids: Vec<Uuid> = leases.iter().map(|l| l.job_id).collect();
+    let tokens: Vec<Uuid> = leases.iter().map(|l| l.lease_token).collect();
+    let done: Vec<Option<i64>> = leases
+        .iter()
+        .map(|l| l.progress.map(|p| p.done as i64))
+        .collect();
+    let total: Vec<Option<i64>> = leases
+        .iter()
+        .map(|l| l.progress.map(|p| p.total as i64))
+        .collect();
+    let extended: Vec<(Uuid, bool)> = sqlx::query_as(
+        "UPDATE jobs j
+         SET lease_expires_at = now() + $5 * interval '1 millisecond',
+             progress_done = COALESCE(h.done, j.progress_done),
+             progress_total = COALESCE(h.total, j.progress_total)
+         FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::bigint[]) AS h(id, token, done, total)
+         WHERE j.id = h.id AND j.lease_token = h.token AND j.agent_id = $6
+           AND j.state IN ('leased', 'running')
+         RETURNING j.id, j.cancel_requested",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(&done)
+    .bind(&total)
+    .bind(lease_ttl.as_millis() as i64)
+    .bind(agent)
+    .fetch_all(db)
+    .await?;
+    Ok(leases
+        .iter()
+        .map(|l| {
+            let action = match extended.iter().find(|(id, _)| *id == l.job_id) {
+                Some((_, true)) => LeaseAction::Cancel,
+                Some((_, false)) => LeaseAction::Continue,
+                None => LeaseAction::Lost,
+            };
+            LeaseStatus {
+                job_id: l.job_id,
+                action,
+            }
+        })
+        .collect())
+}
+
+/// Appends lines to the job's log under the current attempt.
+pub async fn append_log(
+    db: &PgPool,
+    agent: Uuid,
+    job: Uuid,
+    token: Uuid,
+    lines: &[LogLine],
+) -> Result<(), LeaseRefused> {
+    let streams: Vec<&str> = lines.iter().map(|l| l.stream.as_str()).collect();
+    // PostgreSQL text cannot hold NUL.
+    let texts: Vec<String> = lines.iter().map(|l| l.line.replace('\0', "\u{FFFD}")).collect();
+    let holds: Option<i32> = sqlx::query_scalar(
+        "WITH j AS (SELECT id, attempt FROM jobs
+                    WHERE id = $1 AND lease_token = $2 AND agent_id = $3
+                      AND state IN ('leased', 'running')),
+              ins AS (INSERT INTO job_logs (job_id, attempt, stream, line)
+                      SELECT j.id, j.attempt, x.s, x.l
+                      FROM j, unnest($4::text[], $5::text[]) WITH ORDINALITY AS x(s, l, n)
+                      ORDER BY x.n)
+         SELECT attempt FROM j",
+    )
+    .bind(job)
+    .bind(token)
+    .bind(agent)
+    .bind(&streams)
+    .bind(&texts)
+    .fetch_optional(db)
+    .await?;
+    match holds {
+        Some(_) => Ok(()),
+        None => Err(refusal(db, job, token, agent).await),
+    }
+}
+
+/// The attempt number if `token` is the current lease of `job` held by
+/// `agent`.
+pub async fn current_attempt(
+    db: &PgPool,
+    agent: Uuid,
+    job: Uuid,
+    token: Uuid,
+) -> Result<i32, LeaseRefused> {
+    let attempt: Option<i32> = sqlx::query_scalar(
+        "SELECT attempt FROM jobs WHERE id = $1 AND lease_token = $2 AND agent_id = $3
+           AND state IN ('leased', 'running')",
+    )
+    .bind(job)
+    .bind(token)
+    .bind(agent)
+    .fetch_optional(db)
+    .await?;
+    match attempt {
+        Some(a) => Ok(a),
+        None => Err(refusal(db, job, token, agent).await),
+    }
+}
+
+/// Records an object stored for an attempt (after the upload finished).
+pub async fn record_output(
+    db: &PgPool,
+    job: Uuid,
+    attempt: i32,
+    name: &str,
+    key: &str,
+    size: u64,
+    sha256: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO job_outputs (job_id, attempt, name, key, size, sha256)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (job_id, attempt, name)
+         DO UPDATE SET key = EXCLUDED.key, size = EXCLUDED.size, sha256 = EXCLUDED.sha256,
+                       stored_at = now()",
+    )
+    .bind(job)
+    .bind(attempt)
+    .bind(name)
+    .bind(key)
+    .bind(size as i64)
+    .bind(sha256)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Marks the job succeeded if `token` is still its lease. The outputs named
+/// must all have been stored under this attempt.
+pub async fn complete(
+    db: &PgPool,
+    agent: Uuid,
+    job: Uuid,
+    token: Uuid,
+    exit_code: Option<i32>,
+    outputs: &[String],
+    result: Option<&serde_json::Value>,
+) -> Result<(), LeaseRefused> {
+    let mut tx = db.begin().await?;
+    let attempt: Option<i32> = sqlx::query_scalar(
+        "UPDATE jobs SET state = 'succeeded', finished_at = now(), exit_code = $4, result = $5,
+                         lease_token = NULL, lease_expires_at = NULL, error = NULL,
+                         progress_done = COALESCE(progress_total, progress_done)
+         WHERE id = $1 AND lease_token = $2 AND agent_id = $3 AND state IN ('leased', 'running')
+         RETURNING attempt",
+    )
+    .bind(job)
+    .bind(token)
+    .bind(agent)
+    .bind(exit_code)
+    .bind(result)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(attempt) = attempt else {
+        drop(tx);
+        return Err(refusal(db, job, token, agent).await);
+    };
+    let stored: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM job_outputs WHERE job_id = $1 AND attempt = $2")
+            .bind(job)
+            .bind(attempt)
+            .fetch_all(&mut *tx)
+            .await?;
+    if let Some(missing) = outputs.iter().find(|o| !stored.contains(o)) {
+        return Err(LeaseRefused::Invalid(format!(
+            "output `{missing}` was not uploaded for attempt {attempt}; upload it before completing"
+        )));
+    }
+    sqlx::query(
+        "UPDATE job_attempts SET finished_at = now(), outcome = 'succeeded', exit_code = $3
+         WHERE job_id = $1 AND attempt = $2",
+    )
+    .bind(job)
+    .bind(attempt)
+    .bind(exit_code)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Ends the attempt as failed. Retryable failures (and timeouts) queue the
+/// job again after a back-off while attempts remain; a cancel request wins
+/// over everything.
+#[allow(clippy::too_many_arguments)]
+pub async fn fail(
+    db: &PgPool,
+    agent: Uuid,
+    job: Uuid,
+    token: Uuid,
+    class: FailureClass,
+    message: &str,
+    exit_code: Option<i32>,
+    backoff: (Duration, Duration),
+) -> Result<String, LeaseRefused> {
+    let (retryable, outcome) = match class {
+        FailureClass::Retryable => (true, "failed"),
+        FailureClass::TimedOut => (true, "timed_out"),
+        FailureClass::Fatal => (false, "failed"),
+        FailureClass::Cancelled => (false, "cancelled"),
+    };
+    let cancelled = class == FailureClass::Cancelled;
+    let new_state: Option<(String, i32)> = sqlx::query_as(
+        "WITH j AS (
+             UPDATE jobs SET
+                 state = CASE WHEN cancel_requested OR $6 THEN 'cancelled'
+                              WHEN $4 AND attempt < max_attempts THEN 'retrying'
+                              ELSE 'failed' END,
+                 run_after = now() + flotilla_backoff(attempt, $7, $8),
+                 finished_at = CASE WHEN NOT ($4 AND attempt < max_attempts) OR cancel_requested
+                                         OR $6 THEN now() END,
+                 lease_token = NULL, lease_expires_at = NULL,
+                 exit_code = $9, error = $5
+             WHERE id = $1 AND lease_token = $2 AND agent_id = $3 AND state IN ('leased', 'running')
+             RETURNING id, attempt, state)
+         UPDATE job_attempts a SET finished_at = now(), outcome = $10, exit_code = $9, message = $5
+         FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt
+         RETURNING j.state, j.attempt",
+    )
+    .bind(job)
+    .bind(token)
+    .bind(agent)
+    .bind(retryable)
+    .bind(message)
+    .bind(cancelled)
+    .bind(backoff.0.as_millis() as i64)
+    .bind(backoff.1.as_millis() as i64)
+    .bind(exit_code)
+    .bind(outcome)
+    .fetch_optional(db)
+    .await?;
+    match new_state {
+        Some((state, _)) => Ok(state),
+        None => Err(refusal(db, job, token, agent).await),
+    }
+}
+
+/// A progress value from the wire, if both parts are sane.
+pub fn progress_of(done: Option<i64>, total: Option<i64>) -> Option<Progress> {
+    match (done, total) {
+        (Some(d), Some(t)) if d >= 0 && t >= 0 => Some(Progress {
+            done: d as u64,
+            total: t as u64,
+        }),
+        _ => None,
+    }
+}

@@ -1,0 +1,196 @@
+//! Reading jobs for the API (views, lists, logs) and cancelling them.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use flotilla_core::api::{JobView, OutputView};
+use flotilla_core::job::JobState;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::lease::progress_of;
+
+#[derive(sqlx::FromRow)]
+struct JobRow {
+    id: Uuid,
+    kind: String,
+    state: String,
+    attempt: i32,
+    max_attempts: i32,
+    agent: Option<String>,
+    priority: i32,
+    submitter: String,
+    labels: serde_json::Value,
+    created_at: DateTime<Utc>,
+    started_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+    exit_code: Option<i32>,
+    error: Option<String>,
+    cancel_requested: bool,
+    progress_done: Option<i64>,
+    progress_total: Option<i64>,
+    spec: serde_json::Value,
+}
+
+const SELECT_JOB: &str = "SELECT j.id, j.kind, j.state, j.attempt, j.max_attempts, a.name AS agent,
+        j.priority, j.submitter, j.labels, j.created_at, j.started_at, j.finished_at,
+        j.exit_code, j.error, j.cancel_requested, j.progress_done, j.progress_total, j.spec
+ FROM jobs j LEFT JOIN agents a ON a.id = j.agent_id";
+
+fn view(row: JobRow, outputs: Vec<OutputView>) -> Result<JobView, sqlx::Error> {
+    let state: JobState = row.state.parse().map_err(|e| sqlx::Error::ColumnDecode {
+        index: "state".into(),
+        source: Box::new(e),
+    })?;
+    let labels: BTreeMap<String, String> =
+        serde_json::from_value(row.labels).unwrap_or_default();
+    Ok(JobView {
+        id: row.id,
+        kind: row.kind,
+        state,
+        attempt: row.attempt as u32,
+        max_attempts: row.max_attempts as u32,
+        agent: row.agent,
+        priority: row.priority,
+        submitter: row.submitter,
+        labels,
+        created_at: row.created_at,
+        started_at: row.started_at,
+        finished_at: row.finished_at,
+        exit_code: row.exit_code,
+        error: row.error,
+        cancel_requested: row.cancel_requested,
+        progress: progress_of(row.progress_done, row.progress_total),
+        outputs,
+        spec: row.spec,
+    })
+}
+
+/// The outputs of the attempt that succeeded (none before success).
+async fn outputs(db: &PgPool, id: Uuid) -> Result<Vec<OutputView>, sqlx::Error> {
+    let rows: Vec<(String, String, i64, String)> = sqlx::query_as(
+        "SELECT o.name, o.key, o.size, o.sha256 FROM job_outputs o JOIN jobs j ON j.id = o.job_id
+         WHERE o.job_id = $1 AND j.state = 'succeeded' AND o.attempt = j.attempt
+         ORDER BY o.name",
+    )
+    .bind(id)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(name, key, size, sha256)| OutputView {
+            name,
+            key,
+            size: size as u64,
+            sha256,
+        })
+        .collect())
+}
+
+pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<JobView>, sqlx::Error> {
+    let row: Option<JobRow> = sqlx::query_as(&format!("{SELECT_JOB} WHERE j.id = $1"))
+        .bind(id)
+        .fetch_optional(db)
+        .await?;
+    match row {
+        None => Ok(None),
+        Some(row) => {
+            let outs = outputs(db, id).await?;
+            view(row, outs).map(Some)
+        }
+    }
+}
+
+/// Newest first, optionally of one state.
+pub async fn list(
+    db: &PgPool,
+    state: Option<JobState>,
+    limit: i64,
+) -> Result<Vec<JobView>, sqlx::Error> {
+    let rows: Vec<JobRow> = sqlx::query_as(&format!(
+        "{SELECT_JOB} WHERE ($1::text IS NULL OR j.state = $1)
+         ORDER BY j.created_at DESC, j.id LIMIT $2"
+    ))
+    .bind(state.map(|s| s.as_str()))
+    .bind(limit)
+    .fetch_all(db)
+    .await?;
+    rows.into_iter().map(|r| view(r, Vec::new())).collect()
+}
+
+/// Counts of jobs per state.
+pub async fn counts(db: &PgPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as("SELECT state, count(*) FROM jobs GROUP BY state ORDER BY state")
+        .fetch_all(db)
+        .await
+}
+
+/// The log as text, one line per stored line, attempts marked.
+pub async fn log_text(db: &PgPool, id: Uuid, after_seq: i64) -> Result<(String, i64), sqlx::Error> {
+    let rows: Vec<(i64, i32, String, String)> = sqlx::query_as(
+        "SELECT seq, attempt, stream, line FROM job_logs WHERE job_id = $1 AND seq > $2
+         ORDER BY seq",
+    )
+    .bind(id)
+    .bind(after_seq)
+    .fetch_all(db)
+    .await?;
+    let mut text = String::new();
+    let mut last_attempt = None;
+    let mut last_seq = after_seq;
+    for (seq, attempt, stream, line) in rows {
+        if last_attempt != Some(attempt) && after_seq == 0 {
+            if last_attempt.is_some() || attempt > 1 {
+                text.push_str(&format!("--- attempt {attempt} ---\n"));
+            }
+            last_attempt = Some(attempt);
+        }
+        if stream == "agent" {
+            text.push_str("[agent] ");
+        }
+        text.push_str(&line);
+        text.push('\n');
+        last_seq = seq;
+    }
+    Ok((text, last_seq))
+}
+
+/// What a cancel did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Cancelled {
+    /// It had not started: cancelled now.
+    Now,
+    /// It is running: the agent is told on its next heartbeat.
+    Requested,
+    /// It had already finished in this state.
+    AlreadyFinal(JobState),
+    NotFound,
+}
+
+pub async fn cancel(db: &PgPool, id: Uuid) -> Result<Cancelled, sqlx::Error> {
+    let row: Option<(String,)> = sqlx::query_as(
+        "UPDATE jobs SET cancel_requested = true,
+             state = CASE WHEN state IN ('queued', 'retrying') THEN 'cancelled' ELSE state END,
+             finished_at = CASE WHEN state IN ('queued', 'retrying') THEN now() ELSE finished_at END
+         WHERE id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')
+         RETURNING state",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    if let Some((state,)) = row {
+        return Ok(if state == "cancelled" {
+            Cancelled::Now
+        } else {
+            Cancelled::Requested
+        });
+    }
+    let state: Option<String> = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1")
+        .bind(id)
+        .fetch_optional(db)
+        .await?;
+    Ok(match state.and_then(|s| s.parse().ok()) {
+        Some(s) => Cancelled::AlreadyFinal(s),
+        None => Cancelled::NotFound,
+    })
+}

@@ -1,0 +1,84 @@
+//! The reaper: jobs whose lease expired (their agent died, hung or lost the
+//! network) go back to the queue after a back-off, or fail once out of
+//! attempts. It is SQL, not memory, so any number of server instances can
+//! run it at once.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// One pass. Returns the jobs re-queued or failed, with their new state.
+pub async fn reap_once(
+    db: &PgPool,
+    backoff: (Duration, Duration),
+) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "WITH expired AS (
+             SELECT id FROM jobs
+             WHERE state IN ('leased', 'running') AND lease_expires_at < now()
+             FOR UPDATE SKIP LOCKED),
+         j AS (
+             UPDATE jobs SET
+                 state = CASE WHEN cancel_requested THEN 'cancelled'
+                              WHEN attempt < max_attempts THEN 'retrying'
+                              ELSE 'failed' END,
+                 run_after = now() + flotilla_backoff(attempt, $1, $2),
+                 finished_at = CASE WHEN cancel_requested OR attempt >= max_attempts
+                                    THEN now() END,
+                 lease_token = NULL, lease_expires_at = NULL,
+                 error = 'lease expired: the agent stopped heartbeating'
+             FROM expired WHERE jobs.id = expired.id
+             RETURNING jobs.id, jobs.attempt, jobs.state),
+         a AS (
+             UPDATE job_attempts SET finished_at = now(), outcome = 'lease_expired'
+             FROM j WHERE job_attempts.job_id = j.id AND job_attempts.attempt = j.attempt)
+         SELECT id, state FROM j",
+    )
+    .bind(backoff.0.as_millis() as i64)
+    .bind(backoff.1.as_millis() as i64)
+    .fetch_all(db)
+    .await
+}
+
+/// Runs [`reap_once`] every `interval` until `shutdown`. Database errors are
+/// logged and retried on the next tick.
+pub async fn run(
+    db: PgPool,
+    interval: Duration,
+    backoff: (Duration, Duration),
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match reap_once(&db, backoff).await {
+            Ok(reaped) => {
+                for (id, state) in reaped {
+                    tracing::warn!(job = %id, %state, "lease expired");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reaper pass failed; will retry"),
+        }
+    }
+}
+
+/// At server start: leases may have run out only because no server was up
+/// to take heartbeats. Give every live lease one more TTL so that agents
+/// that kept working can report, instead of their work being redone.
+pub async fn grace_after_start(db: &PgPool, lease_ttl: Duration) -> Result<u64, sqlx::Error> {
+    let r = sqlx::query(
+        "UPDATE jobs SET lease_expires_at = GREATEST(lease_expires_at,
+                                                     now() + $1 * interval '1 millisecond')
+         WHERE state IN ('leased', 'running')",
+    )
+    .bind(lease_ttl.as_millis() as i64)
+    .execute(db)
+    .await?;
+    Ok(r.rows_affected())
+}

@@ -1,0 +1,109 @@
+//! Inserting jobs: validation has happened at the edge; here they go in, in
+//! one transaction, each with its fair-share tag.
+
+use flotilla_core::job::JobSpec;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::JOBS_CHANNEL;
+
+/// A validated job ready to insert.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    pub spec: JobSpec,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub priority: i32,
+    pub max_attempts: u32,
+    pub cost: u32,
+    pub submitter: String,
+    pub parent_id: Option<Uuid>,
+}
+
+/// Inserts `jobs` (all of one submitter) in one transaction and wakes the
+/// agents. Returns their ids in order.
+///
+/// Fair share is start-time fair queuing: a submitter's new jobs get tags
+/// `base, base+1, …` with `base` = max(its last ready tag + 1, the smallest
+/// ready tag of anyone). The claim orders by (priority, tag), so a
+/// submitter with 10 jobs interleaves with one that has 10,000 queued
+/// instead of waiting behind them.
+pub async fn submit(db: &PgPool, jobs: &[NewJob]) -> Result<Vec<Uuid>, sqlx::Error> {
+    let mut ids = Vec::with_capacity(jobs.len());
+    if jobs.is_empty() {
+        return Ok(ids);
+    }
+    let mut tx = db.begin().await?;
+    let mut by_submitter: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
+    for (i, job) in jobs.iter().enumerate() {
+        by_submitter.entry(&job.submitter).or_default().push(i);
+    }
+    let mut tags = vec![0i64; jobs.len()];
+    for (submitter, idx) in by_submitter {
+        let base: i64 = sqlx::query_scalar(
+            "SELECT GREATEST(
+                 COALESCE((SELECT max(share_seq) + 1 FROM jobs
+                           WHERE submitter = $1 AND state IN ('queued', 'retrying')), 0),
+                 COALESCE((SELECT min(share_seq) FROM jobs
+                           WHERE state IN ('queued', 'retrying')), 0))",
+        )
+        .bind(submitter)
+        .fetch_one(&mut *tx)
+        .await?;
+        for (k, i) in idx.into_iter().enumerate() {
+            tags[i] = base + k as i64;
+        }
+    }
+    // Bulk insert through unnest: one round trip for any number of jobs.
+    let mut id_col = Vec::with_capacity(jobs.len());
+    let mut kind_col = Vec::with_capacity(jobs.len());
+    let mut spec_col = Vec::with_capacity(jobs.len());
+    let mut prio_col = Vec::with_capacity(jobs.len());
+    let mut label_col = Vec::with_capacity(jobs.len());
+    let mut cost_col = Vec::with_capacity(jobs.len());
+    let mut sub_col = Vec::with_capacity(jobs.len());
+    let mut max_col = Vec::with_capacity(jobs.len());
+    let mut parent_col = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let id = Uuid::new_v4();
+        ids.push(id);
+        id_col.push(id);
+        kind_col.push(job.spec.kind().to_string());
+        spec_col.push(serde_json::to_value(&job.spec).expect("JobSpec serialises to JSON"));
+        prio_col.push(job.priority);
+        label_col.push(serde_json::to_value(&job.labels).expect("labels serialise to JSON"));
+        cost_col.push(job.cost as i32);
+        sub_col.push(job.submitter.clone());
+        max_col.push(job.max_attempts as i32);
+        parent_col.push(job.parent_id);
+    }
+    sqlx::query(
+        "INSERT INTO jobs (id, kind, spec, priority, labels, cost, submitter, share_seq,
+                           max_attempts, parent_id)
+         SELECT * FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::int[], $5::jsonb[],
+                              $6::int[], $7::text[], $8::bigint[], $9::int[], $10::uuid[])",
+    )
+    .bind(&id_col)
+    .bind(&kind_col)
+    .bind(&spec_col)
+    .bind(&prio_col)
+    .bind(&label_col)
+    .bind(&cost_col)
+    .bind(&sub_col)
+    .bind(&tags)
+    .bind(&max_col)
+    .bind(&parent_col)
+    .execute(&mut *tx)
+    .await?;
+    notify_jobs(&mut tx).await?;
+    tx.commit().await?;
+    Ok(ids)
+}
+
+/// Queues a wake-up for agents; delivered when the transaction commits.
+pub async fn notify_jobs(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(JOBS_CHANNEL)
+        .execute(conn)
+        .await?;
+    Ok(())
+}

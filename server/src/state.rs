@@ -1,0 +1,69 @@
+//! What every handler shares: the pool, the object store, the wake-up signal
+//! for long-polling agents, settings, and the shutdown token.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::ObjectStore;
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub db: PgPool,
+    pub store: Arc<dyn ObjectStore>,
+    /// Woken (all waiters) when jobs may have become claimable: a NOTIFY
+    /// from any server instance, or an agent resumed here.
+    pub job_signal: Arc<Notify>,
+    pub settings: Arc<Settings>,
+    pub shutdown: CancellationToken,
+}
+
+/// Queue timings. Defaults suit a fleet; tests shorten them.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long a lease lives without a heartbeat.
+    pub lease_ttl: Duration,
+    /// What agents are told to heartbeat at (a third of the TTL).
+    pub heartbeat_interval: Duration,
+    /// How often the reaper looks for expired leases.
+    pub reap_interval: Duration,
+    /// Fallback poll while a lease request waits (NOTIFY is the fast path).
+    pub lease_poll_interval: Duration,
+    /// Longest a lease request may wait.
+    pub max_lease_wait: Duration,
+    /// Retry back-off: base · 2^(attempt−1), capped at `backoff_max`.
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// Largest accepted JSON body.
+    pub max_body_bytes: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let lease_ttl = Duration::from_secs(30);
+        Settings {
+            lease_ttl,
+            heartbeat_interval: lease_ttl / 3,
+            reap_interval: Duration::from_secs(2),
+            lease_poll_interval: Duration::from_secs(1),
+            max_lease_wait: Duration::from_secs(30),
+            backoff_base: Duration::from_secs(2),
+            backoff_max: Duration::from_secs(300),
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+impl Settings {
+    /// Settings with the lease TTL given, the rest derived from it.
+    pub fn with_lease_ttl(lease_ttl: Duration) -> Self {
+        Settings {
+            lease_ttl,
+            heartbeat_interval: lease_ttl / 3,
+            reap_interval: (lease_ttl / 10).clamp(Duration::from_millis(200), Duration::from_secs(2)),
+            ..Settings::default()
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Server and agent processes. Each is killed when dropped.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::api::Api;
+
+/// Options for a server under test.
+#[derive(Debug, Clone)]
+pub struct ServerOpts {
+    pub database_url: String,
+    pub store: String,
+    /// A fixed address (to restart on the same one) or port 0.
+    pub listen: SocketAddr,
+    pub lease_ttl_ms: u64,
+    pub backoff_base_ms: u64,
+    pub env: Vec<(String, String)>,
+}
+
+pub struct Server {
+    pub opts: ServerOpts,
+    pub dir: PathBuf,
+    pub addr: SocketAddr,
+    pub admin_token: String,
+    child: Child,
+}
+
+impl Server {
+    /// Starts `flotilla serve` and waits until it is healthy.
+    pub async fn start(dir: &Path, opts: ServerOpts) -> Server {
+        let token_file = dir.join("admin.token");
+        let mut cmd = Command::new(crate::binary("flotilla"));
+        cmd.arg("serve")
+            .arg("--database-url")
+            .arg(&opts.database_url)
+            .arg("--store")
+            .arg(&opts.store)
+            .arg("--listen")
+            .arg(opts.listen.to_string())
+            .arg("--admin-token-file")
+            .arg(&token_file)
+            .arg("--lease-ttl-ms")
+            .arg(opts.lease_ttl_ms.to_string())
+            .arg("--backoff-base-ms")
+            .arg(opts.backoff_base_ms.to_string())
+            .env("FLOTILLA_LOG", "warn")
+            .envs(opts.env.iter().cloned())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("spawning flotilla serve");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let addr: SocketAddr = tokio::time::timeout(Duration::from_secs(120), async {
+            while let Some(line) = lines.next_line().await.expect("reading server stdout") {
+                if let Some(url) = line.strip_prefix("flotilla: listening on http://") {
+                    return url.parse().expect("server prints its address");
+                }
+            }
+            panic!("server exited before listening");
+        })
+        .await
+        .expect("server starts within 120 s");
+        // Keep draining stdout so the server never blocks on it.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let admin_token = std::fs::read_to_string(&token_file)
+            .expect("server wrote the admin token")
+            .trim()
+            .to_string();
+        let server = Server {
+            opts,
+            dir: dir.to_path_buf(),
+            addr,
+            admin_token,
+            child,
+        };
+        server.wait_healthy(Duration::from_secs(60)).await;
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn api(&self) -> Api {
+        Api::new(&self.url(), &self.admin_token)
+    }
+
+    pub async fn wait_healthy(&self, timeout: Duration) {
+        let url = format!("{}/healthz", self.url());
+        let http = reqwest::Client::new();
+        crate::eventually("the server to be healthy", timeout, || {
+            let req = http.get(&url).timeout(Duration::from_secs(2)).send();
+            async move { matches!(req.await, Ok(r) if r.status().is_success()) }
+        })
+        .await;
+    }
+
+    /// SIGKILL, as a crash would.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.expect("killing the server");
+    }
+
+    /// Starts a new server process with the same options on the same
+    /// address (the old one must be dead).
+    pub async fn restart(&mut self) {
+        let mut opts = self.opts.clone();
+        opts.listen = self.addr;
+        let fresh = Server::start(&self.dir, opts).await;
+        *self = fresh;
+    }
+}
+
+pub struct Agent {
+    pub name: String,
+    child: Child,
+}
+
+impl Agent {
+    /// Starts `flotilla-agent` with a fresh token for `name`.
+    pub async fn start(server: &Server, name: &str, capacity: u32, extra: &[&str]) -> Agent {
+        let token = server.api().agent_token(name).await;
+        let workdir = server.dir.join("agents").join(name);
+        std::fs::create_dir_all(&workdir).expect("agent workdir");
+        let child = Command::new(crate::binary("flotilla-agent"))
+            .arg("--server")
+            .arg(server.url())
+            .arg("--token")
+            .arg(token)
+            .arg("--name")
+            .arg(name)
+            .arg("--capacity")
+            .arg(capacity.to_string())
+            .arg("--workdir")
+            .arg(&workdir)
+            .arg("--kill-grace-s")
+            .arg("2")
+            .args(extra)
+            .env("FLOTILLA_LOG", "warn")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawning flotilla-agent");
+        Agent {
+            name: name.to_string(),
+            child,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("agent is running") as i32
+    }
+
+    /// SIGKILL, as a crash would.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.expect("killing the agent");
+    }
+
+    /// SIGTERM and wait: the graceful stop.
+    pub async fn terminate(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+    }
+}
+
+/// A free loopback port (bound then released).
+pub fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("binding port 0");
+    l.local_addr().expect("local addr")
+}
+
+/// A server on a fresh database of the shared cluster with a local store.
+pub async fn server_on_shared(dir: &Path, lease_ttl_ms: u64) -> Server {
+    let pg = crate::pg::shared().await;
+    let db = crate::pg::fresh_database(pg).await;
+    Server::start(
+        dir,
+        ServerOpts {
+            database_url: pg.database_url(&db),
+            store: dir.join("store").to_string_lossy().into_owned(),
+            listen: "127.0.0.1:0".parse().expect("valid address"),
+            lease_ttl_ms,
+            backoff_base_ms: 200,
+            env: Vec::new(),
+        },
+    )
+    .await
+}
