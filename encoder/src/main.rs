@@ -70,10 +70,6 @@ impl RunArgs {
         if let Some(b) = self.block_pixels {
             p.block_pixels = b.max(1);
         }
-        if choice == BackendChoice::Reference {
-            // candle sizes its GEMM parallelism from this variable on every call.
-            std::env::set_var("RAYON_NUM_THREADS", p.threads.to_string());
-        }
         Ok((choice, p))
     }
 }

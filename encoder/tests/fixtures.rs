@@ -179,6 +179,16 @@ fn byte_identical_across_runs_and_thread_counts() {
     assert_eq!(first, out(1, "b"), "two runs differ");
     assert_eq!(first, out(2, "c"), "1 vs 2 threads differ");
     assert_eq!(first, out(3, "d"), "1 vs 3 threads differ");
+
+    let r = BackendChoice::Reference;
+    let bits = |threads: usize| {
+        encode(&ckpt, &tile, r, profile(r, threads, 32, 32))
+            .values
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(bits(1), bits(2), "reference: 1 vs 2 threads differ");
 }
 
 #[test]

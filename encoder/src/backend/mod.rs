@@ -114,7 +114,10 @@ pub fn create(
     profile: &DeviceProfile,
 ) -> Result<Box<dyn Backend>> {
     match choice.resolve() {
-        BackendChoice::Reference => Ok(Box::new(reference::ReferenceBackend::new(weights)?)),
+        BackendChoice::Reference => Ok(Box::new(reference::ReferenceBackend::new(
+            weights,
+            profile.threads,
+        )?)),
         BackendChoice::Cpu => Ok(Box::new(cpu::CpuBackend::new(weights, profile)?)),
         // Seams: `backend/onednn.rs` and `backend/cuda.rs` plug in here behind
         // their features.

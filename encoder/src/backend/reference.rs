@@ -47,6 +47,9 @@ pub struct ReferenceBackend {
     fc2: TLinear,
     out_norm: TNorm,
     weights: Arc<StudentWeights>,
+    /// candle's CPU matmul splits work over the rayon pool it runs in; a
+    /// pool of the profile's size makes `threads` mean what it says.
+    pool: rayon::ThreadPool,
 }
 
 fn err(e: candle_core::Error) -> EncodeError {
@@ -158,7 +161,12 @@ impl TBackbone {
 }
 
 impl ReferenceBackend {
-    pub fn new(weights: Arc<StudentWeights>) -> Result<Self> {
+    pub fn new(weights: Arc<StudentWeights>, threads: usize) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .thread_name(|i| format!("tessera-reference-{i}"))
+            .build()
+            .map_err(|e| EncodeError::backend("reference", e))?;
         let h = &weights.head;
         Ok(ReferenceBackend {
             s2: backbone(&weights.s2).map_err(err)?,
@@ -168,6 +176,7 @@ impl ReferenceBackend {
             fc2: lin(&h.fc2).map_err(err)?,
             out_norm: norm(&h.out_norm).map_err(err)?,
             weights,
+            pool,
         })
     }
 }
@@ -186,7 +195,9 @@ impl Backend for ReferenceBackend {
             Modality::S2 => &self.s2,
             Modality::S1 => &self.s1,
         };
-        b.forward(batch).and_then(to_vec).map_err(err)
+        self.pool
+            .install(|| b.forward(batch).and_then(to_vec))
+            .map_err(err)
     }
 
     fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>> {
@@ -198,6 +209,6 @@ impl Backend for ReferenceBackend {
             let z = self.norm1.forward(&self.fc1.forward(&z)?)?.relu()?;
             to_vec(self.out_norm.forward(&self.fc2.forward(&z)?)?)
         };
-        run().map_err(err)
+        self.pool.install(run).map_err(err)
     }
 }
