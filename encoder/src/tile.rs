@@ -33,7 +33,7 @@ pub struct TileInputs {
     pub width: usize,
     /// (T,H,W,10) u16, bands B04 B02 B03 B08 B8A B05 B06 B07 B11 B12.
     pub bands: Vec<u16>,
-    /// (T,H,W), non-zero = clear.
+    /// (T,H,W), 1 = clear (any other value is not a valid observation).
     pub masks: Vec<u8>,
     pub doys: Vec<i32>,
     pub ascending: SarPass,
@@ -263,13 +263,13 @@ impl TileInputs {
     }
 
     /// Frames of `modality` valid at pixel `p`, in file order (S1: ascending
-    /// frames, then descending). S2: mask non-zero; S1: VV or VH non-zero.
+    /// frames, then descending). S2: mask == 1; S1: VV or VH non-zero.
     pub fn valid_frames(&self, modality: Modality, p: usize, out: &mut Vec<usize>) {
         out.clear();
         let hw = self.pixels();
         match modality {
             Modality::S2 => {
-                out.extend((0..self.s2_frames()).filter(|&t| self.masks[t * hw + p] != 0));
+                out.extend((0..self.s2_frames()).filter(|&t| self.masks[t * hw + p] == 1));
             }
             Modality::S1 => {
                 let na = self.ascending.frames();
@@ -288,7 +288,7 @@ impl TileInputs {
         let hw = self.pixels();
         match modality {
             Modality::S2 => (0..self.s2_frames())
-                .filter(|&t| self.masks[t * hw + p] != 0)
+                .filter(|&t| self.masks[t * hw + p] == 1)
                 .count(),
             Modality::S1 => [&self.ascending, &self.descending]
                 .iter()
