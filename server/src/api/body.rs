@@ -2,10 +2,8 @@
 //! in the JSON envelope, naming the line and column of a syntax error and
 //! the field of a type error.
 
-use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
@@ -22,17 +20,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             .get(axum::http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json") || v.ends_with("+json"));
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            let status = rejection.into_response().status();
-            if status == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge(format!(
-                    "request body is larger than {} bytes",
-                    state.settings.max_body_bytes
-                ))
-            } else {
-                ApiError::BadRequest("could not read the request body".into())
-            }
-        })?;
+        let bytes = read_limited(req, state.settings.max_body_bytes).await?;
         if !is_json {
             return Err(ApiError::BadRequest(
                 "send the body as JSON with `Content-Type: application/json`".into(),
@@ -65,4 +53,33 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             })
         }
     }
+}
+
+/// How much of an oversize body we read and throw away before answering
+/// 413. Answering while the client is still sending makes most clients see
+/// a reset connection instead of our message; past this, we do close.
+const DRAIN_LIMIT: usize = 64 << 20;
+
+/// Reads the body up to `limit` bytes; an oversize body is drained (up to
+/// [`DRAIN_LIMIT`]) so the client reads the 413 that names the limit.
+async fn read_limited(req: Request, limit: usize) -> Result<Vec<u8>, ApiError> {
+    let mut stream = req.into_body().into_data_stream();
+    let mut buf = Vec::new();
+    let mut seen = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|_| ApiError::BadRequest("could not read the request body".into()))?;
+        seen += chunk.len();
+        if seen <= limit {
+            buf.extend_from_slice(&chunk);
+        } else if seen > DRAIN_LIMIT {
+            break;
+        }
+    }
+    if seen > limit {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "request body is larger than {limit} bytes"
+        )));
+    }
+    Ok(buf)
 }
