@@ -5,10 +5,15 @@ use crate::phase1::Query;
 use crate::repository::{PkgId, Repository};
 use std::cmp::Ordering;
 
-/// OpamPackage.Name.compare: case-insensitive first, then case-sensitive.
+/// The name order of opam 2.1.2's `-s` listings, as the reference files show
+/// it: by first letter ignoring case, names starting with a capital before
+/// the others (`GT` before `gapi-ocaml`), then ignoring case (`GenArrayIter`
+/// before `GT`), then bytewise.
 pub fn compare_names(a: &str, b: &str) -> Ordering {
-    a.to_ascii_lowercase()
-        .cmp(&b.to_ascii_lowercase())
+    let first = |s: &str| s.bytes().next().map(|c| (c.to_ascii_lowercase(), c.is_ascii_lowercase()));
+    first(a)
+        .cmp(&first(b))
+        .then_with(|| a.to_ascii_lowercase().cmp(&b.to_ascii_lowercase()))
         .then_with(|| a.cmp(b))
 }
 
@@ -39,8 +44,11 @@ mod tests {
 
     #[test]
     fn opam_name_order() {
-        let mut v = vec!["bz2", "CamelCase", "FPauth-core", "FPauth", "ezxmlm", "intPQueue", "interval_intel"];
+        let mut v = vec!["bz2", "CamelCase", "FPauth-core", "FPauth", "ezxmlm", "intPQueue", "interval_intel", "gen", "GT", "GenArrayIter", "faad", "ANSITerminal", "aarch64-esperanto"];
         v.sort_by(|a, b| compare_names(a, b));
-        assert_eq!(v, vec!["bz2", "CamelCase", "ezxmlm", "FPauth", "FPauth-core", "interval_intel", "intPQueue"]);
+        assert_eq!(
+            v,
+            vec!["ANSITerminal", "aarch64-esperanto", "bz2", "CamelCase", "ezxmlm", "FPauth", "FPauth-core", "faad", "GenArrayIter", "GT", "gen", "interval_intel", "intPQueue"]
+        );
     }
 }

@@ -69,7 +69,7 @@ fn lit(v: u32, sign: bool) -> Lit {
 }
 
 /// The cone instance of `roots`; `None` when a root is already dead.
-fn build(enc: &Encoding, repo: &Repository, dead: &[bool], roots: &[PkgId], sc: &mut Scratch) -> Option<BasicSolver> {
+fn build(enc: &Encoding, repo: &Repository, dead: &[bool], prefer: &[bool], roots: &[PkgId], sc: &mut Scratch) -> Option<BasicSolver> {
     sc.clear();
     for &r in roots {
         if dead[r as usize] {
@@ -91,8 +91,11 @@ fn build(enc: &Encoding, repo: &Repository, dead: &[bool], roots: &[PkgId], sc: 
     }
     let npk = repo.packages.len() as u32;
     let mut s = BasicSolver::default();
-    for _ in 0..sc.order.len() {
-        s.new_var(lbool::UNDEF, true);
+    for &v in &sc.order {
+        // Leaning towards installing other candidates makes each installation
+        // found prove more of them at once.
+        let pol = if prefer.get(v as usize).copied().unwrap_or(false) { lbool::TRUE } else { lbool::UNDEF };
+        s.new_var(pol, true);
     }
     let mut buf: Vec<Lit> = Vec::new();
     let mut pkgs: Vec<u32> = Vec::new();
@@ -212,7 +215,16 @@ pub fn coinstallable(
     known: &[AtomicBool],
     jobs: usize,
 ) -> (Vec<bool>, Stats) {
-    let Some(dead) = level0(enc, target, compiler) else {
+    // Level-0 pruning pays for itself only over many candidates; without it
+    // the cones are larger but the answers the same.
+    let dead = if pkgs.len() >= 1000 {
+        match level0(enc, target, compiler) {
+            Some(d) => d,
+            None => return (vec![false; pkgs.len()], Stats::default()),
+        }
+    } else if enc.available[target as usize] && enc.available[compiler as usize] {
+        vec![false; enc.nvars as usize]
+    } else {
         return (vec![false; pkgs.len()], Stats::default());
     };
     let mut wanted = vec![false; repo.packages.len()];
@@ -239,7 +251,7 @@ pub fn coinstallable(
                 result[i].store(true, Ordering::Relaxed);
                 continue;
             }
-            let Some(mut s) = build(enc, repo, &dead, &[target, compiler, p], &mut sc) else {
+            let Some(mut s) = build(enc, repo, &dead, &wanted, &[target, compiler, p], &mut sc) else {
                 continue;
             };
             solves.fetch_add(1, Ordering::Relaxed);

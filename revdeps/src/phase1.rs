@@ -100,17 +100,53 @@ pub fn resolved_depends(repo: &Repository, variant: &Variant, pkg: PkgId, deps: 
     }
 }
 
-/// OpamFormula.verifies: keep only the atoms naming the target; the formula
-/// must be non-empty and satisfied by the target's version.
+/// OpamFormula.verifies: the formula in disjunctive normal form, each
+/// conjunction cut down to its atoms naming the target (conjunctions left
+/// with none vanish); true if one that remains holds for the target's version.
+/// So `"dune" {>= "2.9"} & ("dune" {>= "3.22"} | "lwt")` is verified by
+/// dune 3.20.2 (through the `lwt` branch), while a package whose only dune
+/// atom excludes the version is not — matching by version, not by name.
 pub fn verifies(f: &Formula<RAtom>, name: &str, version: &str) -> bool {
-    let only = f.map(&mut |a: &RAtom| {
-        if a.name == name {
-            Formula::Atom(a.clone())
-        } else {
-            Formula::Empty
+    // Each conjunction as the list of its target atoms' truth values.
+    fn dnf(f: &Formula<RAtom>, name: &str, version: &str) -> Vec<Vec<bool>> {
+        match f {
+            Formula::Empty => vec![vec![]],
+            Formula::Atom(a) if a.name == name => vec![vec![a.matches_version(version)]],
+            Formula::Atom(_) => vec![vec![]],
+            Formula::Or(v) => {
+                let mut out: Vec<Vec<bool>> = Vec::new();
+                for x in v {
+                    for c in dnf(x, name, version) {
+                        if !out.contains(&c) {
+                            out.push(c);
+                        }
+                    }
+                }
+                out
+            }
+            Formula::And(v) => {
+                let mut acc: Vec<Vec<bool>> = vec![vec![]];
+                for x in v {
+                    let d = dnf(x, name, version);
+                    let mut next: Vec<Vec<bool>> = Vec::new();
+                    for a in &acc {
+                        for b in &d {
+                            // Only the conjunction's truth and emptiness matter.
+                            let mut c: Vec<bool> = a.iter().chain(b).copied().collect();
+                            c.sort_unstable();
+                            c.dedup();
+                            if !next.contains(&c) {
+                                next.push(c);
+                            }
+                        }
+                    }
+                    acc = next;
+                }
+                acc
+            }
         }
-    });
-    !matches!(only, Formula::Empty) && only.eval(&mut |a| a.matches_version(version))
+    }
+    dnf(f, name, version).iter().any(|c| !c.is_empty() && c.iter().all(|&b| b))
 }
 
 /// `opam list --depends-on T --all-versions --depopts [--with-test]` before

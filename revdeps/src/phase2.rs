@@ -288,6 +288,41 @@ pub fn in_model(s: &BasicSolver, pkg: PkgId) -> bool {
     s.value_lit(L(pkg, true).lit()) == lbool::TRUE
 }
 
+/// The part of the available universe a question about `pkgs` can touch:
+/// everything their (and the roots') dependencies reach over any OR branch.
+/// Packages outside it can always stay uninstalled, so encoding only this
+/// part gives the same answers; it is skipped when the candidates already
+/// cover much of the repository, where the walk would cost more than it saves.
+fn universe_scope(repo: &Repository, variant: &Variant, avail: &[bool], test: bool, pkgs: &[PkgId], roots: [PkgId; 2]) -> Vec<bool> {
+    if pkgs.len() * 4 > repo.packages.len() {
+        return avail.to_vec();
+    }
+    let mut seen = vec![false; avail.len()];
+    let mut frontier: Vec<PkgId> = pkgs.iter().copied().chain(roots).filter(|&p| avail[p as usize]).collect();
+    for &p in &frontier {
+        seen[p as usize] = true;
+    }
+    while !frontier.is_empty() {
+        let next: Vec<Vec<PkgId>> = frontier
+            .par_iter()
+            .map(|&p| {
+                let f = phase1::resolved_depends(repo, variant, p, phase1::universe_dep_vars(repo, p, test, true), false);
+                let mut atoms = Vec::new();
+                f.atoms(&mut atoms);
+                atoms.iter().flat_map(|a| phase1::matching(repo, a)).filter(|&q| avail[q as usize]).collect()
+            })
+            .collect();
+        frontier.clear();
+        for q in next.into_iter().flatten() {
+            if !seen[q as usize] {
+                seen[q as usize] = true;
+                frontier.push(q);
+            }
+        }
+    }
+    seen
+}
+
 fn report((r, st): (Vec<bool>, crate::cone::Stats), test: bool) -> Vec<bool> {
     if std::env::var_os("OPAM_REVDEPS_STATS").is_some() {
         eprintln!("phase 2 (with-test {test}): {} candidates, {st:?}", r.len());
@@ -305,16 +340,26 @@ pub fn phase2(repo: &Repository, variant: &Variant, target: PkgId, candidates: &
     else {
         return Vec::new();
     };
+    let stats = std::env::var_os("OPAM_REVDEPS_STATS").is_some();
+    let t = std::time::Instant::now();
     let avail = available(repo, variant);
+    if stats {
+        eprintln!("phase 2: availability in {:.3}s", t.elapsed().as_secs_f64());
+    }
     let mut ok = vec![false; candidates.len()];
     // Without tests: `--depopts` and `--recursive`.
     let idx0: Vec<usize> = (0..candidates.len())
         .filter(|&i| candidates[i].queries & (DEPOPTS | RECURSIVE) != 0)
         .collect();
     if !idx0.is_empty() {
-        let enc = Encoding::new(repo, variant, &avail, false);
-        let known: Vec<AtomicBool> = (0..repo.packages.len()).map(|_| AtomicBool::new(false)).collect();
+        let t = std::time::Instant::now();
         let pkgs: Vec<PkgId> = idx0.iter().map(|&i| candidates[i].pkg).collect();
+        let scope = universe_scope(repo, variant, &avail, false, &pkgs, [target, compiler]);
+        let enc = Encoding::new(repo, variant, &scope, false);
+        if stats {
+            eprintln!("phase 2: encoding without tests in {:.3}s", t.elapsed().as_secs_f64());
+        }
+        let known: Vec<AtomicBool> = (0..repo.packages.len()).map(|_| AtomicBool::new(false)).collect();
         for (k, r) in report(crate::cone::coinstallable(&enc, repo, target, compiler, &pkgs, &known, jobs), enc.test).into_iter().enumerate() {
             ok[idx0[k]] |= r;
         }
@@ -324,9 +369,10 @@ pub fn phase2(repo: &Repository, variant: &Variant, target: PkgId, candidates: &
         .filter(|&i| candidates[i].queries & WITH_TEST_DEPOPTS != 0 && !ok[i])
         .collect();
     if !idx1.is_empty() {
-        let enc = Encoding::new(repo, variant, &avail, true);
-        let known: Vec<AtomicBool> = (0..repo.packages.len()).map(|_| AtomicBool::new(false)).collect();
         let pkgs: Vec<PkgId> = idx1.iter().map(|&i| candidates[i].pkg).collect();
+        let scope = universe_scope(repo, variant, &avail, true, &pkgs, [target, compiler]);
+        let enc = Encoding::new(repo, variant, &scope, true);
+        let known: Vec<AtomicBool> = (0..repo.packages.len()).map(|_| AtomicBool::new(false)).collect();
         for (k, r) in report(crate::cone::coinstallable(&enc, repo, target, compiler, &pkgs, &known, jobs), enc.test).into_iter().enumerate() {
             ok[idx1[k]] |= r;
         }

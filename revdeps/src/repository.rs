@@ -83,28 +83,18 @@ impl Repository {
     pub fn load(source: &Source) -> Result<Repository, Error> {
         let files = match source {
             Source::Dir(d) => read_dir_files(d)?,
-            Source::Git { repo, rev } => read_git_files(repo, rev)?,
+            Source::Git { repo, rev } => return read_git(repo, rev),
         };
         Ok(Self::from_files(files))
     }
 
     /// Builds a repository from `(path, contents)` pairs, paths relative to the root.
     pub fn from_files(files: Vec<(String, Vec<u8>)>) -> Repository {
-        let parsed: Vec<Result<(String, String, String, OpamData), FileError>> = files
-            .into_par_iter()
-            .filter_map(|(path, bytes)| {
-                let (n, v) = package_of_path(&path)?;
-                let (n, v) = (n.to_string(), v.to_string());
-                let r = match std::str::from_utf8(&bytes) {
-                    Ok(src) => OpamData::parse(&path, src).map(|d| (n, v, path.clone(), d)),
-                    Err(e) => Err(FileError::Other {
-                        file: path.clone(),
-                        msg: format!("not UTF-8 ({e})"),
-                    }),
-                };
-                Some(r)
-            })
-            .collect();
+        let parsed: Vec<Parsed> = files.into_par_iter().filter_map(|(p, b)| parse_one(p, b)).collect();
+        Self::assemble(parsed)
+    }
+
+    fn assemble(parsed: Vec<Parsed>) -> Repository {
         let mut ok = Vec::with_capacity(parsed.len());
         let mut errors = Vec::new();
         for r in parsed {
@@ -113,8 +103,12 @@ impl Repository {
                 Err(e) => errors.push(e),
             }
         }
-        ok.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| crate::version::compare(&a.1, &b.1)));
-        ok.dedup_by(|b, a| a.0 == b.0 && crate::version::compare(&a.1, &b.1).is_eq());
+        ok.sort_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then_with(|| crate::version::compare(&a.1, &b.1))
+                .then_with(|| a.1.cmp(&b.1))
+        });
+        ok.dedup_by(|b, a| a.0 == b.0 && a.1 == b.1);
         let mut repo = Repository {
             errors,
             ..Default::default()
@@ -181,6 +175,21 @@ impl Repository {
     }
 }
 
+type Parsed = Result<(String, String, String, OpamData), FileError>;
+
+/// Parses one file if its path is a package's `opam`.
+fn parse_one(path: String, bytes: Vec<u8>) -> Option<Parsed> {
+    let (n, v) = package_of_path(&path)?;
+    let (n, v) = (n.to_string(), v.to_string());
+    Some(match std::str::from_utf8(&bytes) {
+        Ok(src) => OpamData::parse(&path, src).map(|d| (n, v, path.clone(), d)),
+        Err(e) => Err(FileError::Other {
+            file: path.clone(),
+            msg: format!("not UTF-8 ({e})"),
+        }),
+    })
+}
+
 fn read_dir_files(root: &Path) -> Result<Vec<(String, Vec<u8>)>, Error> {
     let pk = root.join("packages");
     if !pk.is_dir() {
@@ -224,7 +233,24 @@ fn git_err(args: &str, msg: impl Into<String>) -> Error {
     }
 }
 
-fn read_git_files(repo: &Path, rev: &str) -> Result<Vec<(String, Vec<u8>)>, Error> {
+/// Reads `packages/` at `rev` from the object database, parsing chunks of
+/// files on the rayon pool while `git cat-file` streams the next ones.
+fn read_git(repo: &Path, rev: &str) -> Result<Repository, Error> {
+    let out = std::sync::Mutex::new(Vec::new());
+    let read = rayon::scope(|scope| {
+        read_git_files(repo, rev, &mut |chunk: Vec<(String, Vec<u8>)>| {
+            let out = &out;
+            scope.spawn(move |_| {
+                let parsed: Vec<Parsed> = chunk.into_iter().filter_map(|(p, b)| parse_one(p, b)).collect();
+                out.lock().expect("no parser panics while holding the lock").extend(parsed);
+            });
+        })
+    });
+    read?;
+    Ok(Repository::assemble(out.into_inner().expect("no parser panics while holding the lock")))
+}
+
+fn read_git_files(repo: &Path, rev: &str, sink: &mut dyn FnMut(Vec<(String, Vec<u8>)>)) -> Result<(), Error> {
     let ls_args = format!("ls-tree -r -z --full-tree {rev} -- packages");
     let out = Command::new("git")
         .arg("-C")
@@ -274,7 +300,8 @@ fn read_git_files(repo: &Path, rev: &str) -> Result<Vec<(String, Vec<u8>)>, Erro
         stdin.write_all(buf.as_bytes())
     });
     let mut r = BufReader::with_capacity(1 << 20, stdout);
-    let mut files = Vec::with_capacity(wanted.len());
+    const CHUNK: usize = 256;
+    let mut files = Vec::with_capacity(CHUNK);
     let mut header = String::new();
     for (_, path) in wanted {
         header.clear();
@@ -289,13 +316,17 @@ fn read_git_files(repo: &Path, rev: &str) -> Result<Vec<(String, Vec<u8>)>, Erro
         r.read_exact(&mut buf).map_err(|e| git_err(cat_args, e.to_string()))?;
         buf.pop();
         files.push((path, buf));
+        if files.len() == CHUNK {
+            sink(std::mem::replace(&mut files, Vec::with_capacity(CHUNK)));
+        }
     }
+    sink(files);
     let _ = writer.join();
     let status = child.wait().map_err(|e| git_err(cat_args, e.to_string()))?;
     if !status.success() {
         return Err(git_err(cat_args, format!("exited with {status}")));
     }
-    Ok(files)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -35,61 +35,95 @@ impl PartialOrd for Version {
     }
 }
 
-/// Weight of a character in a non-digit run: `~` below the end of the run,
-/// letters at their code, everything else after all letters (dpkg's `order`).
-fn weight(c: Option<u8>) -> i32 {
-    match c {
-        None => 0,
-        Some(b'~') => -1,
-        Some(c) if c.is_ascii_alphabetic() => c as i32,
-        Some(c) => c as i32 + 256,
-    }
+/// opam's character order inside non-numeric runs: `~` first, then letters,
+/// then everything else.
+fn compare_chars(a: u8, b: u8) -> Ordering {
+    let class = |c: u8| match c {
+        b'~' => 0,
+        c if c.is_ascii_alphabetic() => 1,
+        _ => 2,
+    };
+    class(a).cmp(&class(b)).then(a.cmp(&b))
 }
 
-/// opam's version comparison (OpamVersionCompare.compare).
-pub fn compare(a: &str, b: &str) -> Ordering {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let (mut i, mut j) = (0usize, 0usize);
-    while i < a.len() || j < b.len() {
-        // Non-digit prefixes, compared character by character.
-        let si = i;
-        while i < a.len() && !a[i].is_ascii_digit() {
-            i += 1;
-        }
-        let sj = j;
-        while j < b.len() && !b[j].is_ascii_digit() {
-            j += 1;
-        }
-        let (pa, pb) = (&a[si..i], &b[sj..j]);
-        let n = pa.len().max(pb.len());
-        for k in 0..n {
-            let ord = weight(pa.get(k).copied()).cmp(&weight(pb.get(k).copied()));
-            if ord != Ordering::Equal {
-                return ord;
+fn skip_zeros(x: &[u8], mut i: usize, end: usize) -> usize {
+    while i < end && x[i] == b'0' {
+        i += 1;
+    }
+    i
+}
+
+/// OpamVersionCompare's `loop_lexical` over `x[xi..xl]` and `y[yi..yl]`.
+fn loop_lexical(x: &[u8], y: &[u8], xl: usize, yl: usize, mut xi: usize, mut yi: usize) -> Ordering {
+    loop {
+        match (xi == xl, yi == yl) {
+            (true, true) => return Ordering::Equal,
+            (true, false) => {
+                let ys = skip_zeros(y, yi, yl);
+                return if ys == yl {
+                    Ordering::Equal
+                } else if y[ys] == b'~' {
+                    Ordering::Greater
+                } else {
+                    Ordering::Less
+                };
             }
-        }
-        // Digit runs, compared numerically without overflow.
-        let si = i;
-        while i < a.len() && a[i].is_ascii_digit() {
-            i += 1;
-        }
-        let sj = j;
-        while j < b.len() && b[j].is_ascii_digit() {
-            j += 1;
-        }
-        let da = strip_zeros(&a[si..i]);
-        let db = strip_zeros(&b[sj..j]);
-        let ord = da.len().cmp(&db.len()).then_with(|| da.cmp(db));
-        if ord != Ordering::Equal {
-            return ord;
+            (false, true) => {
+                let xs = skip_zeros(x, xi, xl);
+                return if xs == xl {
+                    Ordering::Equal
+                } else if x[xs] == b'~' {
+                    Ordering::Less
+                } else {
+                    Ordering::Greater
+                };
+            }
+            (false, false) => match (x[xi].is_ascii_digit(), y[yi].is_ascii_digit()) {
+                (true, true) => {
+                    // Numeric runs, leading zeros skipped: longer is larger, then digit by digit.
+                    xi = skip_zeros(x, xi, xl);
+                    yi = skip_zeros(y, yi, yl);
+                    let mut xn = xi;
+                    while xn < xl && x[xn].is_ascii_digit() {
+                        xn += 1;
+                    }
+                    let mut yn = yi;
+                    while yn < yl && y[yn].is_ascii_digit() {
+                        yn += 1;
+                    }
+                    let ord = (xn - xi).cmp(&(yn - yi)).then_with(|| x[xi..xn].cmp(&y[yi..yn]));
+                    if ord != Ordering::Equal {
+                        return ord;
+                    }
+                    xi = xn;
+                    yi = yn;
+                }
+                (true, false) => return if y[yi] == b'~' { Ordering::Greater } else { Ordering::Less },
+                (false, true) => return if x[xi] == b'~' { Ordering::Less } else { Ordering::Greater },
+                (false, false) => {
+                    let ord = compare_chars(x[xi], y[yi]);
+                    if ord != Ordering::Equal {
+                        return ord;
+                    }
+                    xi += 1;
+                    yi += 1;
+                }
+            },
         }
     }
-    Ordering::Equal
 }
 
-fn strip_zeros(d: &[u8]) -> &[u8] {
-    let k = d.iter().take_while(|&&c| c == b'0').count();
-    &d[k..]
+/// opam's version comparison (OpamVersionCompare.compare, as in opam 2.1):
+/// Debian's algorithm on the part before the last `-`, then on the part after
+/// it — so `0.3.0-0` equals `0.3.0`, and `~` sorts before everything.
+pub fn compare(a: &str, b: &str) -> Ordering {
+    if a == b {
+        return Ordering::Equal;
+    }
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    let rx = x.iter().rposition(|&c| c == b'-').unwrap_or(x.len());
+    let ry = y.iter().rposition(|&c| c == b'-').unwrap_or(y.len());
+    loop_lexical(x, y, rx, ry, 0, 0).then_with(|| loop_lexical(x, y, x.len(), y.len(), (rx + 1).min(x.len()), (ry + 1).min(y.len())))
 }
 
 #[cfg(test)]
@@ -115,6 +149,10 @@ mod tests {
         lt("1.0-EAC1", "1.0+x");
         lt("1.0~draft.2", "1.0-EAC1");
         assert_eq!(compare("01", "1"), Ordering::Equal);
+        // The part after the last `-` is a revision compared on its own.
+        assert_eq!(compare("0.3.0-0", "0.3.0"), Ordering::Equal);
+        lt("0.3.0", "0.3.0-1");
+        lt("1.0-2", "1.0.1-1");
         assert_eq!(compare("", ""), Ordering::Equal);
         lt("", "0.1");
         lt("~", "");
