@@ -23,7 +23,12 @@ struct Args {
     #[arg(long, env = "FLOTILLA_SERVER")]
     server: String,
     /// Agent token.
-    #[arg(long, env = "FLOTILLA_AGENT_TOKEN", hide_env_values = true, conflicts_with = "token_file")]
+    #[arg(
+        long,
+        env = "FLOTILLA_AGENT_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "token_file"
+    )]
     token: Option<String>,
     /// File holding the agent token.
     #[arg(long, env = "FLOTILLA_AGENT_TOKEN_FILE")]
@@ -39,7 +44,11 @@ struct Args {
     #[arg(long)]
     capacity: Option<u32>,
     /// Where jobs run and temporary files go.
-    #[arg(long, env = "FLOTILLA_AGENT_WORKDIR", default_value = "./flotilla-agent-work")]
+    #[arg(
+        long,
+        env = "FLOTILLA_AGENT_WORKDIR",
+        default_value = "./flotilla-agent-work"
+    )]
     workdir: PathBuf,
     /// Seconds between SIGTERM and SIGKILL when stopping a job.
     #[arg(long, default_value_t = 10)]
@@ -86,9 +95,9 @@ fn real_main() -> anyhow::Result<()> {
         Some(n) => n,
         None => sysinfo::System::host_name().context("no --name and no host name")?,
     };
-    let capacity = args.capacity.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
-    });
+    let capacity = args
+        .capacity
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
     anyhow::ensure!(capacity >= 1, "--capacity must be at least 1");
     std::fs::create_dir_all(&args.workdir)
         .with_context(|| format!("creating work directory {}", args.workdir.display()))?;
@@ -111,8 +120,9 @@ fn real_main() -> anyhow::Result<()> {
         tokio::spawn(async move {
             #[cfg(unix)]
             {
-                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("installing a SIGTERM handler succeeds at start-up");
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("installing a SIGTERM handler succeeds at start-up");
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => {}
                     _ = term.recv() => {}

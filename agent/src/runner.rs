@@ -72,7 +72,10 @@ impl Shared {
     }
 
     fn stop_job(&self, job: Uuid, reason: StopReason) {
-        let mut running = self.running.lock().expect("running-jobs lock is never poisoned");
+        let mut running = self
+            .running
+            .lock()
+            .expect("running-jobs lock is never poisoned");
         if let Some(r) = running.get_mut(&job) {
             r.reason.get_or_insert(reason);
             r.stop.cancel();
@@ -81,7 +84,11 @@ impl Shared {
 }
 
 /// Runs the agent until `shutdown`.
-pub async fn run(api: ServerApi, config: AgentConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    api: ServerApi,
+    config: AgentConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(config.workdir.join("jobs"))?;
     let mut health = HealthCollector::new(&config.workdir);
     let reg = Register {
@@ -156,7 +163,8 @@ async fn lease_loop(shared: &Arc<Shared>, jobs: &TaskTracker, shutdown: &Cancell
         let changed = shared.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        let active = *shared.state.lock().expect("state lock is never poisoned") == AgentState::Active;
+        let active =
+            *shared.state.lock().expect("state lock is never poisoned") == AgentState::Active;
         if !active || shared.used_slots() >= shared.config.capacity {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -190,7 +198,12 @@ async fn lease_loop(shared: &Arc<Shared>, jobs: &TaskTracker, shutdown: &Cancell
     }
 }
 
-fn start_job(shared: &Arc<Shared>, jobs: &TaskTracker, job: LeasedJob, shutdown: &CancellationToken) {
+fn start_job(
+    shared: &Arc<Shared>,
+    jobs: &TaskTracker,
+    job: LeasedJob,
+    shutdown: &CancellationToken,
+) {
     let lease = LeaseRef {
         job_id: job.job_id,
         lease_token: job.lease_token,
@@ -346,7 +359,9 @@ async fn run_command(
                     }
                     Err(e) => {
                         let class = match &e {
-                            CallError::Refused { code, .. } if code == "missing_output" => FailureClass::Fatal,
+                            CallError::Refused { code, .. } if code == "missing_output" => {
+                                FailureClass::Fatal
+                            }
                             _ => FailureClass::Retryable,
                         };
                         return Err(fail(class, format!("output `{name}`: {e}"), Some(0)));
@@ -372,7 +387,10 @@ async fn run_command(
         )),
         Outcome::TimedOut => Err(fail(
             FailureClass::TimedOut,
-            format!("command ran past its timeout of {}s", cmd.timeout_s.unwrap_or(0)),
+            format!(
+                "command ran past its timeout of {}s",
+                cmd.timeout_s.unwrap_or(0)
+            ),
             None,
         )),
         Outcome::Cancelled => Err(fail(FailureClass::Cancelled, "stopped".into(), None)),

@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use flotilla_core::api::{ErrorBody, OutputView};
-use flotilla_core::protocol::{paths, Complete, Fail, Heartbeat, HeartbeatReply, LeaseRef, LeaseReply, LeaseRequest, LogBatch, Register, Registered};
+use flotilla_core::protocol::{
+    paths, Complete, Fail, Heartbeat, HeartbeatReply, LeaseRef, LeaseReply, LeaseRequest, LogBatch,
+    Register, Registered,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -30,7 +33,13 @@ pub enum CallError {
 impl CallError {
     /// The server said our lease is gone (stale, not ours, or no such job).
     pub fn lease_gone(&self) -> bool {
-        matches!(self, CallError::Refused { status: 403 | 404 | 409, .. })
+        matches!(
+            self,
+            CallError::Refused {
+                status: 403 | 404 | 409,
+                ..
+            }
+        )
     }
 }
 
@@ -95,36 +104,85 @@ impl ServerApi {
         }
     }
 
-    pub async fn register(&self, reg: &Register, stop: &CancellationToken) -> Result<Registered, CallError> {
-        self.call(paths::REGISTER, reg, Duration::from_secs(30), stop).await
+    pub async fn register(
+        &self,
+        reg: &Register,
+        stop: &CancellationToken,
+    ) -> Result<Registered, CallError> {
+        self.call(paths::REGISTER, reg, Duration::from_secs(30), stop)
+            .await
     }
 
-    pub async fn lease(&self, wait: Duration, stop: &CancellationToken) -> Result<LeaseReply, CallError> {
+    pub async fn lease(
+        &self,
+        wait: Duration,
+        stop: &CancellationToken,
+    ) -> Result<LeaseReply, CallError> {
         let req = LeaseRequest {
             wait_ms: wait.as_millis() as u64,
         };
-        self.call(paths::LEASE, &req, wait + Duration::from_secs(15), stop).await
+        self.call(paths::LEASE, &req, wait + Duration::from_secs(15), stop)
+            .await
     }
 
     /// One try: a missed heartbeat is simply sent again next interval.
     pub async fn heartbeat(&self, hb: &Heartbeat) -> Result<HeartbeatReply, CallError> {
-        self.once(paths::HEARTBEAT, hb, Duration::from_secs(10)).await
+        self.once(paths::HEARTBEAT, hb, Duration::from_secs(10))
+            .await
     }
 
-    pub async fn start(&self, lease: LeaseRef, stop: &CancellationToken) -> Result<serde_json::Value, CallError> {
-        self.call(&paths::job(lease.job_id, "start"), &lease, Duration::from_secs(30), stop).await
+    pub async fn start(
+        &self,
+        lease: LeaseRef,
+        stop: &CancellationToken,
+    ) -> Result<serde_json::Value, CallError> {
+        self.call(
+            &paths::job(lease.job_id, "start"),
+            &lease,
+            Duration::from_secs(30),
+            stop,
+        )
+        .await
     }
 
-    pub async fn log(&self, job: Uuid, batch: &LogBatch, stop: &CancellationToken) -> Result<serde_json::Value, CallError> {
-        self.call(&paths::job(job, "log"), batch, Duration::from_secs(30), stop).await
+    pub async fn log(
+        &self,
+        job: Uuid,
+        batch: &LogBatch,
+        stop: &CancellationToken,
+    ) -> Result<serde_json::Value, CallError> {
+        self.call(
+            &paths::job(job, "log"),
+            batch,
+            Duration::from_secs(30),
+            stop,
+        )
+        .await
     }
 
-    pub async fn complete(&self, job: Uuid, c: &Complete, stop: &CancellationToken) -> Result<serde_json::Value, CallError> {
-        self.call(&paths::job(job, "complete"), c, Duration::from_secs(60), stop).await
+    pub async fn complete(
+        &self,
+        job: Uuid,
+        c: &Complete,
+        stop: &CancellationToken,
+    ) -> Result<serde_json::Value, CallError> {
+        self.call(
+            &paths::job(job, "complete"),
+            c,
+            Duration::from_secs(60),
+            stop,
+        )
+        .await
     }
 
-    pub async fn fail(&self, job: Uuid, f: &Fail, stop: &CancellationToken) -> Result<serde_json::Value, CallError> {
-        self.call(&paths::job(job, "fail"), f, Duration::from_secs(60), stop).await
+    pub async fn fail(
+        &self,
+        job: Uuid,
+        f: &Fail,
+        stop: &CancellationToken,
+    ) -> Result<serde_json::Value, CallError> {
+        self.call(&paths::job(job, "fail"), f, Duration::from_secs(60), stop)
+            .await
     }
 
     /// Streams a file to the server as one output of the current attempt.
@@ -143,7 +201,8 @@ impl ServerApi {
                 message: format!("declared output {} cannot be read: {e}", file.display()),
             })?;
         let len = f.metadata().await.map(|m| m.len()).ok();
-        let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(f, 1 << 20));
+        let body =
+            reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(f, 1 << 20));
         let encoded: String = name
             .split('/')
             .map(|p| url_escape(p))
@@ -197,7 +256,10 @@ async fn decode<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, CallE
     if !status.is_success() {
         let (code, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
             Ok(e) => (e.error.code, e.error.message),
-            Err(_) => ("unknown".into(), String::from_utf8_lossy(&bytes).into_owned()),
+            Err(_) => (
+                "unknown".into(),
+                String::from_utf8_lossy(&bytes).into_owned(),
+            ),
         };
         return Err(CallError::Refused {
             status: status.as_u16(),

@@ -173,15 +173,23 @@ mod tests {
     #[test]
     fn output_paths_are_checked() {
         assert!(check_output_path("out/result.txt").is_ok());
-        for bad in ["", "/etc/passwd", "a/../b", "a//b", "a/", "./a", "c:\\x", "a\nb"] {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "a/../b",
+            "a//b",
+            "a/",
+            "./a",
+            "c:\\x",
+            "a\nb",
+        ] {
             assert!(check_output_path(bad).is_err(), "{bad:?} accepted");
         }
     }
 
     #[test]
     fn spec_parses_with_kind_tag_and_rejects_unknown_kind() {
-        let spec: JobSpec =
-            serde_json::from_str(r#"{"kind":"command","command":"true"}"#).unwrap();
+        let spec: JobSpec = serde_json::from_str(r#"{"kind":"command","command":"true"}"#).unwrap();
         assert_eq!(spec.kind(), "command");
         let err = serde_json::from_str::<JobSpec>(r#"{"kind":"nope","command":"true"}"#)
             .unwrap_err()

@@ -68,7 +68,11 @@ pub async fn held_leases(db: &PgPool, agent: Uuid) -> Result<Vec<LeaseRef>, sqlx
 
 /// Records a heartbeat's health; moves a draining agent with no work left
 /// to drained. Returns the agent's state.
-pub async fn touch(db: &PgPool, agent: Uuid, health: &HostHealth) -> Result<AgentState, sqlx::Error> {
+pub async fn touch(
+    db: &PgPool,
+    agent: Uuid,
+    health: &HostHealth,
+) -> Result<AgentState, sqlx::Error> {
     let state: String = sqlx::query_scalar(
         "UPDATE agents SET health = $2, last_seen_at = now(),
              state = CASE WHEN state = 'draining' AND NOT EXISTS (
@@ -101,7 +105,11 @@ pub enum Steer {
 }
 
 /// Sets the operator state; `None` if no such agent.
-pub async fn steer(db: &PgPool, name: &str, steer: Steer) -> Result<Option<AgentState>, sqlx::Error> {
+pub async fn steer(
+    db: &PgPool,
+    name: &str,
+    steer: Steer,
+) -> Result<Option<AgentState>, sqlx::Error> {
     let sql = match steer {
         Steer::Pause => "UPDATE agents SET state = 'paused' WHERE name = $1 RETURNING state",
         Steer::Resume => "UPDATE agents SET state = 'active' WHERE name = $1 RETURNING state",
@@ -112,7 +120,10 @@ pub async fn steer(db: &PgPool, name: &str, steer: Steer) -> Result<Option<Agent
              WHERE name = $1 RETURNING state"
         }
     };
-    let s: Option<String> = sqlx::query_scalar(sql).bind(name).fetch_optional(db).await?;
+    let s: Option<String> = sqlx::query_scalar(sql)
+        .bind(name)
+        .fetch_optional(db)
+        .await?;
     Ok(s.as_deref().map(parse_state))
 }
 
@@ -149,8 +160,7 @@ pub async fn list(db: &PgPool, heartbeat: Duration) -> Result<Vec<AgentView>, sq
     Ok(rows
         .into_iter()
         .map(|r| {
-            let health: Option<HostHealth> =
-                r.health.and_then(|h| serde_json::from_value(h).ok());
+            let health: Option<HostHealth> = r.health.and_then(|h| serde_json::from_value(h).ok());
             AgentView {
                 disk_nearly_full: health.as_ref().is_some_and(|h| h.disk_nearly_full()),
                 name: r.name,

@@ -173,9 +173,15 @@ impl EmbeddedPostgres {
     async fn initdb(&self) -> Result<(), EmbeddedPgError> {
         tracing::info!(data_dir = %self.data_dir.display(), "creating PostgreSQL cluster");
         let mut cmd = self.command("initdb");
-        cmd.arg("-D")
-            .arg(&self.data_dir)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync"]);
+        cmd.arg("-D").arg(&self.data_dir).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-locale",
+            "--no-sync",
+        ]);
         self.run("initdb", cmd).await
     }
 

@@ -66,7 +66,10 @@ pub async fn run(
         .await
         .context("extending leases at start-up")?;
     if extended > 0 {
-        tracing::info!(leases = extended, "gave live leases a grace period after start-up");
+        tracing::info!(
+            leases = extended,
+            "gave live leases a grace period after start-up"
+        );
     }
     let tasks = TaskTracker::new();
     tasks.spawn(crate::queue::reaper::run(

@@ -62,7 +62,8 @@ impl Settings {
         Settings {
             lease_ttl,
             heartbeat_interval: lease_ttl / 3,
-            reap_interval: (lease_ttl / 10).clamp(Duration::from_millis(200), Duration::from_secs(2)),
+            reap_interval: (lease_ttl / 10)
+                .clamp(Duration::from_millis(200), Duration::from_secs(2)),
             ..Settings::default()
         }
     }

@@ -60,18 +60,31 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
-    let n_jobs: usize = std::env::var("DISPATCH_JOBS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
-    let n_agents: usize = std::env::var("DISPATCH_AGENTS").ok().and_then(|s| s.parse().ok()).unwrap_or(64);
+    let n_jobs: usize = std::env::var("DISPATCH_JOBS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5000);
+    let n_agents: usize = std::env::var("DISPATCH_AGENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(64);
     let pg = flotilla_e2e::pg::shared().await;
 
     // The limit: claim + complete straight on the pool.
     let name = flotilla_e2e::pg::fresh_database(pg).await;
-    let db = serve::connect(pg.connect_options(&name), Duration::from_secs(10)).await.unwrap();
+    let db = serve::connect(pg.connect_options(&name), Duration::from_secs(10))
+        .await
+        .unwrap();
     serve::migrate(&db).await.unwrap();
     submit::submit(&db, &noop_jobs(n_jobs)).await.unwrap();
     let mut ids = Vec::new();
     for i in 0..n_agents {
-        ids.push(agents::register(&db, &register(&format!("direct-{i}"))).await.unwrap().0);
+        ids.push(
+            agents::register(&db, &register(&format!("direct-{i}")))
+                .await
+                .unwrap()
+                .0,
+        );
     }
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -81,7 +94,10 @@ async fn main() {
             let mut lat = Vec::new();
             loop {
                 let t = Instant::now();
-                let Some(job) = claim::claim(&db, agent, Duration::from_secs(60)).await.unwrap() else {
+                let Some(job) = claim::claim(&db, agent, Duration::from_secs(60))
+                    .await
+                    .unwrap()
+                else {
                     return lat;
                 };
                 lat.push(t.elapsed());
@@ -114,16 +130,26 @@ async fn main() {
         },
     )
     .await;
-    let db2 = serve::connect(pg.connect_options(&name), Duration::from_secs(10)).await.unwrap();
+    let db2 = serve::connect(pg.connect_options(&name), Duration::from_secs(10))
+        .await
+        .unwrap();
     submit::submit(&db2, &noop_jobs(n_jobs)).await.unwrap();
-    let http = reqwest::Client::builder().pool_max_idle_per_host(n_agents).build().unwrap();
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(n_agents)
+        .build()
+        .unwrap();
     let base = Arc::new(server.url());
     let mut tokens = Vec::new();
     for i in 0..n_agents {
         let name = format!("http-{i}");
-        let (_, token) = auth::create_token(&db2, flotilla_core::api::TokenRole::Agent, Some(&name), None)
-            .await
-            .unwrap();
+        let (_, token) = auth::create_token(
+            &db2,
+            flotilla_core::api::TokenRole::Agent,
+            Some(&name),
+            None,
+        )
+        .await
+        .unwrap();
         let r = http
             .post(format!("{base}/api/agent/v1/register"))
             .bearer_auth(&token)
@@ -193,5 +219,8 @@ async fn main() {
         percentile(&http_lat, 0.5),
         percentile(&http_lat, 0.99)
     );
-    println!("  ratio HTTP / direct: {:.2} (target >= 0.5)", http_rate / direct_rate);
+    println!(
+        "  ratio HTTP / direct: {:.2} (target >= 0.5)",
+        http_rate / direct_rate
+    );
 }

@@ -33,7 +33,12 @@ impl Api {
     }
 
     /// Sends and returns (status, body as JSON or as a string value).
-    pub async fn raw(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    pub async fn raw(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.base))

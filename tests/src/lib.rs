@@ -24,7 +24,9 @@ use std::path::PathBuf;
 /// this test executable (`target/debug/deps/NAME-HASH`).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its own path");
-    let deps = exe.parent().expect("test executables live in target/*/deps");
+    let deps = exe
+        .parent()
+        .expect("test executables live in target/*/deps");
     deps.parent().expect("deps has a parent").to_path_buf()
 }
 
@@ -59,7 +61,10 @@ where
 {
     let start = std::time::Instant::now();
     while !cond().await {
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }

@@ -44,6 +44,8 @@ fn make_traversable_root(dir: &std::path::Path) {
 /// A new, empty database in `pg`; returns its name.
 pub async fn fresh_database(pg: &EmbeddedPostgres) -> String {
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-    pg.ensure_database(&name).await.expect("creating a test database");
+    pg.ensure_database(&name)
+        .await
+        .expect("creating a test database");
     name
 }

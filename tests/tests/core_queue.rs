@@ -39,10 +39,25 @@ async fn five_hundred_jobs_across_three_agents_succeed_exactly_once() {
         assert_eq!(j.attempt, 1, "job {id} needed {} attempts", j.attempt);
         *by_agent.entry(j.agent.clone().unwrap()).or_default() += 1;
         let mark = std::fs::read_to_string(marks.join(id)).unwrap();
-        assert_eq!(mark.lines().count(), 1, "job {id} ran {} times", mark.lines().count());
+        assert_eq!(
+            mark.lines().count(),
+            1,
+            "job {id} ran {} times",
+            mark.lines().count()
+        );
     }
-    assert_eq!(by_agent.len(), 3, "all three agents took work: {by_agent:?}");
-    let log = api.raw(reqwest::Method::GET, &format!("/api/v1/jobs/{}/log", ids[7]), None).await;
+    assert_eq!(
+        by_agent.len(),
+        3,
+        "all three agents took work: {by_agent:?}"
+    );
+    let log = api
+        .raw(
+            reqwest::Method::GET,
+            &format!("/api/v1/jobs/{}/log", ids[7]),
+            None,
+        )
+        .await;
     assert_eq!(log.1.as_str().unwrap().trim(), "job 7");
 }
 
@@ -69,7 +84,9 @@ async fn killed_agent_job_completes_elsewhere_and_late_completion_is_refused() {
     let id = api
         .submit(json!({"kind": "command", "command": "echo done", "max_attempts": 3}))
         .await;
-    let leased = ghost.post("/api/agent/v1/lease", json!({"wait_ms": 5000})).await;
+    let leased = ghost
+        .post("/api/agent/v1/lease", json!({"wait_ms": 5000}))
+        .await;
     assert_eq!(leased["job"]["job_id"].as_str(), Some(id.as_str()));
     let ghost_lease = leased["job"]["lease_token"].as_str().unwrap().to_string();
 
@@ -78,11 +95,15 @@ async fn killed_agent_job_completes_elsewhere_and_late_completion_is_refused() {
         .submit(json!({"kind": "command", "command": "sleep 4; echo slow", "max_attempts": 3}))
         .await;
     let mut doomed = Agent::start(&server, "doomed", 1, &[]).await;
-    eventually("the doomed agent to run the slow job", Duration::from_secs(30), || {
-        let api = api.clone();
-        let id2 = id2.clone();
-        async move { api.job(&id2).await.state == JobState::Running }
-    })
+    eventually(
+        "the doomed agent to run the slow job",
+        Duration::from_secs(30),
+        || {
+            let api = api.clone();
+            let id2 = id2.clone();
+            async move { api.job(&id2).await.state == JobState::Running }
+        },
+    )
     .await;
     doomed.kill().await;
 
@@ -106,7 +127,10 @@ async fn killed_agent_job_completes_elsewhere_and_late_completion_is_refused() {
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"]["code"], "stale_lease");
     let j = api.job(&id).await;
-    assert_eq!((j.state, j.attempt, j.agent.as_deref()), (JobState::Succeeded, 2, Some("survivor")));
+    assert_eq!(
+        (j.state, j.attempt, j.agent.as_deref()),
+        (JobState::Succeeded, 2, Some("survivor"))
+    );
 }
 
 /// Cancelling a running job kills the whole process tree, grandchildren
@@ -129,17 +153,30 @@ async fn cancel_kills_grandchildren() {
         async move { p.exists() }
     })
     .await;
-    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
-    assert!(process_alive(pid), "grandchild {pid} runs before the cancel");
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        process_alive(pid),
+        "grandchild {pid} runs before the cancel"
+    );
     let (status, body) = api
-        .raw(reqwest::Method::POST, &format!("/api/v1/jobs/{id}/cancel"), None)
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/v1/jobs/{id}/cancel"),
+            None,
+        )
         .await;
     assert_eq!(status, 202, "{body}");
     let j = api.wait_final(&id, Duration::from_secs(30)).await;
     assert_eq!(j.state, JobState::Cancelled);
-    eventually("the grandchild to be gone", Duration::from_secs(10), || async move {
-        !process_alive(pid)
-    })
+    eventually(
+        "the grandchild to be gone",
+        Duration::from_secs(10),
+        || async move { !process_alive(pid) },
+    )
     .await;
 }
 
@@ -178,30 +215,99 @@ async fn bad_input_is_refused_and_changes_nothing() {
     };
     let admin = server.admin_token.clone();
     let cases: Vec<(&str, Vec<u8>, Option<&str>, u16, &str)> = vec![
-        ("malformed JSON", b"{\"kind\": \"command\", ".to_vec(), Some(&admin), 400, "malformed JSON"),
-        ("unknown kind", br#"{"kind":"teleport","command":"x"}"#.to_vec(), Some(&admin), 422, "unknown variant `teleport`"),
-        ("missing field", br#"{"kind":"command"}"#.to_vec(), Some(&admin), 422, "missing field `command`"),
-        ("empty command", br#"{"kind":"command","command":"  "}"#.to_vec(), Some(&admin), 422, "`command` is empty"),
-        ("bad output path", br#"{"kind":"command","command":"x","outputs":["../etc"]}"#.to_vec(), Some(&admin), 422, "outputs[0]"),
-        ("zero attempts", br#"{"kind":"command","command":"x","max_attempts":0}"#.to_vec(), Some(&admin), 422, "max_attempts"),
-        ("oversize body", format!(r#"{{"kind":"command","command":"{}"}}"#, "x".repeat(2 << 20)).into_bytes(), Some(&admin), 413, "larger than"),
-        ("missing token", br#"{"kind":"command","command":"x"}"#.to_vec(), None, 401, "Authorization"),
-        ("bad token", br#"{"kind":"command","command":"x"}"#.to_vec(), Some("flt_nope"), 401, "unknown or revoked token"),
+        (
+            "malformed JSON",
+            b"{\"kind\": \"command\", ".to_vec(),
+            Some(&admin),
+            400,
+            "malformed JSON",
+        ),
+        (
+            "unknown kind",
+            br#"{"kind":"teleport","command":"x"}"#.to_vec(),
+            Some(&admin),
+            422,
+            "unknown variant `teleport`",
+        ),
+        (
+            "missing field",
+            br#"{"kind":"command"}"#.to_vec(),
+            Some(&admin),
+            422,
+            "missing field `command`",
+        ),
+        (
+            "empty command",
+            br#"{"kind":"command","command":"  "}"#.to_vec(),
+            Some(&admin),
+            422,
+            "`command` is empty",
+        ),
+        (
+            "bad output path",
+            br#"{"kind":"command","command":"x","outputs":["../etc"]}"#.to_vec(),
+            Some(&admin),
+            422,
+            "outputs[0]",
+        ),
+        (
+            "zero attempts",
+            br#"{"kind":"command","command":"x","max_attempts":0}"#.to_vec(),
+            Some(&admin),
+            422,
+            "max_attempts",
+        ),
+        (
+            "oversize body",
+            format!(
+                r#"{{"kind":"command","command":"{}"}}"#,
+                "x".repeat(2 << 20)
+            )
+            .into_bytes(),
+            Some(&admin),
+            413,
+            "larger than",
+        ),
+        (
+            "missing token",
+            br#"{"kind":"command","command":"x"}"#.to_vec(),
+            None,
+            401,
+            "Authorization",
+        ),
+        (
+            "bad token",
+            br#"{"kind":"command","command":"x"}"#.to_vec(),
+            Some("flt_nope"),
+            401,
+            "unknown or revoked token",
+        ),
     ];
     for (what, body, token, want, needle) in cases {
         let (status, v) = post_raw(body, token).await;
         assert_eq!(status, want, "{what}: {v}");
         let msg = v["error"]["message"].as_str().unwrap_or_default();
-        assert!(msg.contains(needle), "{what}: message {msg:?} lacks {needle:?}");
+        assert!(
+            msg.contains(needle),
+            "{what}: message {msg:?} lacks {needle:?}"
+        );
         assert!(v["error"]["code"].is_string(), "{what}: no code in {v}");
     }
     // Agent tokens cannot use the client API.
     let agent_token = api.agent_token("a1").await;
-    let (status, _) = post_raw(br#"{"kind":"command","command":"x"}"#.to_vec(), Some(&agent_token)).await;
+    let (status, _) = post_raw(
+        br#"{"kind":"command","command":"x"}"#.to_vec(),
+        Some(&agent_token),
+    )
+    .await;
     assert_eq!(status, 403);
     // Nothing was written.
     let list = api.get("/api/v1/jobs").await;
-    assert_eq!(list["jobs"].as_array().unwrap().len(), 0, "no job was created: {list}");
+    assert_eq!(
+        list["jobs"].as_array().unwrap().len(),
+        0,
+        "no job was created: {list}"
+    );
 
     // Another agent's lease: a1 takes a job; a2 may not touch it.
     let health = serde_json::to_value(flotilla_core::health::HostHealth::default()).unwrap();
@@ -223,8 +329,12 @@ async fn bad_input_is_refused_and_changes_nothing() {
         )
         .await;
     assert_eq!(status, 403);
-    let id = api.submit(json!({"kind": "command", "command": "true"})).await;
-    let leased = a1.post("/api/agent/v1/lease", json!({"wait_ms": 5000})).await;
+    let id = api
+        .submit(json!({"kind": "command", "command": "true"}))
+        .await;
+    let leased = a1
+        .post("/api/agent/v1/lease", json!({"wait_ms": 5000}))
+        .await;
     let token = leased["job"]["lease_token"].as_str().unwrap().to_string();
     for action in ["complete", "start", "log"] {
         let body = match action {
@@ -233,13 +343,23 @@ async fn bad_input_is_refused_and_changes_nothing() {
             _ => json!({"lease_token": token, "exit_code": 0}),
         };
         let (status, v) = a2
-            .raw(reqwest::Method::POST, &format!("/api/agent/v1/jobs/{id}/{action}"), Some(body))
+            .raw(
+                reqwest::Method::POST,
+                &format!("/api/agent/v1/jobs/{id}/{action}"),
+                Some(body),
+            )
             .await;
         assert_eq!(status, 403, "{action} by another agent: {v}");
     }
     let j = api.job(&id).await;
     assert_eq!(j.state, JobState::Leased, "still a1's");
-    let log = api.raw(reqwest::Method::GET, &format!("/api/v1/jobs/{id}/log"), None).await;
+    let log = api
+        .raw(
+            reqwest::Method::GET,
+            &format!("/api/v1/jobs/{id}/log"),
+            None,
+        )
+        .await;
     assert_eq!(log.1.as_str().unwrap(), "", "no log line was written");
 }
 
@@ -253,7 +373,11 @@ async fn pause_drain_resume_are_persisted() {
     let _agent = Agent::start(&server, "steered", 2, &[]).await;
     eventually("the agent to register", Duration::from_secs(30), || {
         let api = api.clone();
-        async move { api.get("/api/v1/agents").await["agents"].as_array().is_some_and(|a| !a.is_empty()) }
+        async move {
+            api.get("/api/v1/agents").await["agents"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty())
+        }
     })
     .await;
     let v = api.post("/api/v1/agents/steered/pause", json!({})).await;
@@ -263,18 +387,37 @@ async fn pause_drain_resume_are_persisted() {
     let api = server.api();
     let agents = api.get("/api/v1/agents").await;
     assert_eq!(agents["agents"][0]["state"], "paused", "{agents}");
-    let id = api.submit(json!({"kind": "command", "command": "true"})).await;
+    let id = api
+        .submit(json!({"kind": "command", "command": "true"}))
+        .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(api.job(&id).await.state, JobState::Queued, "a paused agent takes nothing");
+    assert_eq!(
+        api.job(&id).await.state,
+        JobState::Queued,
+        "a paused agent takes nothing"
+    );
     api.post("/api/v1/agents/steered/resume", json!({})).await;
-    assert_eq!(api.wait_final(&id, Duration::from_secs(30)).await.state, JobState::Succeeded);
+    assert_eq!(
+        api.wait_final(&id, Duration::from_secs(30)).await.state,
+        JobState::Succeeded
+    );
     let v = api.post("/api/v1/agents/steered/drain", json!({})).await;
     assert_eq!(v["state"], "drained", "an idle agent drains at once");
     let (status, _) = api
-        .raw(reqwest::Method::POST, "/api/v1/agents/steered/explode", Some(json!({})))
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/agents/steered/explode",
+            Some(json!({})),
+        )
         .await;
     assert_eq!(status, 404);
-    let id = api.submit(json!({"kind": "command", "command": "true"})).await;
+    let id = api
+        .submit(json!({"kind": "command", "command": "true"}))
+        .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(api.job(&id).await.state, JobState::Queued, "a drained agent takes nothing");
+    assert_eq!(
+        api.job(&id).await.state,
+        JobState::Queued,
+        "a drained agent takes nothing"
+    );
 }

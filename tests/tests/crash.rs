@@ -60,7 +60,12 @@ async fn server_killed_and_restarted_loses_nothing_and_repeats_nothing() {
         let j = api.wait_final(id, Duration::from_secs(180)).await;
         assert_eq!(j.state, JobState::Succeeded, "job {id}: {:?}", j.error);
         let runs = std::fs::read_to_string(marks.join(id)).unwrap();
-        assert_eq!(runs.lines().count(), 1, "job {id} ran to completion {} times", runs.lines().count());
+        assert_eq!(
+            runs.lines().count(),
+            1,
+            "job {id} ran to completion {} times",
+            runs.lines().count()
+        );
     }
 }
 
@@ -70,7 +75,9 @@ async fn server_killed_and_restarted_loses_nothing_and_repeats_nothing() {
 async fn postgres_restart_under_running_server() {
     let dir = scratch("e2e-pg-restart-");
     // Its own cluster: restarting the shared one would disturb other tests.
-    let pg = EmbeddedPostgres::start(&dir.path().join("pgc")).await.unwrap();
+    let pg = EmbeddedPostgres::start(&dir.path().join("pgc"))
+        .await
+        .unwrap();
     pg.ensure_database("flotilla").await.unwrap();
     let server = Server::start(
         dir.path(),
@@ -100,14 +107,21 @@ async fn postgres_restart_under_running_server() {
         let mut tries = 0;
         loop {
             let (status, v) = api
-                .raw(reqwest::Method::POST, "/api/v1/jobs", Some(marker_job(&marks, "0.1")))
+                .raw(
+                    reqwest::Method::POST,
+                    "/api/v1/jobs",
+                    Some(marker_job(&marks, "0.1")),
+                )
                 .await;
             if status == 201 {
                 ids.push(v["id"].as_str().unwrap().to_string());
                 break;
             }
             tries += 1;
-            assert!(tries < 20 && status == 503, "submit after restart: {status} {v}");
+            assert!(
+                tries < 20 && status == 503,
+                "submit after restart: {status} {v}"
+            );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
@@ -115,7 +129,12 @@ async fn postgres_restart_under_running_server() {
         let j = api.wait_final(id, Duration::from_secs(120)).await;
         assert_eq!(j.state, JobState::Succeeded, "job {id}: {:?}", j.error);
         let runs = std::fs::read_to_string(marks.join(id)).unwrap();
-        assert_eq!(runs.lines().count(), 1, "job {id} ran {} times", runs.lines().count());
+        assert_eq!(
+            runs.lines().count(),
+            1,
+            "job {id} ran {} times",
+            runs.lines().count()
+        );
     }
     drop(server);
     pg.stop_now().await.unwrap();

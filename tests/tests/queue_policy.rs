@@ -32,7 +32,10 @@ fn job(submitter: &str, priority: i32, labels: &[(&str, &str)], cost: u32) -> su
             timeout_s: None,
             outputs: vec![],
         }),
-        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         priority,
         max_attempts: 2,
         cost,
@@ -46,7 +49,10 @@ async fn agent(db: &PgPool, name: &str, capacity: u32, labels: &[(&str, &str)]) 
         db,
         &Register {
             name: name.into(),
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             capacity,
             kinds: vec!["command".into()],
             version: "t".into(),
@@ -79,13 +85,19 @@ async fn a_small_submitter_is_not_starved_by_a_big_one() {
     let a = agent(&db, "worker", 1000, &[]).await;
     let mut small_done = 0;
     for n in 0..20 {
-        let j = claim::claim(&db, a, TTL).await.unwrap().expect("work available");
+        let j = claim::claim(&db, a, TTL)
+            .await
+            .unwrap()
+            .expect("work available");
         if submitter_of(&db, j.job_id).await == "small" {
             small_done += 1;
         }
         let _ = n;
     }
-    assert_eq!(small_done, 10, "all of the small submitter's jobs ran within 20 claims");
+    assert_eq!(
+        small_done, 10,
+        "all of the small submitter's jobs ran within 20 claims"
+    );
 }
 
 #[tokio::test]
@@ -93,18 +105,44 @@ async fn priority_first_then_labels_then_cost() {
     let db = fresh_db().await;
     let low = submit::submit(&db, &[job("s", 0, &[], 1)]).await.unwrap()[0];
     let high = submit::submit(&db, &[job("s", 10, &[], 1)]).await.unwrap()[0];
-    let gpu = submit::submit(&db, &[job("s", 100, &[("gpu", "h100")], 1)]).await.unwrap()[0];
+    let gpu = submit::submit(&db, &[job("s", 100, &[("gpu", "h100")], 1)])
+        .await
+        .unwrap()[0];
     let heavy = submit::submit(&db, &[job("s", 50, &[], 4)]).await.unwrap()[0];
 
     let cpu_agent = agent(&db, "cpu", 2, &[("os", "linux")]).await;
     // The gpu job needs a label cpu lacks; the heavy one does not fit in 2
     // slots; so priority order gives `high`, then `low`.
-    assert_eq!(claim::claim(&db, cpu_agent, TTL).await.unwrap().unwrap().job_id, high);
-    assert_eq!(claim::claim(&db, cpu_agent, TTL).await.unwrap().unwrap().job_id, low);
-    assert!(claim::claim(&db, cpu_agent, TTL).await.unwrap().is_none(), "capacity 2 is full");
+    assert_eq!(
+        claim::claim(&db, cpu_agent, TTL)
+            .await
+            .unwrap()
+            .unwrap()
+            .job_id,
+        high
+    );
+    assert_eq!(
+        claim::claim(&db, cpu_agent, TTL)
+            .await
+            .unwrap()
+            .unwrap()
+            .job_id,
+        low
+    );
+    assert!(
+        claim::claim(&db, cpu_agent, TTL).await.unwrap().is_none(),
+        "capacity 2 is full"
+    );
 
     let gpu_agent = agent(&db, "gpu", 8, &[("gpu", "h100"), ("os", "linux")]).await;
-    assert_eq!(claim::claim(&db, gpu_agent, TTL).await.unwrap().unwrap().job_id, gpu);
+    assert_eq!(
+        claim::claim(&db, gpu_agent, TTL)
+            .await
+            .unwrap()
+            .unwrap()
+            .job_id,
+        gpu
+    );
     let j = claim::claim(&db, gpu_agent, TTL).await.unwrap().unwrap();
     assert_eq!((j.job_id, j.cost), (heavy, 4));
 }
@@ -137,7 +175,10 @@ async fn failed_attempts_back_off_and_stale_leases_are_refused() {
         .execute(&db)
         .await
         .unwrap();
-    let second = claim::claim(&db, a, Duration::from_millis(1)).await.unwrap().unwrap();
+    let second = claim::claim(&db, a, Duration::from_millis(1))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(second.attempt, 2);
     // The first attempt's lease can no longer complete the job.
     let err = lease::complete(&db, a, id, first.lease_token, Some(0), &[], None)

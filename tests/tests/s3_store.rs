@@ -34,7 +34,14 @@ async fn outputs_are_streamed_to_s3_with_size_and_sha256() {
     let dir = scratch("e2e-s3-");
     let s3_addr = free_addr();
     let mut moto = tokio::process::Command::new("python3")
-        .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &s3_addr.port().to_string()])
+        .args([
+            "-m",
+            "moto.server",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            &s3_addr.port().to_string(),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -87,11 +94,20 @@ async fn outputs_are_streamed_to_s3_with_size_and_sha256() {
         assert!(body.status().is_success(), "GET {url}: {}", body.status());
         let bytes = body.bytes().await.unwrap();
         assert_eq!(bytes.len() as u64, out.size, "{}", out.name);
-        assert_eq!(hex::encode(Sha256::digest(&bytes)), out.sha256, "{}", out.name);
+        assert_eq!(
+            hex::encode(Sha256::digest(&bytes)),
+            out.sha256,
+            "{}",
+            out.name
+        );
     }
     let small = job.outputs.iter().find(|o| o.name == "small.txt").unwrap();
     assert_eq!(small.size, 6);
-    let blob = job.outputs.iter().find(|o| o.name == "out/blob.bin").unwrap();
+    let blob = job
+        .outputs
+        .iter()
+        .find(|o| o.name == "out/blob.bin")
+        .unwrap();
     assert_eq!(blob.size, 3 << 20);
     drop(server);
     let _ = moto.kill().await;

@@ -25,8 +25,8 @@ use super::tokens::valid_agent_name;
 use crate::agents;
 use crate::auth::AgentAuth;
 use crate::error::{ApiError, ApiResult};
-use crate::queue::lease::{self, LeaseRefused};
 use crate::queue::claim;
+use crate::queue::lease::{self, LeaseRefused};
 use crate::state::AppState;
 
 impl From<LeaseRefused> for ApiError {
@@ -44,7 +44,9 @@ impl From<LeaseRefused> for ApiError {
 /// The registered agent behind the token.
 async fn agent_id(state: &AppState, name: &str) -> ApiResult<Uuid> {
     agents::id_of(&state.db, name).await?.ok_or_else(|| {
-        ApiError::Conflict(format!("agent `{name}` is not registered; call register first"))
+        ApiError::Conflict(format!(
+            "agent `{name}` is not registered; call register first"
+        ))
     })
 }
 

@@ -39,5 +39,7 @@ pub async fn steer(
     if matches!(steer, Steer::Resume) {
         state.job_signal.notify_waiters();
     }
-    Ok(Json(serde_json::json!({ "name": name, "state": new_state })))
+    Ok(Json(
+        serde_json::json!({ "name": name, "state": new_state }),
+    ))
 }

@@ -44,7 +44,11 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                     ApiError::BadRequest(format!("malformed JSON at {at}: {inner}"))
                 }
                 _ => {
-                    let field = if path == "." { String::new() } else { format!(" at `{path}`") };
+                    let field = if path == "." {
+                        String::new()
+                    } else {
+                        format!(" at `{path}`")
+                    };
                     ApiError::Invalid {
                         message: format!("invalid request{field}: {inner}"),
                         detail: Some(serde_json::json!({ "path": path })),

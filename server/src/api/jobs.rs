@@ -69,7 +69,10 @@ pub fn validate(body: SubmitJob, caller: &Caller) -> ApiResult<NewJob> {
             }
             for k in c.env.keys() {
                 if k.is_empty() || k.contains('=') || k.contains('\0') {
-                    return Err(invalid("env", format_args!("has a bad variable name {k:?}")));
+                    return Err(invalid(
+                        "env",
+                        format_args!("has a bad variable name {k:?}"),
+                    ));
                 }
             }
         }
@@ -132,7 +135,10 @@ pub async fn list(
 ) -> ApiResult<Json<JobList>> {
     let st = match q.state.as_deref() {
         None | Some("") => None,
-        Some(s) => Some(s.parse::<JobState>().map_err(|e| ApiError::BadRequest(e.to_string()))?),
+        Some(s) => Some(
+            s.parse::<JobState>()
+                .map_err(|e| ApiError::BadRequest(e.to_string()))?,
+        ),
     };
     let limit = q.limit.unwrap_or(100).clamp(1, 10_000);
     Ok(Json(JobList {
@@ -151,7 +157,10 @@ pub async fn log(
     }
     let (text, _) = read::log_text(&state.db, id, 0).await?;
     Ok((
-        [(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
         text,
     ))
 }
@@ -169,7 +178,9 @@ pub async fn cancel(
             "cancel requested; the agent stops the job at its next heartbeat".to_string(),
         ),
         Cancelled::AlreadyFinal(s) => {
-            return Err(ApiError::Conflict(format!("job {id} already finished: {s}")))
+            return Err(ApiError::Conflict(format!(
+                "job {id} already finished: {s}"
+            )))
         }
         Cancelled::NotFound => return Err(ApiError::NotFound(format!("no job {id}"))),
     };

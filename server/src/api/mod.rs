@@ -37,7 +37,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/agent/v1/heartbeat", post(agent_protocol::heartbeat))
         .route("/api/agent/v1/jobs/{id}/start", post(agent_protocol::start))
         .route("/api/agent/v1/jobs/{id}/log", post(agent_protocol::log))
-        .route("/api/agent/v1/jobs/{id}/complete", post(agent_protocol::complete))
+        .route(
+            "/api/agent/v1/jobs/{id}/complete",
+            post(agent_protocol::complete),
+        )
         .route("/api/agent/v1/jobs/{id}/fail", post(agent_protocol::fail))
         .route(
             "/api/agent/v1/jobs/{id}/outputs/{*name}",

@@ -70,11 +70,10 @@ impl Conn {
 
 impl Client {
     async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> anyhow::Result<T> {
-        let resp = req
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the server at {}; is it running?", self.base))?;
+        let resp =
+            req.bearer_auth(&self.token).send().await.with_context(|| {
+                format!("cannot reach the server at {}; is it running?", self.base)
+            })?;
         let status = resp.status();
         let bytes = resp.bytes().await?;
         if !status.is_success() {
@@ -102,7 +101,8 @@ impl Client {
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        self.send(self.http.get(format!("{}{path}", self.base))).await
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
     }
 
     pub async fn post<B: serde::Serialize, T: DeserializeOwned>(
@@ -239,7 +239,10 @@ pub async fn jobs(cmd: JobsCommand) -> anyhow::Result<()> {
                 path.push_str(&format!("&state={s}"));
             }
             let list: JobList = conn.client()?.get(&path).await?;
-            println!("{:<36}  {:<9}  {:>7}  {:<12}  COMMAND", "ID", "STATE", "ATTEMPT", "AGENT");
+            println!(
+                "{:<36}  {:<9}  {:>7}  {:<12}  COMMAND",
+                "ID", "STATE", "ATTEMPT", "AGENT"
+            );
             for j in list.jobs {
                 let what = j
                     .spec
@@ -312,7 +315,11 @@ async fn wait(client: &Client, id: &str, timeout: Option<Duration>) -> anyhow::R
             return Ok(job);
         }
         if timeout.is_some_and(|t| start.elapsed() > t) {
-            bail!("job {id} is still {} after {:?}", job.state, start.elapsed());
+            bail!(
+                "job {id} is still {} after {:?}",
+                job.state,
+                start.elapsed()
+            );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -373,16 +380,16 @@ pub async fn agents(args: AgentsArgs) -> anyhow::Result<()> {
                 "NAME", "STATE", "ONLINE", "SLOTS", "CPU", "CORES", "DISK FREE"
             );
             for a in list.agents {
-                let (cpu, cores, disk) = a.health.as_ref().map_or(
-                    ("?".to_string(), 0, "?".to_string()),
-                    |h| {
-                        (
-                            h.cpu_model.chars().take(24).collect(),
-                            h.cores,
-                            format!("{:.1}G", h.disk_free_bytes as f64 / 1e9),
-                        )
-                    },
-                );
+                let (cpu, cores, disk) =
+                    a.health
+                        .as_ref()
+                        .map_or(("?".to_string(), 0, "?".to_string()), |h| {
+                            (
+                                h.cpu_model.chars().take(24).collect(),
+                                h.cores,
+                                format!("{:.1}G", h.disk_free_bytes as f64 / 1e9),
+                            )
+                        });
                 println!(
                     "{:<16} {:<9} {:<7} {:>2}/{:<2} {:<24} {:>6} {:>9}  {}",
                     a.name,
@@ -393,7 +400,11 @@ pub async fn agents(args: AgentsArgs) -> anyhow::Result<()> {
                     cpu,
                     cores,
                     disk,
-                    if a.disk_nearly_full { "DISK OVER 90% FULL" } else { "" }
+                    if a.disk_nearly_full {
+                        "DISK OVER 90% FULL"
+                    } else {
+                        ""
+                    }
                 );
             }
             return Ok(());
@@ -403,7 +414,10 @@ pub async fn agents(args: AgentsArgs) -> anyhow::Result<()> {
         AgentAction::Resume { name } => (name, "resume"),
     };
     let v: serde_json::Value = client
-        .post(&format!("/api/v1/agents/{name}/{action}"), &serde_json::json!({}))
+        .post(
+            &format!("/api/v1/agents/{name}/{action}"),
+            &serde_json::json!({}),
+        )
         .await?;
     println!("{name}: {}", v["state"].as_str().unwrap_or("?"));
     Ok(())

@@ -67,14 +67,18 @@ async fn run_with_pg(
     let store = crate::store::open(&data.join("store").to_string_lossy())?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .with_context(|| format!("binding {} (is another flotilla running? try --listen 127.0.0.1:0)", args.listen))?;
+        .with_context(|| {
+            format!(
+                "binding {} (is another flotilla running? try --listen 127.0.0.1:0)",
+                args.listen
+            )
+        })?;
     let addr = listener.local_addr()?;
     let url = format!("http://{addr}");
     super::write_private(&data.join("server.url"), &url)?;
 
-    let settings = crate::state::Settings::with_lease_ttl(Duration::from_millis(
-        args.lease_ttl_ms.max(100),
-    ));
+    let settings =
+        crate::state::Settings::with_lease_ttl(Duration::from_millis(args.lease_ttl_ms.max(100)));
     let server = tokio::spawn(crate::serve::run(
         listener,
         db.clone(),

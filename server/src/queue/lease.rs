@@ -152,7 +152,10 @@ pub async fn append_log(
 ) -> Result<(), LeaseRefused> {
     let streams: Vec<&str> = lines.iter().map(|l| l.stream.as_str()).collect();
     // PostgreSQL text cannot hold NUL.
-    let texts: Vec<String> = lines.iter().map(|l| l.line.replace('\0', "\u{FFFD}")).collect();
+    let texts: Vec<String> = lines
+        .iter()
+        .map(|l| l.line.replace('\0', "\u{FFFD}"))
+        .collect();
     let holds: Option<i32> = sqlx::query_scalar(
         "WITH j AS (SELECT id, attempt FROM jobs
                     WHERE id = $1 AND lease_token = $2 AND agent_id = $3

@@ -42,8 +42,7 @@ fn view(row: JobRow, outputs: Vec<OutputView>) -> Result<JobView, sqlx::Error> {
         index: "state".into(),
         source: Box::new(e),
     })?;
-    let labels: BTreeMap<String, String> =
-        serde_json::from_value(row.labels).unwrap_or_default();
+    let labels: BTreeMap<String, String> = serde_json::from_value(row.labels).unwrap_or_default();
     Ok(JobView {
         id: row.id,
         kind: row.kind,
