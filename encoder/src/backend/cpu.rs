@@ -17,7 +17,8 @@ use crate::error::{EncodeError, Result};
 use crate::model::{self, Backbone, LayerNorm, Linear, Modality, StudentWeights};
 use crate::profile::DeviceProfile;
 
-/// A Linear with W^T stored (in, out) row-major.
+/// A Linear with W kept as PyTorch stores it, (out, in) row-major, read by
+/// the GEMM as W^T through strides.
 struct PLinear {
     k: usize,
     n: usize,
@@ -30,7 +31,7 @@ impl PLinear {
         PLinear {
             k: l.in_dim,
             n: l.out_dim,
-            wt: l.weight_t(),
+            wt: l.weight.clone(),
             bias: l.bias.clone(),
         }
     }
@@ -56,8 +57,8 @@ impl PLinear {
                 1,
                 k as isize,
                 self.wt.as_ptr(),
+                k as isize,
                 1,
-                n as isize,
                 1.0f32,
                 1.0f32,
                 false,
