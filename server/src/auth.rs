@@ -112,7 +112,7 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
         .ok_or_else(|| ApiError::Unauthorized("Authorization must be `Bearer TOKEN`".into()))
 }
 
-async fn lookup(state: &AppState, token: &str) -> Result<Caller, ApiError> {
+pub(crate) async fn lookup(state: &AppState, token: &str) -> Result<Caller, ApiError> {
     let row: Option<(Uuid, String, Option<String>, Option<String>)> = sqlx::query_as(
         "SELECT id, role, agent_name, description FROM api_tokens
          WHERE token_hash = $1 AND revoked_at IS NULL",

@@ -17,14 +17,18 @@
 //! - [`store`]: opens the object store from a URL or a directory.
 //! - [`embedded_pg`]: the private PostgreSQL cluster of `flotilla up`.
 //! - [`error`]: the API error type and its JSON envelope.
+//! - [`dashboard`]: the browser dashboard (askama pages, SSE updates).
+//! - [`metrics`]: Prometheus `/metrics`, computed from the tables.
 //! - [`cli`]: the command line: `up`, `serve` and the client commands.
 
 pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod cli;
+pub mod dashboard;
 pub mod embedded_pg;
 pub mod error;
+pub mod metrics;
 pub mod queue;
 pub mod serve;
 pub mod signal;

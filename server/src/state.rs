@@ -38,6 +38,8 @@ pub struct Settings {
     pub backoff_max: Duration,
     /// Largest accepted JSON body.
     pub max_body_bytes: usize,
+    /// Serve the dashboard without a login (a local run only).
+    pub dashboard_open: bool,
 }
 
 impl Default for Settings {
@@ -52,6 +54,7 @@ impl Default for Settings {
             backoff_base: Duration::from_secs(2),
             backoff_max: Duration::from_secs(300),
             max_body_bytes: 1 << 20,
+            dashboard_open: false,
         }
     }
 }

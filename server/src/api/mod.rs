@@ -1,5 +1,6 @@
 //! The HTTP surface, listed in one router: the REST API under `/api/v1`,
-//! the agent protocol under `/api/agent/v1`, `/healthz`.
+//! the agent protocol under `/api/agent/v1`, `/healthz`, `/metrics` and the
+//! dashboard under `/ui`.
 //!
 //! - [`jobs`]: submit, show, list, log, cancel.
 //! - [`agents`]: list; pause, drain, resume.
@@ -46,6 +47,20 @@ pub fn router(state: AppState) -> Router {
             "/api/agent/v1/jobs/{id}/outputs/{*name}",
             // Outputs stream to the store; they may be far bigger than JSON.
             put(agent_protocol::upload_output).layer(DefaultBodyLimit::disable()),
+        )
+        .route("/metrics", get(crate::metrics::metrics))
+        .route("/", get(crate::dashboard::root))
+        .route("/ui", get(crate::dashboard::overview))
+        .route("/ui/events", get(crate::dashboard::events))
+        .route(
+            "/ui/login",
+            get(crate::dashboard::login_page).post(crate::dashboard::login),
+        )
+        .route("/ui/logout", post(crate::dashboard::logout))
+        .route("/ui/jobs/{id}", get(crate::dashboard::job))
+        .route(
+            "/ui/jobs/{id}/log/stream",
+            get(crate::dashboard::log_stream),
         )
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))

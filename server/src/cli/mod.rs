@@ -75,6 +75,10 @@ pub struct ServeArgs {
     /// Base of the retry back-off, in milliseconds (doubles per attempt).
     #[arg(long, default_value_t = 2_000)]
     pub backoff_base_ms: u64,
+    /// Serve the dashboard (/ui) without a login. Only for a machine whose
+    /// listening address nobody else can reach.
+    #[arg(long)]
+    pub no_dashboard_login: bool,
 }
 
 pub fn run() -> anyhow::Result<()> {
@@ -109,6 +113,7 @@ impl ServeArgs {
     pub fn settings(&self) -> Settings {
         let mut s = Settings::with_lease_ttl(Duration::from_millis(self.lease_ttl_ms.max(100)));
         s.backoff_base = Duration::from_millis(self.backoff_base_ms);
+        s.dashboard_open = self.no_dashboard_login;
         s
     }
 }

@@ -31,6 +31,10 @@ pub struct UpArgs {
     /// How long a lease lives without a heartbeat, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub lease_ttl_ms: u64,
+    /// Serve the dashboard without a login (it listens on loopback by
+    /// default; never combine with a public --listen).
+    #[arg(long)]
+    pub no_dashboard_login: bool,
 }
 
 const DATABASE: &str = "flotilla";
@@ -77,8 +81,9 @@ async fn run_with_pg(
     let url = format!("http://{addr}");
     super::write_private(&data.join("server.url"), &url)?;
 
-    let settings =
+    let mut settings =
         crate::state::Settings::with_lease_ttl(Duration::from_millis(args.lease_ttl_ms.max(100)));
+    settings.dashboard_open = args.no_dashboard_login;
     let server = tokio::spawn(crate::serve::run(
         listener,
         db.clone(),
@@ -97,6 +102,7 @@ async fn run_with_pg(
     }
 
     println!("flotilla is up at {url}");
+    println!("  dashboard:   {url}/ui (log in with the admin token)");
     println!("  admin token: {}", admin_file.display());
     println!("  database:    {}", pg.database_url(DATABASE));
     println!("  results:     {}", data.join("store").display());
