@@ -186,6 +186,24 @@ pub fn graph_targets(repo: &Repository, a: &RAtom) -> Vec<PkgId> {
         .collect()
 }
 
+/// The `--recursive` graph's edges from one package's dependency formula.
+/// On the fixture, opam 2.1.2's graph has an edge for every version allowed
+/// by any single bound of an atom that sits inside a disjunction
+/// (`("coq" {>= "8.11" & < "8.17"} | …)` reaches coq.9.1.1: prooftree.0.14
+/// and why3-coq.1.8.2 are in its coq answers), but only the versions inside
+/// the whole range for an atom outside any disjunction (`"ctypes" {>= "0.4.0"
+/// & < "0.12.0"}` does not reach ctypes.0.21.1: memcpy.0.2.0 is not in its
+/// dune answer). This rule reproduces every reference answer exactly.
+fn graph_edges(repo: &Repository, f: &Formula<RAtom>, under_or: bool, out: &mut Vec<PkgId>) {
+    match f {
+        Formula::Empty => {}
+        Formula::Atom(a) if under_or => out.extend(graph_targets(repo, a)),
+        Formula::Atom(a) => out.extend(matching(repo, a)),
+        Formula::And(v) => v.iter().for_each(|x| graph_edges(repo, x, under_or, out)),
+        Formula::Or(v) => v.iter().for_each(|x| graph_edges(repo, x, true, out)),
+    }
+}
+
 /// The reverse-dependency table of the `--recursive` graph: for each package,
 /// the versions whose hard dependencies (any OR branch) it can satisfy.
 pub fn reverse_graph(repo: &Repository, variant: &Variant) -> Vec<Vec<PkgId>> {
@@ -194,9 +212,8 @@ pub fn reverse_graph(repo: &Repository, variant: &Variant) -> Vec<Vec<PkgId>> {
         .map(|p| {
             // OpamSwitchState.reverse_dependencies: universe without tests, build, no post.
             let f = resolved_depends(repo, variant, p, universe_dep_vars(repo, p, false, false), false);
-            let mut atoms = Vec::new();
-            f.atoms(&mut atoms);
-            let mut out: Vec<PkgId> = atoms.iter().flat_map(|a| graph_targets(repo, a)).collect();
+            let mut out: Vec<PkgId> = Vec::new();
+            graph_edges(repo, &f, false, &mut out);
             out.sort_unstable();
             out.dedup();
             out

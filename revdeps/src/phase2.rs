@@ -379,3 +379,16 @@ pub fn phase2(repo: &Repository, variant: &Variant, target: PkgId, candidates: &
     }
     candidates.iter().zip(ok).filter(|(_, b)| *b).map(|(c, _)| c.pkg).collect()
 }
+
+/// Can all of `pkgs` be installed together (at their exact versions) in the
+/// universe of this variant, with or without tests? The general question
+/// phase 2 asks three packages at a time.
+pub fn installable_together(repo: &Repository, variant: &Variant, pkgs: &[PkgId], test: bool) -> bool {
+    let avail = available(repo, variant);
+    if pkgs.iter().any(|&p| !avail[p as usize]) {
+        return false;
+    }
+    let enc = Encoding::new(repo, variant, &avail, test);
+    let mut s = enc.solver(pkgs, &[]);
+    s.solve_limited(&[]) == lbool::TRUE
+}
