@@ -10,7 +10,11 @@ use std::cmp::Ordering;
 /// the others (`GT` before `gapi-ocaml`), then ignoring case (`GenArrayIter`
 /// before `GT`), then bytewise.
 pub fn compare_names(a: &str, b: &str) -> Ordering {
-    let first = |s: &str| s.bytes().next().map(|c| (c.to_ascii_lowercase(), c.is_ascii_lowercase()));
+    let first = |s: &str| {
+        s.bytes()
+            .next()
+            .map(|c| (c.to_ascii_lowercase(), c.is_ascii_lowercase()))
+    };
     first(a)
         .cmp(&first(b))
         .then_with(|| a.to_ascii_lowercase().cmp(&b.to_ascii_lowercase()))
@@ -29,8 +33,11 @@ pub fn lines(repo: &Repository, query: Query, pkgs: &[PkgId]) -> Vec<String> {
         _ => {
             let mut ids = pkgs.to_vec();
             ids.sort_by(|&a, &b| {
-                compare_names(repo.name(a), repo.name(b))
-                    .then_with(|| repo.packages[a as usize].version.cmp(&repo.packages[b as usize].version))
+                compare_names(repo.name(a), repo.name(b)).then_with(|| {
+                    repo.packages[a as usize]
+                        .version
+                        .cmp(&repo.packages[b as usize].version)
+                })
             });
             ids.dedup();
             ids.iter().map(|&p| repo.display(p)).collect()
@@ -44,11 +51,39 @@ mod tests {
 
     #[test]
     fn opam_name_order() {
-        let mut v = vec!["bz2", "CamelCase", "FPauth-core", "FPauth", "ezxmlm", "intPQueue", "interval_intel", "gen", "GT", "GenArrayIter", "faad", "ANSITerminal", "aarch64-esperanto"];
+        let mut v = vec![
+            "bz2",
+            "CamelCase",
+            "FPauth-core",
+            "FPauth",
+            "ezxmlm",
+            "intPQueue",
+            "interval_intel",
+            "gen",
+            "GT",
+            "GenArrayIter",
+            "faad",
+            "ANSITerminal",
+            "aarch64-esperanto",
+        ];
         v.sort_by(|a, b| compare_names(a, b));
         assert_eq!(
             v,
-            vec!["ANSITerminal", "aarch64-esperanto", "bz2", "CamelCase", "ezxmlm", "FPauth", "FPauth-core", "faad", "GenArrayIter", "GT", "gen", "interval_intel", "intPQueue"]
+            vec![
+                "ANSITerminal",
+                "aarch64-esperanto",
+                "bz2",
+                "CamelCase",
+                "ezxmlm",
+                "FPauth",
+                "FPauth-core",
+                "faad",
+                "GenArrayIter",
+                "GT",
+                "gen",
+                "interval_intel",
+                "intPQueue"
+            ]
         );
     }
 }

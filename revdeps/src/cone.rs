@@ -69,7 +69,14 @@ fn lit(v: u32, sign: bool) -> Lit {
 }
 
 /// The cone instance of `roots`; `None` when a root is already dead.
-fn build(enc: &Encoding, repo: &Repository, dead: &[bool], prefer: &[bool], roots: &[PkgId], sc: &mut Scratch) -> Option<BasicSolver> {
+fn build(
+    enc: &Encoding,
+    repo: &Repository,
+    dead: &[bool],
+    prefer: &[bool],
+    roots: &[PkgId],
+    sc: &mut Scratch,
+) -> Option<BasicSolver> {
     sc.clear();
     for &r in roots {
         if dead[r as usize] {
@@ -94,7 +101,11 @@ fn build(enc: &Encoding, repo: &Repository, dead: &[bool], prefer: &[bool], root
     for &v in &sc.order {
         // Leaning towards installing other candidates makes each installation
         // found prove more of them at once.
-        let pol = if prefer.get(v as usize).copied().unwrap_or(false) { lbool::TRUE } else { lbool::UNDEF };
+        let pol = if prefer.get(v as usize).copied().unwrap_or(false) {
+            lbool::TRUE
+        } else {
+            lbool::UNDEF
+        };
         s.new_var(pol, true);
     }
     let mut buf: Vec<Lit> = Vec::new();
@@ -127,8 +138,14 @@ fn build(enc: &Encoding, repo: &Repository, dead: &[bool], prefer: &[bool], root
     }
     // One version per name; pairwise, these groups are small inside a cone.
     pkgs.sort_unstable_by_key(|&p| repo.packages[p as usize].name);
-    for g in pkgs.chunk_by(|&a, &b| repo.packages[a as usize].name == repo.packages[b as usize].name) {
-        at_most_one(&mut s, &g.iter().map(|&p| sc.local[p as usize]).collect::<Vec<_>>(), &mut buf);
+    for g in
+        pkgs.chunk_by(|&a, &b| repo.packages[a as usize].name == repo.packages[b as usize].name)
+    {
+        at_most_one(
+            &mut s,
+            &g.iter().map(|&p| sc.local[p as usize]).collect::<Vec<_>>(),
+            &mut buf,
+        );
     }
     // Conflict classes: one name per class.
     let mut by_class: Vec<(u32, u32, u32)> = Vec::new();
@@ -178,7 +195,9 @@ fn at_most_one(s: &mut BasicSolver, vs: &[u32], buf: &mut Vec<Lit>) {
     }
     // Sequential counter (Sinz 2005).
     let n = vs.len();
-    let aux: Vec<u32> = (0..n - 1).map(|_| s.new_var(lbool::UNDEF, true).idx()).collect();
+    let aux: Vec<u32> = (0..n - 1)
+        .map(|_| s.new_var(lbool::UNDEF, true).idx())
+        .collect();
     let mut add = |a: Lit, b: Lit| {
         buf.clear();
         buf.push(a);
@@ -251,7 +270,8 @@ pub fn coinstallable(
                 result[i].store(true, Ordering::Relaxed);
                 continue;
             }
-            let Some(mut s) = build(enc, repo, &dead, &wanted, &[target, compiler, p], &mut sc) else {
+            let Some(mut s) = build(enc, repo, &dead, &wanted, &[target, compiler, p], &mut sc)
+            else {
                 continue;
             };
             solves.fetch_add(1, Ordering::Relaxed);

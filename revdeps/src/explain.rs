@@ -10,18 +10,33 @@ use batsat::{lbool, SolverInterface};
 use std::fmt::Write;
 
 /// A human-readable account of `pkg`'s fate for `query`.
-pub fn explain(repo: &Repository, variant: &Variant, target: PkgId, pkg: PkgId, query: Query) -> String {
+pub fn explain(
+    repo: &Repository,
+    variant: &Variant,
+    target: PkgId,
+    pkg: PkgId,
+    query: Query,
+) -> String {
     let mut out = String::new();
     let (tn, tv) = (repo.name(target), repo.version(target));
     let p = &repo.packages[pkg as usize];
-    let _ = writeln!(out, "{} ({}), target {}", repo.display(pkg), p.file, repo.display(target));
+    let _ = writeln!(
+        out,
+        "{} ({}), target {}",
+        repo.display(pkg),
+        p.file,
+        repo.display(target)
+    );
     if pkg == target {
         let _ = writeln!(out, "  OUT: the target itself is never listed");
         return out;
     }
     let flags = query.flags();
     let mut selected = 0u8;
-    for (flag, test, label) in [(DEPOPTS, false, "--depopts"), (WITH_TEST_DEPOPTS, true, "--with-test --depopts")] {
+    for (flag, test, label) in [
+        (DEPOPTS, false, "--depopts"),
+        (WITH_TEST_DEPOPTS, true, "--with-test --depopts"),
+    ] {
         if flags & flag == 0 {
             continue;
         }
@@ -35,9 +50,15 @@ pub fn explain(repo: &Repository, variant: &Variant, target: PkgId, pkg: PkgId, 
         }
         let _ = write!(out, "  phase 1 {label}: ");
         if naming.is_empty() {
-            let _ = writeln!(out, "no depends/depopts atom naming {tn} survives the filters");
+            let _ = writeln!(
+                out,
+                "no depends/depopts atom naming {tn} survives the filters"
+            );
         } else {
-            let list: Vec<String> = naming.iter().map(|a| format!("{a} (line {})", a.pos.line)).collect();
+            let list: Vec<String> = naming
+                .iter()
+                .map(|a| format!("{a} (line {})", a.pos.line))
+                .collect();
             let verdict = if ok { "satisfied" } else { "not satisfied" };
             let _ = writeln!(out, "{} — {verdict} by {tn}.{tv}", list.join(", "));
         }
@@ -54,9 +75,17 @@ pub fn explain(repo: &Repository, variant: &Variant, target: PkgId, pkg: PkgId, 
                 chain.push(repo.display(q));
                 cur = q;
             }
-            let _ = writeln!(out, "depends (through some OR branch) on {}", chain.join(" -> "));
+            let _ = writeln!(
+                out,
+                "depends (through some OR branch) on {}",
+                chain.join(" -> ")
+            );
         } else {
-            let _ = writeln!(out, "not in the reverse dependency closure of {}", repo.display(target));
+            let _ = writeln!(
+                out,
+                "not in the reverse dependency closure of {}",
+                repo.display(target)
+            );
         }
     }
     if selected == 0 {
@@ -67,22 +96,37 @@ pub fn explain(repo: &Repository, variant: &Variant, target: PkgId, pkg: PkgId, 
         .versions_of(&variant.compiler_name)
         .find(|&q| repo.version(q) == variant.compiler_version)
     else {
-        let _ = writeln!(out, "  OUT: compiler {}.{} is not in the repository", variant.compiler_name, variant.compiler_version);
+        let _ = writeln!(
+            out,
+            "  OUT: compiler {}.{} is not in the repository",
+            variant.compiler_name, variant.compiler_version
+        );
         return out;
     };
     let avail = phase2::available(repo, variant);
-    let universes: Vec<bool> = [(selected & (DEPOPTS | RECURSIVE) != 0, false), (selected & WITH_TEST_DEPOPTS != 0, true)]
-        .into_iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, t)| t)
-        .collect();
+    let universes: Vec<bool> = [
+        (selected & (DEPOPTS | RECURSIVE) != 0, false),
+        (selected & WITH_TEST_DEPOPTS != 0, true),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, t)| t)
+    .collect();
     let mut any = false;
     for test in universes {
         let label = if test { "with tests" } else { "without tests" };
-        for (q, what) in [(pkg, "it"), (target, "the target"), (compiler, "the compiler")] {
+        for (q, what) in [
+            (pkg, "it"),
+            (target, "the target"),
+            (compiler, "the compiler"),
+        ] {
             if !avail[q as usize] {
                 let line = repo.packages[q as usize].opam.available_line;
-                let _ = writeln!(out, "  phase 2 ({label}): {what} ({}) is not available (available: line {line})", repo.display(q));
+                let _ = writeln!(
+                    out,
+                    "  phase 2 ({label}): {what} ({}) is not available (available: line {line})",
+                    repo.display(q)
+                );
             }
         }
         if ![pkg, target, compiler].iter().all(|&q| avail[q as usize]) {
@@ -111,12 +155,21 @@ pub fn explain(repo: &Repository, variant: &Variant, target: PkgId, pkg: PkgId, 
             .iter()
             .map(|l| repo.display(l.var().idx() as PkgId))
             .collect();
-        let _ = writeln!(out, "  phase 2 ({label}): NOT coinstallable; the conflict involves {}", core.join(", "));
+        let _ = writeln!(
+            out,
+            "  phase 2 ({label}): NOT coinstallable; the conflict involves {}",
+            core.join(", ")
+        );
         // Which pairs alone already fail?
         for (a, b) in [(pkg, target), (pkg, compiler)] {
             let l = |x: PkgId| L(x, true).lit();
             if s.solve_limited(&[l(a), l(b)]) != lbool::TRUE {
-                let _ = writeln!(out, "    {} and {} cannot be installed together", repo.display(a), repo.display(b));
+                let _ = writeln!(
+                    out,
+                    "    {} and {} cannot be installed together",
+                    repo.display(a),
+                    repo.display(b)
+                );
             }
         }
         let direct: Vec<String> = enc
@@ -124,9 +177,16 @@ pub fn explain(repo: &Repository, variant: &Variant, target: PkgId, pkg: PkgId, 
             .iter()
             .zip(&enc.origins)
             .filter_map(|(c, o)| match o {
-                Origin::Conflict(a, b) if (*a == pkg && (*b == target || *b == compiler)) || (*b == pkg && (*a == target || *a == compiler)) => {
+                Origin::Conflict(a, b)
+                    if (*a == pkg && (*b == target || *b == compiler))
+                        || (*b == pkg && (*a == target || *a == compiler)) =>
+                {
                     let _ = c;
-                    Some(format!("{} conflicts with {}", repo.display(*a), repo.display(*b)))
+                    Some(format!(
+                        "{} conflicts with {}",
+                        repo.display(*a),
+                        repo.display(*b)
+                    ))
                 }
                 _ => None,
             })
@@ -141,13 +201,30 @@ pub fn explain(repo: &Repository, variant: &Variant, target: PkgId, pkg: PkgId, 
 }
 
 /// Dependencies of `pkg` that no available version satisfies.
-fn explain_unsatisfiable_atoms(repo: &Repository, variant: &Variant, pkg: PkgId, test: bool, avail: &[bool], out: &mut String) {
-    let f: Formula<RAtom> = phase1::resolved_depends(repo, variant, pkg, phase1::universe_dep_vars(repo, pkg, test, true), false);
+fn explain_unsatisfiable_atoms(
+    repo: &Repository,
+    variant: &Variant,
+    pkg: PkgId,
+    test: bool,
+    avail: &[bool],
+    out: &mut String,
+) {
+    let f: Formula<RAtom> = phase1::resolved_depends(
+        repo,
+        variant,
+        pkg,
+        phase1::universe_dep_vars(repo, pkg, test, true),
+        false,
+    );
     let mut atoms = Vec::new();
     f.atoms(&mut atoms);
     for a in atoms {
         if !phase1::matching(repo, a).any(|q| avail[q as usize]) {
-            let _ = writeln!(out, "    no available version of {a} (depends, line {})", a.pos.line);
+            let _ = writeln!(
+                out,
+                "    no available version of {a} (depends, line {})",
+                a.pos.line
+            );
         }
     }
 }

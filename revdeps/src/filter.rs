@@ -67,9 +67,19 @@ impl Filter {
             ValueKind::String(s) => Filter::Str(s.clone()),
             ValueKind::Int(n) => Filter::Str(n.to_string()),
             ValueKind::Ident(s) => Filter::Ident(s.clone()),
-            ValueKind::Relop(op, a, b) => Filter::Op(*op, Box::new(Self::from_value(a)?), Box::new(Self::from_value(b)?)),
-            ValueKind::And(a, b) => Filter::And(Box::new(Self::from_value(a)?), Box::new(Self::from_value(b)?)),
-            ValueKind::Or(a, b) => Filter::Or(Box::new(Self::from_value(a)?), Box::new(Self::from_value(b)?)),
+            ValueKind::Relop(op, a, b) => Filter::Op(
+                *op,
+                Box::new(Self::from_value(a)?),
+                Box::new(Self::from_value(b)?),
+            ),
+            ValueKind::And(a, b) => Filter::And(
+                Box::new(Self::from_value(a)?),
+                Box::new(Self::from_value(b)?),
+            ),
+            ValueKind::Or(a, b) => Filter::Or(
+                Box::new(Self::from_value(a)?),
+                Box::new(Self::from_value(b)?),
+            ),
             ValueKind::Not(a) => Filter::Not(Box::new(Self::from_value(a)?)),
             ValueKind::Defined(a) => Filter::Defined(Box::new(Self::from_value(a)?)),
             ValueKind::Group(vs) if vs.len() == 1 => Self::from_value(&vs[0])?,
@@ -193,7 +203,9 @@ mod tests {
 
     fn f(src: &str) -> Filter {
         let items = parse_file(&format!("x: {src}")).expect("parses");
-        let Item::Field { value, .. } = &items[0] else { panic!() };
+        let Item::Field { value, .. } = &items[0] else {
+            panic!()
+        };
         Filter::from_value(value).expect("filter")
     }
 

@@ -26,7 +26,10 @@ impl<A> Formula<A> {
         Self::nary(items, false)
     }
     fn nary(items: Vec<Formula<A>>, is_and: bool) -> Self {
-        let mut v: Vec<Formula<A>> = items.into_iter().filter(|f| !matches!(f, Formula::Empty)).collect();
+        let mut v: Vec<Formula<A>> = items
+            .into_iter()
+            .filter(|f| !matches!(f, Formula::Empty))
+            .collect();
         match v.len() {
             0 => Formula::Empty,
             1 => v.pop().expect("one element"),
@@ -113,7 +116,8 @@ pub struct RAtom {
 
 impl RAtom {
     pub fn matches_version(&self, v: &str) -> bool {
-        self.vf.eval(&mut |(op, c)| op.holds(version::compare(v, c.as_str())))
+        self.vf
+            .eval(&mut |(op, c)| op.holds(version::compare(v, c.as_str())))
     }
 }
 
@@ -140,7 +144,11 @@ fn fmt_vf(f: &mut fmt::Formatter<'_>, vf: &VFormula) -> fmt::Result {
         Formula::Empty => Ok(()),
         Formula::Atom((op, v)) => write!(f, "{} \"{v}\"", op.as_str()),
         Formula::And(v) | Formula::Or(v) => {
-            let sep = if matches!(vf, Formula::And(_)) { " & " } else { " | " };
+            let sep = if matches!(vf, Formula::And(_)) {
+                " & "
+            } else {
+                " | "
+            };
             write!(f, "(")?;
             for (i, x) in v.iter().enumerate() {
                 if i > 0 {
@@ -167,7 +175,11 @@ pub fn package_formula(v: &Value, list_is_and: bool) -> Result<Formula<FAtom>, S
     match &v.kind {
         ValueKind::List(vs) => {
             let items = vs.iter().map(pkg_item).collect::<Result<Vec<_>, _>>()?;
-            Ok(if list_is_and { Formula::and(items) } else { Formula::or(items) })
+            Ok(if list_is_and {
+                Formula::and(items)
+            } else {
+                Formula::or(items)
+            })
         }
         _ => pkg_item(v),
     }
@@ -189,7 +201,8 @@ fn pkg_item(v: &Value) -> Result<Formula<FAtom>, SyntaxError> {
             // `("a" | "b") {filter}` applies the options to every atom inside.
             ValueKind::Group(_) => {
                 let f = pkg_item(inner)?;
-                let extra: Vec<Formula<Cstr>> = opts.iter().map(cstr_formula).collect::<Result<_, _>>()?;
+                let extra: Vec<Formula<Cstr>> =
+                    opts.iter().map(cstr_formula).collect::<Result<_, _>>()?;
                 f.map(&mut |a: &FAtom| {
                     let mut all = vec![a.cstr.clone()];
                     all.extend(extra.iter().cloned());
@@ -211,10 +224,14 @@ fn pkg_item(v: &Value) -> Result<Formula<FAtom>, SyntaxError> {
 
 fn cstr_formula(v: &Value) -> Result<Formula<Cstr>, SyntaxError> {
     Ok(match &v.kind {
-        ValueKind::PrefixRelop(op, a) => Formula::Atom(Cstr::Constraint(*op, Filter::from_value(a)?)),
+        ValueKind::PrefixRelop(op, a) => {
+            Formula::Atom(Cstr::Constraint(*op, Filter::from_value(a)?))
+        }
         ValueKind::And(a, b) => Formula::and(vec![cstr_formula(a)?, cstr_formula(b)?]),
         ValueKind::Or(a, b) => Formula::or(vec![cstr_formula(a)?, cstr_formula(b)?]),
-        ValueKind::Group(vs) => Formula::and(vs.iter().map(cstr_formula).collect::<Result<_, _>>()?),
+        ValueKind::Group(vs) => {
+            Formula::and(vs.iter().map(cstr_formula).collect::<Result<_, _>>()?)
+        }
         ValueKind::Not(a) => negate(cstr_formula(a)?),
         _ => Formula::Atom(Cstr::Filter(Filter::from_value(v)?)),
     })
@@ -328,14 +345,21 @@ mod tests {
 
     fn deps(src: &str) -> Formula<RAtom> {
         let items = parse_file(&format!("depends: {src}")).expect("parses");
-        let Item::Field { value, .. } = &items[0] else { panic!() };
+        let Item::Field { value, .. } = &items[0] else {
+            panic!()
+        };
         resolve(&package_formula(value, true).expect("formula"), &E)
     }
 
     #[test]
     fn filtered_atoms_drop_out_of_or() {
-        let f = deps(r#"[ "a" {>= "1" & < "2"} ("b" {with-test} | "c" {= version}) "d" {post} "e" {build}]"#);
-        assert_eq!(f.to_string(), r#"("a" {(>= "1" & < "2")} & "c" {= "1.2"} & "e")"#);
+        let f = deps(
+            r#"[ "a" {>= "1" & < "2"} ("b" {with-test} | "c" {= version}) "d" {post} "e" {build}]"#,
+        );
+        assert_eq!(
+            f.to_string(),
+            r#"("a" {(>= "1" & < "2")} & "c" {= "1.2"} & "e")"#
+        );
     }
 
     #[test]

@@ -318,7 +318,10 @@ impl<'a> Lexer<'a> {
                                     _ => return Err(self.err(epos, "bad decimal escape")),
                                 }
                             }
-                            out.push(u8::try_from(v).map_err(|_| self.err(epos, "bad decimal escape"))?);
+                            out.push(
+                                u8::try_from(v)
+                                    .map_err(|_| self.err(epos, "bad decimal escape"))?,
+                            );
                         }
                         Some(b'x') => {
                             let mut v = 0u8;
@@ -379,10 +382,13 @@ mod tests {
 
     #[test]
     fn strings_and_ints() {
-        assert_eq!(toks(r#""a\"b\n" """x"y""" -12"#), vec![
-            Tok::Str("a\"b\n".into()),
-            Tok::Str("x\"y".into()),
-            Tok::Int(-12)
-        ]);
+        assert_eq!(
+            toks(r#""a\"b\n" """x"y""" -12"#),
+            vec![
+                Tok::Str("a\"b\n".into()),
+                Tok::Str("x\"y".into()),
+                Tok::Int(-12)
+            ]
+        );
     }
 }

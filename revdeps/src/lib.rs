@@ -59,7 +59,13 @@ pub use repository::{PkgId, Repository, Source};
 pub use variant::Variant;
 
 /// Both phases for one query, in the order of the reference answers.
-pub fn revdeps(repo: &Repository, variant: &Variant, target: PkgId, query: Query, jobs: usize) -> Vec<String> {
+pub fn revdeps(
+    repo: &Repository,
+    variant: &Variant,
+    target: PkgId,
+    query: Query,
+    jobs: usize,
+) -> Vec<String> {
     let cands = phase1(repo, variant, target, query);
     let found = phase2(repo, variant, target, &cands.list, jobs);
     answer::lines(repo, query, &found)

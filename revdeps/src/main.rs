@@ -81,7 +81,10 @@ fn main() -> Result<()> {
         Some(f) => opam_revdeps::variant::parse_name_list(
             &std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
         ),
-        None if args.os_family == "debian" && args.os_distribution == "debian" && args.os_version == "12" => {
+        None if args.os_family == "debian"
+            && args.os_distribution == "debian"
+            && args.os_version == "12" =>
+        {
             opam_revdeps::variant::parse_name_list(opam_revdeps::variant::DEBIAN12_MISSING_DEPEXTS)
         }
         None => Default::default(),
@@ -102,9 +105,12 @@ fn main() -> Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if let Some(j) = args.jobs {
         // Parsing and phase 1 use rayon's pool; keep them within --jobs too.
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(j.max(1)).build_global();
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(j.max(1))
+            .build_global();
     }
-    let repo = Repository::load(&Source::parse(&args.repo)).with_context(|| format!("loading {}", args.repo))?;
+    let repo = Repository::load(&Source::parse(&args.repo))
+        .with_context(|| format!("loading {}", args.repo))?;
     for e in &repo.errors {
         eprintln!("warning: skipped {e}");
     }
@@ -133,7 +139,11 @@ fn main() -> Result<()> {
     }
     let t1 = Instant::now();
     let cands = phase1(&repo, &variant, target, query);
-    eprintln!("phase 1: {} candidates in {:.2}s", cands.list.len(), t1.elapsed().as_secs_f64());
+    eprintln!(
+        "phase 1: {} candidates in {:.2}s",
+        cands.list.len(),
+        t1.elapsed().as_secs_f64()
+    );
     let t2 = Instant::now();
     let found = phase2(&repo, &variant, target, &cands.list, jobs);
     eprintln!(

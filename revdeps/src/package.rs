@@ -66,12 +66,13 @@ impl OpamData {
                             d.conflicts_line = pos.line;
                         }
                         "conflict-class" => {
-                            d.conflict_class = string_list(value).ok_or_else(|| FileError::Field {
-                                file: file.to_string(),
-                                line: pos.line,
-                                field: name.clone(),
-                                msg: "expected a list of package names".into(),
-                            })?;
+                            d.conflict_class =
+                                string_list(value).ok_or_else(|| FileError::Field {
+                                    file: file.to_string(),
+                                    line: pos.line,
+                                    field: name.clone(),
+                                    msg: "expected a list of package names".into(),
+                                })?;
                         }
                         "depexts" => d.depexts = depexts(value).map_err(field_err)?,
                         "available" => {
@@ -159,7 +160,10 @@ fn is_dev_url(items: &[Item]) -> bool {
             match (name.as_str(), &value.kind) {
                 ("checksum", ValueKind::String(_)) => checksum = true,
                 ("checksum", ValueKind::List(l)) if !l.is_empty() => checksum = true,
-                (k @ ("src" | "archive" | "http" | "git" | "hg" | "darcs" | "local"), ValueKind::String(s)) => {
+                (
+                    k @ ("src" | "archive" | "http" | "git" | "hg" | "darcs" | "local"),
+                    ValueKind::String(s),
+                ) => {
                     url = Some((k, s));
                 }
                 _ => {}
@@ -207,13 +211,19 @@ mod tests {
         let dev = |s: &str| OpamData::parse("t", s).expect("parses").dev;
         assert!(dev(r#"url { src: "git+https://github.com/a/b" }"#));
         assert!(!dev(r#"url { src: "https://github.com/a/b.tar.gz" }"#));
-        assert!(!dev(r#"url { src: "git+https://github.com/a/b#v1" checksum: "sha256=00" }"#));
+        assert!(!dev(
+            r#"url { src: "git+https://github.com/a/b#v1" checksum: "sha256=00" }"#
+        ));
         assert!(!dev("opam-version: \"2.0\""));
     }
 
     #[test]
     fn reports_file_and_line() {
-        let e = OpamData::parse("packages/a/a.1/opam", "opam-version: \"2.0\"\ndepends: [ \"x\" {>= } ]").unwrap_err();
+        let e = OpamData::parse(
+            "packages/a/a.1/opam",
+            "opam-version: \"2.0\"\ndepends: [ \"x\" {>= } ]",
+        )
+        .unwrap_err();
         assert!(e.to_string().starts_with("packages/a/a.1/opam:2:"), "{e}");
     }
 }

@@ -62,7 +62,10 @@ struct Parser<'a> {
 }
 
 fn is_atom(v: &Value) -> bool {
-    matches!(v.kind, ValueKind::String(_) | ValueKind::Ident(_) | ValueKind::Int(_) | ValueKind::Bool(_))
+    matches!(
+        v.kind,
+        ValueKind::String(_) | ValueKind::Ident(_) | ValueKind::Int(_) | ValueKind::Bool(_)
+    )
 }
 
 fn describe(t: &Tok) -> String {
@@ -100,7 +103,11 @@ impl<'a> Parser<'a> {
             self.advance()?;
             Ok(())
         } else {
-            Err(self.err(format!("expected {}, found {}", describe(&t), describe(&self.tok))))
+            Err(self.err(format!(
+                "expected {}, found {}",
+                describe(&t),
+                describe(&self.tok)
+            )))
         }
     }
 
@@ -137,7 +144,12 @@ impl<'a> Parser<'a> {
                         items: sub,
                     });
                 }
-                t => return Err(self.err(format!("expected ':' or a section after {name}, found {}", describe(t)))),
+                t => {
+                    return Err(self.err(format!(
+                        "expected ':' or a section after {name}, found {}",
+                        describe(t)
+                    )))
+                }
             }
         }
         Ok(items)
@@ -216,7 +228,12 @@ impl<'a> Parser<'a> {
                 Tok::Bool(b) => ValueKind::Bool(b),
                 _ => unreachable!("matched above"),
             },
-            t => return Err(self.err(format!("expected a string, identifier, integer or boolean, found {}", describe(&t)))),
+            t => {
+                return Err(self.err(format!(
+                    "expected a string, identifier, integer or boolean, found {}",
+                    describe(&t)
+                )))
+            }
         };
         Ok(Value { pos, kind })
     }
@@ -230,17 +247,26 @@ impl<'a> Parser<'a> {
             Tok::Not => {
                 self.advance()?;
                 let v = self.unary(depth + 1)?;
-                Ok(Value { pos, kind: ValueKind::Not(Box::new(v)) })
+                Ok(Value {
+                    pos,
+                    kind: ValueKind::Not(Box::new(v)),
+                })
             }
             Tok::Defined => {
                 self.advance()?;
                 let v = self.unary(depth + 1)?;
-                Ok(Value { pos, kind: ValueKind::Defined(Box::new(v)) })
+                Ok(Value {
+                    pos,
+                    kind: ValueKind::Defined(Box::new(v)),
+                })
             }
             Tok::Relop(op) => {
                 self.advance()?;
                 let v = self.plain_atom()?;
-                Ok(Value { pos, kind: ValueKind::PrefixRelop(op, Box::new(v)) })
+                Ok(Value {
+                    pos,
+                    kind: ValueKind::PrefixRelop(op, Box::new(v)),
+                })
             }
             _ => self.optioned(depth),
         }
@@ -314,11 +340,17 @@ extra-source "p" { src: "q" }
 "#;
         let items = parse_file(src).expect("parses");
         assert_eq!(items.len(), 5);
-        let Item::Field { value, .. } = &items[2] else { panic!() };
+        let Item::Field { value, .. } = &items[2] else {
+            panic!()
+        };
         assert!(matches!(value.kind, ValueKind::Or(..)));
-        let Item::Field { value, pos, .. } = &items[1] else { panic!() };
+        let Item::Field { value, pos, .. } = &items[1] else {
+            panic!()
+        };
         assert_eq!(pos.line, 3);
-        let ValueKind::List(l) = &value.kind else { panic!() };
+        let ValueKind::List(l) = &value.kind else {
+            panic!()
+        };
         assert!(matches!(l[0].kind, ValueKind::Option(..)));
         assert!(matches!(l[1].kind, ValueKind::Group(..)));
     }

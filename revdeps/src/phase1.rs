@@ -79,7 +79,12 @@ pub fn universe_dep_vars(repo: &Repository, pkg: PkgId, test: bool, post: bool) 
     }
 }
 
-pub fn env<'a>(repo: &'a Repository, variant: &'a Variant, pkg: PkgId, deps: DepVars) -> PkgEnv<'a> {
+pub fn env<'a>(
+    repo: &'a Repository,
+    variant: &'a Variant,
+    pkg: PkgId,
+    deps: DepVars,
+) -> PkgEnv<'a> {
     PkgEnv {
         variant,
         name: repo.name(pkg),
@@ -89,7 +94,13 @@ pub fn env<'a>(repo: &'a Repository, variant: &'a Variant, pkg: PkgId, deps: Dep
 }
 
 /// `depends` (and `depopts` when asked) with filters resolved.
-pub fn resolved_depends(repo: &Repository, variant: &Variant, pkg: PkgId, deps: DepVars, depopts: bool) -> Formula<RAtom> {
+pub fn resolved_depends(
+    repo: &Repository,
+    variant: &Variant,
+    pkg: PkgId,
+    deps: DepVars,
+    depopts: bool,
+) -> Formula<RAtom> {
     let p = &repo.packages[pkg as usize];
     let e = env(repo, variant, pkg, deps);
     let d = resolve(&p.opam.depends, &e);
@@ -146,7 +157,9 @@ pub fn verifies(f: &Formula<RAtom>, name: &str, version: &str) -> bool {
             }
         }
     }
-    dnf(f, name, version).iter().any(|c| !c.is_empty() && c.iter().all(|&b| b))
+    dnf(f, name, version)
+        .iter()
+        .any(|c| !c.is_empty() && c.iter().all(|&b| b))
 }
 
 /// `opam list --depends-on T --all-versions --depopts [--with-test]` before
@@ -155,7 +168,13 @@ pub fn depends_on(repo: &Repository, variant: &Variant, target: PkgId, test: boo
     let (tn, tv) = (repo.name(target), repo.version(target));
     (0..repo.packages.len() as PkgId)
         .into_par_iter()
-        .filter(|&p| verifies(&resolved_depends(repo, variant, p, list_dep_vars(test), true), tn, tv))
+        .filter(|&p| {
+            verifies(
+                &resolved_depends(repo, variant, p, list_dep_vars(test), true),
+                tn,
+                tv,
+            )
+        })
         .collect()
 }
 
@@ -181,7 +200,9 @@ pub fn graph_targets(repo: &Repository, a: &RAtom) -> Vec<PkgId> {
     repo.versions_of(&a.name)
         .filter(|&q| {
             let v = repo.version(q);
-            leaves.iter().any(|(op, c)| op.holds(crate::version::compare(v, c.as_str())))
+            leaves
+                .iter()
+                .any(|(op, c)| op.holds(crate::version::compare(v, c.as_str())))
         })
         .collect()
 }
@@ -211,7 +232,13 @@ pub fn reverse_graph(repo: &Repository, variant: &Variant) -> Vec<Vec<PkgId>> {
         .into_par_iter()
         .map(|p| {
             // OpamSwitchState.reverse_dependencies: universe without tests, build, no post.
-            let f = resolved_depends(repo, variant, p, universe_dep_vars(repo, p, false, false), false);
+            let f = resolved_depends(
+                repo,
+                variant,
+                p,
+                universe_dep_vars(repo, p, false, false),
+                false,
+            );
             let mut out: Vec<PkgId> = Vec::new();
             graph_edges(repo, &f, false, &mut out);
             out.sort_unstable();
@@ -278,5 +305,9 @@ pub fn phase1(repo: &Repository, variant: &Variant, target: PkgId, query: Query)
             queries: f,
         })
         .collect();
-    Candidates { target, query, list }
+    Candidates {
+        target,
+        query,
+        list,
+    }
 }

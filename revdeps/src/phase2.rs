@@ -112,7 +112,13 @@ impl Encoding {
                 if !avail[p as usize] {
                     return None;
                 }
-                let deps = phase1::resolved_depends(repo, variant, p, phase1::universe_dep_vars(repo, p, test, true), false);
+                let deps = phase1::resolved_depends(
+                    repo,
+                    variant,
+                    p,
+                    phase1::universe_dep_vars(repo, p, test, true),
+                    false,
+                );
                 let e = phase1::env(repo, variant, p, DepVars::NONE);
                 let cf = resolve(&repo.packages[p as usize].opam.conflicts, &e);
                 let mut atoms = Vec::new();
@@ -148,14 +154,22 @@ impl Encoding {
             enc.at_most_one(&lits, Origin::OneVersion(name));
         }
         // Conflict classes: at most one name per class.
-        let mut classes: std::collections::BTreeMap<&str, std::collections::BTreeMap<u32, Vec<PkgId>>> = Default::default();
+        let mut classes: std::collections::BTreeMap<
+            &str,
+            std::collections::BTreeMap<u32, Vec<PkgId>>,
+        > = Default::default();
         for p in 0..n {
             if !avail[p as usize] {
                 continue;
             }
             let pk = &repo.packages[p as usize];
             for c in &pk.opam.conflict_class {
-                classes.entry(c.as_str()).or_default().entry(pk.name).or_default().push(p);
+                classes
+                    .entry(c.as_str())
+                    .or_default()
+                    .entry(pk.name)
+                    .or_default()
+                    .push(p);
             }
         }
         for (ci, members) in classes.values().enumerate() {
@@ -175,7 +189,12 @@ impl Encoding {
                 }
                 uses.push(L(u, true));
             }
-            let first = members.values().next().and_then(|v| v.first()).copied().unwrap_or(0);
+            let first = members
+                .values()
+                .next()
+                .and_then(|v| v.first())
+                .copied()
+                .unwrap_or(0);
             enc.at_most_one(&uses, Origin::ConflictClass(first));
         }
         enc
@@ -211,11 +230,21 @@ impl Encoding {
     }
 
     /// Appends literals whose disjunction implies `f`; false if `f` is trivially true.
-    fn disjunct(&mut self, repo: &Repository, p: PkgId, f: &Formula<RAtom>, out: &mut Vec<L>) -> bool {
+    fn disjunct(
+        &mut self,
+        repo: &Repository,
+        p: PkgId,
+        f: &Formula<RAtom>,
+        out: &mut Vec<L>,
+    ) -> bool {
         match f {
             Formula::Empty => false,
             Formula::Atom(a) => {
-                out.extend(phase1::matching(repo, a).filter(|&q| self.available[q as usize]).map(|q| L(q, true)));
+                out.extend(
+                    phase1::matching(repo, a)
+                        .filter(|&q| self.available[q as usize])
+                        .map(|q| L(q, true)),
+                );
                 true
             }
             Formula::Or(v) => {
@@ -266,7 +295,11 @@ impl Encoding {
     pub fn solver(&self, units: &[PkgId], prefer: &[bool]) -> BasicSolver {
         let mut s = BasicSolver::default();
         for v in 0..self.nvars {
-            let pol = if (v as usize) < prefer.len() && prefer[v as usize] { lbool::TRUE } else { lbool::UNDEF };
+            let pol = if (v as usize) < prefer.len() && prefer[v as usize] {
+                lbool::TRUE
+            } else {
+                lbool::UNDEF
+            };
             s.new_var(pol, true);
         }
         let mut buf = Vec::new();
@@ -293,12 +326,24 @@ pub fn in_model(s: &BasicSolver, pkg: PkgId) -> bool {
 /// Packages outside it can always stay uninstalled, so encoding only this
 /// part gives the same answers; it is skipped when the candidates already
 /// cover much of the repository, where the walk would cost more than it saves.
-fn universe_scope(repo: &Repository, variant: &Variant, avail: &[bool], test: bool, pkgs: &[PkgId], roots: [PkgId; 2]) -> Vec<bool> {
+fn universe_scope(
+    repo: &Repository,
+    variant: &Variant,
+    avail: &[bool],
+    test: bool,
+    pkgs: &[PkgId],
+    roots: [PkgId; 2],
+) -> Vec<bool> {
     if pkgs.len() * 4 > repo.packages.len() {
         return avail.to_vec();
     }
     let mut seen = vec![false; avail.len()];
-    let mut frontier: Vec<PkgId> = pkgs.iter().copied().chain(roots).filter(|&p| avail[p as usize]).collect();
+    let mut frontier: Vec<PkgId> = pkgs
+        .iter()
+        .copied()
+        .chain(roots)
+        .filter(|&p| avail[p as usize])
+        .collect();
     for &p in &frontier {
         seen[p as usize] = true;
     }
@@ -306,10 +351,20 @@ fn universe_scope(repo: &Repository, variant: &Variant, avail: &[bool], test: bo
         let next: Vec<Vec<PkgId>> = frontier
             .par_iter()
             .map(|&p| {
-                let f = phase1::resolved_depends(repo, variant, p, phase1::universe_dep_vars(repo, p, test, true), false);
+                let f = phase1::resolved_depends(
+                    repo,
+                    variant,
+                    p,
+                    phase1::universe_dep_vars(repo, p, test, true),
+                    false,
+                );
                 let mut atoms = Vec::new();
                 f.atoms(&mut atoms);
-                atoms.iter().flat_map(|a| phase1::matching(repo, a)).filter(|&q| avail[q as usize]).collect()
+                atoms
+                    .iter()
+                    .flat_map(|a| phase1::matching(repo, a))
+                    .filter(|&q| avail[q as usize])
+                    .collect()
             })
             .collect();
         frontier.clear();
@@ -333,7 +388,13 @@ fn report((r, st): (Vec<bool>, crate::cone::Stats), test: bool) -> Vec<bool> {
 /// Phase 2 over a slice of phase 1's candidates: those that are coinstallable
 /// with the target and the compiler, in the universe of each query that
 /// selected them. Sorted as given.
-pub fn phase2(repo: &Repository, variant: &Variant, target: PkgId, candidates: &[Candidate], jobs: usize) -> Vec<PkgId> {
+pub fn phase2(
+    repo: &Repository,
+    variant: &Variant,
+    target: PkgId,
+    candidates: &[Candidate],
+    jobs: usize,
+) -> Vec<PkgId> {
     let Some(compiler) = repo
         .versions_of(&variant.compiler_name)
         .find(|&p| repo.version(p) == variant.compiler_version)
@@ -357,10 +418,21 @@ pub fn phase2(repo: &Repository, variant: &Variant, target: PkgId, candidates: &
         let scope = universe_scope(repo, variant, &avail, false, &pkgs, [target, compiler]);
         let enc = Encoding::new(repo, variant, &scope, false);
         if stats {
-            eprintln!("phase 2: encoding without tests in {:.3}s", t.elapsed().as_secs_f64());
+            eprintln!(
+                "phase 2: encoding without tests in {:.3}s",
+                t.elapsed().as_secs_f64()
+            );
         }
-        let known: Vec<AtomicBool> = (0..repo.packages.len()).map(|_| AtomicBool::new(false)).collect();
-        for (k, r) in report(crate::cone::coinstallable(&enc, repo, target, compiler, &pkgs, &known, jobs), enc.test).into_iter().enumerate() {
+        let known: Vec<AtomicBool> = (0..repo.packages.len())
+            .map(|_| AtomicBool::new(false))
+            .collect();
+        for (k, r) in report(
+            crate::cone::coinstallable(&enc, repo, target, compiler, &pkgs, &known, jobs),
+            enc.test,
+        )
+        .into_iter()
+        .enumerate()
+        {
             ok[idx0[k]] |= r;
         }
     }
@@ -372,18 +444,36 @@ pub fn phase2(repo: &Repository, variant: &Variant, target: PkgId, candidates: &
         let pkgs: Vec<PkgId> = idx1.iter().map(|&i| candidates[i].pkg).collect();
         let scope = universe_scope(repo, variant, &avail, true, &pkgs, [target, compiler]);
         let enc = Encoding::new(repo, variant, &scope, true);
-        let known: Vec<AtomicBool> = (0..repo.packages.len()).map(|_| AtomicBool::new(false)).collect();
-        for (k, r) in report(crate::cone::coinstallable(&enc, repo, target, compiler, &pkgs, &known, jobs), enc.test).into_iter().enumerate() {
+        let known: Vec<AtomicBool> = (0..repo.packages.len())
+            .map(|_| AtomicBool::new(false))
+            .collect();
+        for (k, r) in report(
+            crate::cone::coinstallable(&enc, repo, target, compiler, &pkgs, &known, jobs),
+            enc.test,
+        )
+        .into_iter()
+        .enumerate()
+        {
             ok[idx1[k]] |= r;
         }
     }
-    candidates.iter().zip(ok).filter(|(_, b)| *b).map(|(c, _)| c.pkg).collect()
+    candidates
+        .iter()
+        .zip(ok)
+        .filter(|(_, b)| *b)
+        .map(|(c, _)| c.pkg)
+        .collect()
 }
 
 /// Can all of `pkgs` be installed together (at their exact versions) in the
 /// universe of this variant, with or without tests? The general question
 /// phase 2 asks three packages at a time.
-pub fn installable_together(repo: &Repository, variant: &Variant, pkgs: &[PkgId], test: bool) -> bool {
+pub fn installable_together(
+    repo: &Repository,
+    variant: &Variant,
+    pkgs: &[PkgId],
+    test: bool,
+) -> bool {
     let avail = available(repo, variant);
     if pkgs.iter().any(|&p| !avail[p as usize]) {
         return false;

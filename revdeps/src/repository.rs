@@ -90,7 +90,10 @@ impl Repository {
 
     /// Builds a repository from `(path, contents)` pairs, paths relative to the root.
     pub fn from_files(files: Vec<(String, Vec<u8>)>) -> Repository {
-        let parsed: Vec<Parsed> = files.into_par_iter().filter_map(|(p, b)| parse_one(p, b)).collect();
+        let parsed: Vec<Parsed> = files
+            .into_par_iter()
+            .filter_map(|(p, b)| parse_one(p, b))
+            .collect();
         Self::assemble(parsed)
     }
 
@@ -168,7 +171,9 @@ impl Repository {
 
     /// Finds `name.version` (split at the first dot, as opam does).
     pub fn find(&self, nv: &str) -> Result<PkgId, Error> {
-        let (n, v) = nv.split_once('.').ok_or_else(|| Error::BadPackage(nv.to_string()))?;
+        let (n, v) = nv
+            .split_once('.')
+            .ok_or_else(|| Error::BadPackage(nv.to_string()))?;
         self.versions_of(n)
             .find(|&id| self.version(id) == v)
             .ok_or_else(|| Error::UnknownPackage(nv.to_string()))
@@ -241,16 +246,28 @@ fn read_git(repo: &Path, rev: &str) -> Result<Repository, Error> {
         read_git_files(repo, rev, &mut |chunk: Vec<(String, Vec<u8>)>| {
             let out = &out;
             scope.spawn(move |_| {
-                let parsed: Vec<Parsed> = chunk.into_iter().filter_map(|(p, b)| parse_one(p, b)).collect();
-                out.lock().expect("no parser panics while holding the lock").extend(parsed);
+                let parsed: Vec<Parsed> = chunk
+                    .into_iter()
+                    .filter_map(|(p, b)| parse_one(p, b))
+                    .collect();
+                out.lock()
+                    .expect("no parser panics while holding the lock")
+                    .extend(parsed);
             });
         })
     });
     read?;
-    Ok(Repository::assemble(out.into_inner().expect("no parser panics while holding the lock")))
+    Ok(Repository::assemble(
+        out.into_inner()
+            .expect("no parser panics while holding the lock"),
+    ))
 }
 
-fn read_git_files(repo: &Path, rev: &str, sink: &mut dyn FnMut(Vec<(String, Vec<u8>)>)) -> Result<(), Error> {
+fn read_git_files(
+    repo: &Path,
+    rev: &str,
+    sink: &mut dyn FnMut(Vec<(String, Vec<u8>)>),
+) -> Result<(), Error> {
     let ls_args = format!("ls-tree -r -z --full-tree {rev} -- packages");
     let out = Command::new("git")
         .arg("-C")
@@ -259,13 +276,20 @@ fn read_git_files(repo: &Path, rev: &str, sink: &mut dyn FnMut(Vec<(String, Vec<
         .output()
         .map_err(|e| git_err(&ls_args, e.to_string()))?;
     if !out.status.success() {
-        return Err(git_err(&ls_args, String::from_utf8_lossy(&out.stderr).trim().to_string()));
+        return Err(git_err(
+            &ls_args,
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
     }
     // Entries are "<mode> <type> <oid>\t<path>\0".
     let mut wanted: Vec<(String, String)> = Vec::new();
     for entry in out.stdout.split(|&b| b == 0) {
-        let Ok(entry) = std::str::from_utf8(entry) else { continue };
-        let Some((meta, path)) = entry.split_once('\t') else { continue };
+        let Ok(entry) = std::str::from_utf8(entry) else {
+            continue;
+        };
+        let Some((meta, path)) = entry.split_once('\t') else {
+            continue;
+        };
         let mut it = meta.split(' ');
         let (_, kind, oid) = (it.next(), it.next(), it.next());
         if kind == Some("blob") && package_of_path(path).is_some() {
@@ -287,8 +311,14 @@ fn read_git_files(repo: &Path, rev: &str, sink: &mut dyn FnMut(Vec<(String, Vec<
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| git_err(cat_args, e.to_string()))?;
-    let mut stdin = child.stdin.take().ok_or_else(|| git_err(cat_args, "no stdin"))?;
-    let stdout = child.stdout.take().ok_or_else(|| git_err(cat_args, "no stdout"))?;
+    let mut stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| git_err(cat_args, "no stdin"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| git_err(cat_args, "no stdout"))?;
     let oids: Vec<String> = wanted.iter().map(|(o, _)| o.clone()).collect();
     // Feed the requests from another thread so neither pipe can fill up and deadlock.
     let writer = std::thread::spawn(move || -> std::io::Result<()> {
@@ -305,7 +335,8 @@ fn read_git_files(repo: &Path, rev: &str, sink: &mut dyn FnMut(Vec<(String, Vec<
     let mut header = String::new();
     for (_, path) in wanted {
         header.clear();
-        r.read_line(&mut header).map_err(|e| git_err(cat_args, e.to_string()))?;
+        r.read_line(&mut header)
+            .map_err(|e| git_err(cat_args, e.to_string()))?;
         let size: usize = header
             .trim_end()
             .rsplit(' ')
@@ -313,7 +344,8 @@ fn read_git_files(repo: &Path, rev: &str, sink: &mut dyn FnMut(Vec<(String, Vec<
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| git_err(cat_args, format!("unexpected reply {header:?}")))?;
         let mut buf = vec![0u8; size + 1];
-        r.read_exact(&mut buf).map_err(|e| git_err(cat_args, e.to_string()))?;
+        r.read_exact(&mut buf)
+            .map_err(|e| git_err(cat_args, e.to_string()))?;
         buf.pop();
         files.push((path, buf));
         if files.len() == CHUNK {

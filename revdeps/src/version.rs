@@ -54,7 +54,14 @@ fn skip_zeros(x: &[u8], mut i: usize, end: usize) -> usize {
 }
 
 /// OpamVersionCompare's `loop_lexical` over `x[xi..xl]` and `y[yi..yl]`.
-fn loop_lexical(x: &[u8], y: &[u8], xl: usize, yl: usize, mut xi: usize, mut yi: usize) -> Ordering {
+fn loop_lexical(
+    x: &[u8],
+    y: &[u8],
+    xl: usize,
+    yl: usize,
+    mut xi: usize,
+    mut yi: usize,
+) -> Ordering {
     loop {
         match (xi == xl, yi == yl) {
             (true, true) => return Ordering::Equal,
@@ -91,15 +98,29 @@ fn loop_lexical(x: &[u8], y: &[u8], xl: usize, yl: usize, mut xi: usize, mut yi:
                     while yn < yl && y[yn].is_ascii_digit() {
                         yn += 1;
                     }
-                    let ord = (xn - xi).cmp(&(yn - yi)).then_with(|| x[xi..xn].cmp(&y[yi..yn]));
+                    let ord = (xn - xi)
+                        .cmp(&(yn - yi))
+                        .then_with(|| x[xi..xn].cmp(&y[yi..yn]));
                     if ord != Ordering::Equal {
                         return ord;
                     }
                     xi = xn;
                     yi = yn;
                 }
-                (true, false) => return if y[yi] == b'~' { Ordering::Greater } else { Ordering::Less },
-                (false, true) => return if x[xi] == b'~' { Ordering::Less } else { Ordering::Greater },
+                (true, false) => {
+                    return if y[yi] == b'~' {
+                        Ordering::Greater
+                    } else {
+                        Ordering::Less
+                    }
+                }
+                (false, true) => {
+                    return if x[xi] == b'~' {
+                        Ordering::Less
+                    } else {
+                        Ordering::Greater
+                    }
+                }
                 (false, false) => {
                     let ord = compare_chars(x[xi], y[yi]);
                     if ord != Ordering::Equal {
@@ -123,7 +144,16 @@ pub fn compare(a: &str, b: &str) -> Ordering {
     let (x, y) = (a.as_bytes(), b.as_bytes());
     let rx = x.iter().rposition(|&c| c == b'-').unwrap_or(x.len());
     let ry = y.iter().rposition(|&c| c == b'-').unwrap_or(y.len());
-    loop_lexical(x, y, rx, ry, 0, 0).then_with(|| loop_lexical(x, y, x.len(), y.len(), (rx + 1).min(x.len()), (ry + 1).min(y.len())))
+    loop_lexical(x, y, rx, ry, 0, 0).then_with(|| {
+        loop_lexical(
+            x,
+            y,
+            x.len(),
+            y.len(),
+            (rx + 1).min(x.len()),
+            (ry + 1).min(y.len()),
+        )
+    })
 }
 
 #[cfg(test)]

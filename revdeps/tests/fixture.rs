@@ -41,7 +41,16 @@ pub fn git_repo() -> &'static Path {
         run(
             &dir,
             "git",
-            &["-c", "user.name=fixture", "-c", "user.email=fixture@example.invalid", "commit", "-q", "-m", "fixture"],
+            &[
+                "-c",
+                "user.name=fixture",
+                "-c",
+                "user.email=fixture@example.invalid",
+                "commit",
+                "-q",
+                "-m",
+                "fixture",
+            ],
         );
         dir
     })
@@ -58,7 +67,11 @@ pub fn repo() -> &'static Repository {
 
 /// Lines of a reference answer.
 pub fn reference(compiler: &str, target: &str, file: &str) -> Vec<String> {
-    let p = fixtures().join("reference").join(compiler).join(target).join(file);
+    let p = fixtures()
+        .join("reference")
+        .join(compiler)
+        .join(target)
+        .join(file);
     std::fs::read_to_string(&p)
         .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
         .lines()

@@ -25,8 +25,36 @@ impl Rng {
 }
 
 const TOKENS: &[&[u8]] = &[
-    b"{", b"}", b"[", b"]", b"(", b")", b"\"", b"\"\"\"", b"&", b"|", b"!", b"?", b"=", b"!=", b"<=", b">", b":",
-    b"+=", b"(*", b"*)", b"#", b"\\", b"%{", b"}%", b"\n", b" ", b"-1", b"99999999999999999999", b"true", b"x:y",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b"(",
+    b")",
+    b"\"",
+    b"\"\"\"",
+    b"&",
+    b"|",
+    b"!",
+    b"?",
+    b"=",
+    b"!=",
+    b"<=",
+    b">",
+    b":",
+    b"+=",
+    b"(*",
+    b"*)",
+    b"#",
+    b"\\",
+    b"%{",
+    b"}%",
+    b"\n",
+    b" ",
+    b"-1",
+    b"99999999999999999999",
+    b"true",
+    b"x:y",
 ];
 
 fn mutate(rng: &mut Rng, src: &[u8], other: &[u8]) -> Vec<u8> {
@@ -67,7 +95,18 @@ fn mutate(rng: &mut Rng, src: &[u8], other: &[u8]) -> Vec<u8> {
 fn sample_files() -> Vec<Vec<u8>> {
     let repo = fixture::git_repo();
     let mut files = Vec::new();
-    for name in ["coq", "dune", "frama-c", "zenon", "ocaml-base-compiler", "conf-gtksourceview", "mirage-runtime", "why3-coq", "ocamlfind", "0install"] {
+    for name in [
+        "coq",
+        "dune",
+        "frama-c",
+        "zenon",
+        "ocaml-base-compiler",
+        "conf-gtksourceview",
+        "mirage-runtime",
+        "why3-coq",
+        "ocamlfind",
+        "0install",
+    ] {
         let dir = repo.join("packages").join(name);
         if let Ok(rd) = std::fs::read_dir(&dir) {
             for e in rd.flatten().take(6) {
@@ -96,16 +135,25 @@ fn mutated_real_files_never_panic() {
         }
         let _ = OpamData::parse(&format!("mutant/{round}/opam"), &s);
     }
-    assert!(rejected > 100, "mutations do hit the error paths ({rejected})");
+    assert!(
+        rejected > 100,
+        "mutations do hit the error paths ({rejected})"
+    );
 }
 
 #[test]
 fn random_bytes_never_panic() {
     let mut rng = Rng(42);
-    let alphabet: Vec<u8> = TOKENS.concat().into_iter().chain(b"abcdefghij0123456789_-+.~ \n\t\"".iter().copied()).collect();
+    let alphabet: Vec<u8> = TOKENS
+        .concat()
+        .into_iter()
+        .chain(b"abcdefghij0123456789_-+.~ \n\t\"".iter().copied())
+        .collect();
     for _ in 0..4000 {
         let n = rng.below(400);
-        let bytes: Vec<u8> = (0..n).map(|_| alphabet[rng.below(alphabet.len())]).collect();
+        let bytes: Vec<u8> = (0..n)
+            .map(|_| alphabet[rng.below(alphabet.len())])
+            .collect();
         let s = String::from_utf8_lossy(&bytes);
         let _ = parse_file(&s);
         let _ = OpamData::parse("random/opam", &s);
@@ -129,11 +177,26 @@ fn malformed_file_is_reported_and_skipped() {
         ("packages/d/d.2/opam".into(), vec![0xff, 0xfe]),
         ("packages/e/e.1/opam".into(), good),
     ]);
-    let names: Vec<String> = (0..repo.packages.len() as u32).map(|p| repo.display(p)).collect();
+    let names: Vec<String> = (0..repo.packages.len() as u32)
+        .map(|p| repo.display(p))
+        .collect();
     assert_eq!(names, vec!["a.1", "e.1"]);
     let errors: Vec<String> = repo.errors.iter().map(|e| e.to_string()).collect();
     assert_eq!(errors.len(), 3, "{errors:?}");
-    assert!(errors.iter().any(|e| e.starts_with("packages/b/b.1/opam:3:")), "{errors:?}");
-    assert!(errors.iter().any(|e| e.starts_with("packages/c/c.1/opam:2:")), "{errors:?}");
-    assert!(errors.iter().any(|e| e.starts_with("packages/d/d.2/opam")), "{errors:?}");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("packages/b/b.1/opam:3:")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("packages/c/c.1/opam:2:")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.starts_with("packages/d/d.2/opam")),
+        "{errors:?}"
+    );
 }

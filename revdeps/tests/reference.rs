@@ -10,7 +10,11 @@ fn check(compiler_version: &str, target: &str, query: Query, file: &str) {
     let variant = Variant::debian12("ocaml-base-compiler", compiler_version);
     let t = repo.find(target).expect("target in fixture");
     let got = revdeps(repo, &variant, t, query, 2);
-    let mut want = fixture::reference(&format!("ocaml-base-compiler.{compiler_version}"), target, file);
+    let mut want = fixture::reference(
+        &format!("ocaml-base-compiler.{compiler_version}"),
+        target,
+        file,
+    );
     // The CLI never lists the target; opam's --recursive does.
     want.retain(|l| l != target);
     if got != want {
@@ -28,7 +32,12 @@ fn check(compiler_version: &str, target: &str, query: Query, file: &str) {
 fn coq_4_14_2() {
     check("4.14.2", "coq.9.1.1", Query::Depopts, "depopts.txt");
     check("4.14.2", "coq.9.1.1", Query::Recursive, "recursive.txt");
-    check("4.14.2", "coq.9.1.1", Query::WithTestDepopts, "with-test-depopts.txt");
+    check(
+        "4.14.2",
+        "coq.9.1.1",
+        Query::WithTestDepopts,
+        "with-test-depopts.txt",
+    );
     check("4.14.2", "coq.9.1.1", Query::Union, "union.txt");
 }
 
@@ -36,7 +45,12 @@ fn coq_4_14_2() {
 fn coq_5_5_0() {
     check("5.5.0", "coq.9.1.1", Query::Depopts, "depopts.txt");
     check("5.5.0", "coq.9.1.1", Query::Recursive, "recursive.txt");
-    check("5.5.0", "coq.9.1.1", Query::WithTestDepopts, "with-test-depopts.txt");
+    check(
+        "5.5.0",
+        "coq.9.1.1",
+        Query::WithTestDepopts,
+        "with-test-depopts.txt",
+    );
     check("5.5.0", "coq.9.1.1", Query::Union, "union.txt");
 }
 
@@ -57,5 +71,10 @@ fn dune_4_14_2_recursive() {
 
 #[test]
 fn dune_4_14_2_with_test_depopts() {
-    check("4.14.2", "dune.3.20.2", Query::WithTestDepopts, "with-test-depopts.txt");
+    check(
+        "4.14.2",
+        "dune.3.20.2",
+        Query::WithTestDepopts,
+        "with-test-depopts.txt",
+    );
 }
