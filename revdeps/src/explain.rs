@@ -122,9 +122,18 @@ pub fn explain(
         ] {
             if !avail[q as usize] {
                 let line = repo.packages[q as usize].opam.available_line;
+                let missing = phase2::missing_depexts(repo, variant, q);
+                let why = if missing.is_empty() {
+                    format!("its `available` (line {line}) is false here")
+                } else {
+                    format!(
+                        "it needs system packages this host lacks: {}",
+                        missing.join(", ")
+                    )
+                };
                 let _ = writeln!(
                     out,
-                    "  phase 2 ({label}): {what} ({}) is not available (available: line {line})",
+                    "  phase 2 ({label}): {what} ({}) is not available: {why}",
                     repo.display(q)
                 );
             }
@@ -225,6 +234,17 @@ fn explain_unsatisfiable_atoms(
                 "    no available version of {a} (depends, line {})",
                 a.pos.line
             );
+            for q in phase1::matching(repo, a) {
+                let missing = phase2::missing_depexts(repo, variant, q);
+                if !missing.is_empty() {
+                    let _ = writeln!(
+                        out,
+                        "      {} needs system packages this host lacks: {}",
+                        repo.display(q),
+                        missing.join(", ")
+                    );
+                }
+            }
         }
     }
 }

@@ -22,6 +22,26 @@
 //! - [`answer`]: the order answers are printed in.
 //! - [`error`]: errors with file and line.
 //!
+//! # How opam 2.1.2 answers, and where that is reproduced
+//!
+//! - `--depends-on` ([`phase1::verifies`]): the package's `depends` and
+//!   `depopts`, filtered with `build`, no `post`, `with-test` as asked, no
+//!   `with-doc`/`dev` and the variant's variables, put in disjunctive normal
+//!   form; each conjunction keeps only its atoms naming the target, and one
+//!   of them must hold for the target's version.
+//! - `--recursive` ([`phase1::reverse_graph`]): the reverse closure of the
+//!   dependency graph over every package, available or not, including every
+//!   OR branch; see [`phase1`] for how version ranges become edges.
+//! - `--coinstallable-with T,COMPILER` ([`phase2`]): some installation of
+//!   available packages holds T, the compiler and the candidate at their
+//!   versions, with `depends` (`build` and `post` true, `with-test` for every
+//!   package when asked, `dev` for development packages), one version per
+//!   name, `conflicts` and `conflict-class`. "Available" is the `available`
+//!   filter and, as opam 2.1 checks system dependencies, no `depexts` the
+//!   host lacks ([`Variant::missing_depexts`]).
+//! - Versions compare as in opam 2.1 ([`version`]); answers print in the
+//!   reference files' order ([`answer`]).
+//!
 //! The orchestrator's calls, in order:
 //!
 //! ```no_run

@@ -127,7 +127,6 @@ fn main() -> Result<()> {
         return Ok(());
     }
     let target = repo.find(&args.target)?;
-    let _ = Instant::now();
     if repo.find(&args.compiler).is_err() {
         bail!("compiler {} is not in the repository", args.compiler);
     }
