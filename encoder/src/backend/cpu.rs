@@ -318,11 +318,11 @@ impl CpuBackend {
         })
     }
 
-    /// Run `work(block_index, first_pixel, pixels, out_block)` over blocks of
+    /// Run `work(first_pixel, pixels, out_block)` over blocks of
     /// `block_pixels`, `out` holding `width` values per pixel. Blocks go to
     /// threads round-robin; the blocks themselves never depend on the thread
     /// count.
-    fn for_blocks<F>(&self, n: usize, width: usize, out: &mut [f32], work: F)
+    fn for_blocks<F>(&self, width: usize, out: &mut [f32], work: F)
     where
         F: Fn(usize, usize, &mut [f32]) + Sync,
     {
@@ -344,7 +344,6 @@ impl CpuBackend {
         for (i, blk) in blocks.into_iter().enumerate() {
             per_thread[i % threads].push(blk);
         }
-        let _ = n;
         std::thread::scope(|s| {
             for mine in per_thread {
                 let work = &work;
@@ -371,7 +370,7 @@ impl Backend for CpuBackend {
         let (len, bands, d) = (batch.len, batch.bands, bb.d);
         let mut out = vec![0f32; batch.n * d];
         let rows = self.block_pixels.min(batch.n) * len;
-        self.for_blocks(batch.n, d, &mut out, |start, b, o| {
+        self.for_blocks(d, &mut out, |start, b, o| {
             // Each block allocates its own workspace: the cost is noise next
             // to the GEMMs, and it keeps threads from sharing cache lines.
             let mut ws = Workspace::new(rows, len, d, bb.ffn);
@@ -387,7 +386,7 @@ impl Backend for CpuBackend {
         let r = self.weights.config.repr_dim;
         let h = &self.weights.head;
         let mut out = vec![0f32; n * r];
-        self.for_blocks(n, r, &mut out, |start, b, o| {
+        self.for_blocks(r, &mut out, |start, b, o| {
             let mut z = vec![0f32; b * 2 * d];
             for i in 0..b {
                 let p = start + i;
