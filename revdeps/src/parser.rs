@@ -197,7 +197,7 @@ impl<'a> Parser<'a> {
         if !is_atom(&l) {
             return Ok(l);
         }
-        match self.tok.clone() {
+        match self.tok {
             Tok::Relop(op) => {
                 self.advance()?;
                 let r = self.plain_atom()?;
@@ -220,7 +220,7 @@ impl<'a> Parser<'a> {
 
     fn plain_atom(&mut self) -> Result<Value, SyntaxError> {
         let pos = self.pos;
-        let kind = match self.tok.clone() {
+        let kind = match &self.tok {
             Tok::Str(_) | Tok::Ident(_) | Tok::Int(_) | Tok::Bool(_) => match self.advance()? {
                 Tok::Str(s) => ValueKind::String(s),
                 Tok::Ident(s) => ValueKind::Ident(s),
@@ -231,7 +231,7 @@ impl<'a> Parser<'a> {
             t => {
                 return Err(self.err(format!(
                     "expected a string, identifier, integer or boolean, found {}",
-                    describe(&t)
+                    describe(t)
                 )))
             }
         };
@@ -243,7 +243,7 @@ impl<'a> Parser<'a> {
             return Err(self.err("value nested too deeply"));
         }
         let pos = self.pos;
-        match self.tok.clone() {
+        match self.tok {
             Tok::Not => {
                 self.advance()?;
                 let v = self.unary(depth + 1)?;
@@ -287,7 +287,7 @@ impl<'a> Parser<'a> {
 
     fn atom(&mut self, depth: u32) -> Result<Value, SyntaxError> {
         let pos = self.pos;
-        let kind = match self.tok.clone() {
+        let kind = match &self.tok {
             Tok::Str(_) | Tok::Ident(_) | Tok::Int(_) | Tok::Bool(_) => match self.advance()? {
                 Tok::Str(s) => ValueKind::String(s),
                 Tok::Ident(s) => ValueKind::Ident(s),
@@ -303,7 +303,10 @@ impl<'a> Parser<'a> {
                 self.advance()?;
                 ValueKind::Group(self.values(depth + 1, Tok::RPar)?)
             }
-            t => return Err(self.err(format!("expected a value, found {}", describe(&t)))),
+            t => {
+                let msg = format!("expected a value, found {}", describe(t));
+                return Err(self.err(msg));
+            }
         };
         Ok(Value { pos, kind })
     }
