@@ -276,6 +276,28 @@ impl<'a> Lexer<'a> {
         for _ in 0..n {
             self.bump();
         }
+        // Fast path: a plain string without escapes is one slice.
+        if !triple {
+            let rest = &self.src[self.i..];
+            if let Some(end) = rest.iter().position(|&c| c == b'"' || c == b'\\') {
+                if rest[end] == b'"' {
+                    let body = &rest[..end];
+                    let text = std::str::from_utf8(body)
+                        .map_err(|_| self.err(pos, "string is not valid UTF-8"))?
+                        .to_string();
+                    match body.iter().rposition(|&c| c == b'\n') {
+                        Some(nl) => {
+                            self.line += body.iter().filter(|&&c| c == b'\n').count() as u32;
+                            self.col = (body.len() - nl) as u32;
+                        }
+                        None => self.col += body.len() as u32,
+                    }
+                    self.i += end;
+                    self.bump();
+                    return Ok(text);
+                }
+            }
+        }
         let mut out: Vec<u8> = Vec::new();
         loop {
             let Some(c) = self.bump() else {
@@ -378,6 +400,23 @@ mod tests {
                 Tok::RBracket,
             ]
         );
+    }
+
+    #[test]
+    fn positions_after_multiline_strings() {
+        let mut l = Lexer::new("a: \"x\ny\nzz\" b\n\"p\\nq\" c");
+        let mut last = Vec::new();
+        loop {
+            let (t, p) = l.next_token().expect("lexes");
+            if t == Tok::Eof {
+                break;
+            }
+            last.push((t, p.line, p.col));
+        }
+        assert_eq!(last[2], (Tok::Str("x\ny\nzz".into()), 1, 4));
+        assert_eq!(last[3], (Tok::Ident("b".into()), 3, 5));
+        assert_eq!(last[4], (Tok::Str("p\nq".into()), 4, 1));
+        assert_eq!(last[5], (Tok::Ident("c".into()), 4, 8));
     }
 
     #[test]
