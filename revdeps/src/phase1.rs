@@ -3,6 +3,7 @@
 //! `--recursive`. The result is the sorted candidate list phase 2 checks.
 
 use crate::formula::{resolve, Formula, RAtom};
+use crate::lexer::Relop;
 use crate::repository::{PkgId, Repository};
 use crate::variant::{DepVars, PkgEnv, Variant};
 use rayon::prelude::*;
@@ -180,11 +181,52 @@ pub fn depends_on(repo: &Repository, variant: &Variant, target: PkgId, test: boo
 
 /// Package versions matching an atom, ascending.
 pub fn matching<'a>(repo: &'a Repository, a: &'a RAtom) -> impl Iterator<Item = PkgId> + 'a {
-    let vf = &a.vf;
-    repo.versions_of(&a.name).filter(move |&q| match vf {
-        Formula::Empty => true,
-        _ => a.matches_version(repo.version(q)),
+    let all = repo.versions_of(&a.name);
+    // A single bound is a contiguous run of the (sorted) versions: no scan.
+    let (lo, hi, neq) = match &a.vf {
+        Formula::Empty => (all.start, all.end, false),
+        Formula::Atom((op, c)) => {
+            let (lo, hi) = bound_range(repo, all.clone(), c.as_str());
+            match op {
+                Relop::Lt => (all.start, lo, false),
+                Relop::Leq => (all.start, hi, false),
+                Relop::Eq => (lo, hi, false),
+                Relop::Geq => (lo, all.end, false),
+                Relop::Gt => (hi, all.end, false),
+                Relop::Neq => (lo, hi, true),
+            }
+        }
+        _ => (all.start, all.end, false),
+    };
+    let simple = matches!(a.vf, Formula::Empty | Formula::Atom(_));
+    all.filter(move |&q| {
+        if simple {
+            (lo..hi).contains(&q) != neq
+        } else {
+            a.matches_version(repo.version(q))
+        }
     })
+}
+
+/// Within `range` (one name's versions, ascending), the first version not
+/// below `c` and the first above it.
+fn bound_range(repo: &Repository, range: std::ops::Range<PkgId>, c: &str) -> (PkgId, PkgId) {
+    // First id in `range` for which `pred` fails (`pred` holds on a prefix).
+    let first_not = |pred: &dyn Fn(PkgId) -> bool| {
+        let (mut lo, mut hi) = (range.start, range.end);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if pred(mid) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    };
+    let lo = first_not(&|q| crate::version::compare(repo.version(q), c).is_lt());
+    let hi = first_not(&|q| crate::version::compare(repo.version(q), c).is_le());
+    (lo, hi)
 }
 
 /// Edges of opam's dependency graph for one atom. opam turns
@@ -194,17 +236,23 @@ pub fn matching<'a>(repo: &'a Repository, a: &'a RAtom) -> impl Iterator<Item = 
 pub fn graph_targets(repo: &Repository, a: &RAtom) -> Vec<PkgId> {
     let mut leaves = Vec::new();
     a.vf.atoms(&mut leaves);
-    if leaves.is_empty() {
-        return repo.versions_of(&a.name).collect();
+    if leaves.len() <= 1 {
+        return matching(repo, a).collect();
     }
-    repo.versions_of(&a.name)
-        .filter(|&q| {
-            let v = repo.version(q);
-            leaves
-                .iter()
-                .any(|(op, c)| op.holds(crate::version::compare(v, c.as_str())))
+    let mut out: Vec<PkgId> = leaves
+        .iter()
+        .flat_map(|(op, c)| {
+            let single = RAtom {
+                name: a.name.clone(),
+                pos: a.pos,
+                vf: Formula::Atom((*op, c.clone())),
+            };
+            matching(repo, &single).collect::<Vec<_>>()
         })
-        .collect()
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// The `--recursive` graph's edges from one package's dependency formula.
