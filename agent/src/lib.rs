@@ -13,8 +13,13 @@
 //! - [`process`]: runs one shell command in its own process group, streams
 //!   its output lines, enforces timeout and cancellation on the whole tree.
 //! - [`health`]: the host health report sent with every heartbeat.
+//! - [`revdeps_job`]: phase 1 and phase-2 shards of opam revdeps runs.
+//! - [`tile_job`]: TESSERA tile jobs: checkpoint cache, inputs, encoder,
+//!   outputs.
 
 pub mod health;
 pub mod process;
+pub mod revdeps_job;
 pub mod runner;
 pub mod server_api;
+pub mod tile_job;

@@ -59,6 +59,11 @@ struct Shared {
     /// Signalled when a job ends (slots freed) or the state changes.
     changed: Notify,
     state: Mutex<AgentState>,
+    repos: Arc<crate::revdeps_job::RepoCache>,
+    /// Checkpoints and loaded encoders for tile jobs; `None` when no
+    /// encoder backend could be set up here (the agent then does not offer
+    /// the `tile` kind).
+    tiles: Option<Arc<crate::tile_job::TileCache>>,
 }
 
 impl Shared {
@@ -69,6 +74,18 @@ impl Shared {
             .values()
             .map(|r| r.cost)
             .sum()
+    }
+
+    /// Records a running job's progress; the next heartbeat carries it.
+    fn set_progress(&self, job: Uuid, done: u64, total: u64) {
+        if let Some(r) = self
+            .running
+            .lock()
+            .expect("running-jobs lock is never poisoned")
+            .get_mut(&job)
+        {
+            r.progress = Some(Progress { done, total });
+        }
     }
 
     fn stop_job(&self, job: Uuid, reason: StopReason) {
@@ -91,14 +108,32 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(config.workdir.join("jobs"))?;
     let mut health = HealthCollector::new(&config.workdir);
+    let profile_file = std::env::var_os("FLOTILLA_ENCODER_PROFILE").map(PathBuf::from);
+    let tiles = match crate::tile_job::EncoderSetup::detect(profile_file.as_deref()) {
+        Ok(setup) => Some(Arc::new(crate::tile_job::TileCache::new(
+            config.workdir.join("cache").join("checkpoints"),
+            setup,
+        ))),
+        Err(e) => {
+            tracing::warn!(error = %e, "no encoder here; not taking tile jobs");
+            None
+        }
+    };
+    let mut kinds = vec!["command".to_string(), "revdeps".to_string()];
+    if tiles.is_some() {
+        kinds.push("tile".to_string());
+    }
     let reg = Register {
         name: config.name.clone(),
         labels: config.labels.clone(),
         capacity: config.capacity,
-        kinds: vec!["command".to_string()],
+        kinds,
         version: env!("CARGO_PKG_VERSION").to_string(),
         health: health.collect(),
-        devices: serde_json::json!({ "cpu": health.collect().cpu_model }),
+        devices: serde_json::json!({
+            "cpu": health.collect().cpu_model,
+            "encoder": tiles.as_ref().map(|t| t.setup().describe()),
+        }),
     };
     let registered = match api.register(&reg, &shutdown).await {
         Ok(r) => r,
@@ -112,6 +147,8 @@ pub async fn run(
         running: Mutex::new(HashMap::new()),
         changed: Notify::new(),
         state: Mutex::new(registered.state),
+        repos: Arc::new(crate::revdeps_job::RepoCache::default()),
+        tiles,
     });
     // Leases from before a restart belong to processes that died with us:
     // hand them back now rather than after they expire.
@@ -257,6 +294,8 @@ async fn execute(
     }
     let result = match &job.spec {
         JobSpec::Command(cmd) => run_command(shared, job, lease, cmd, stop).await,
+        JobSpec::Revdeps(r) => run_revdeps(shared, job, lease, r, stop).await,
+        JobSpec::Tile(t) => run_tile(shared, job, lease, t, stop).await,
     };
     let reason = shared
         .running
@@ -503,4 +542,73 @@ async fn heartbeat_loop(
             Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
         }
     }
+}
+
+/// Runs a revdeps step on a blocking thread. The solver cannot be
+/// interrupted: on cancel the result is dropped when it arrives.
+async fn run_revdeps(
+    shared: &Arc<Shared>,
+    job: &LeasedJob,
+    lease: LeaseRef,
+    spec: &flotilla_core::job::RevdepsJob,
+    stop: CancellationToken,
+) -> Result<Complete, Fail> {
+    let repos = shared.repos.clone();
+    let spec = spec.clone();
+    let threads = job.cost as usize;
+    let work = tokio::task::spawn_blocking(move || crate::revdeps_job::run(&repos, &spec, threads));
+    let fail = |class, message: String| Fail {
+        lease_token: lease.lease_token,
+        class,
+        message,
+        exit_code: None,
+    };
+    tokio::select! {
+        _ = stop.cancelled() => Err(fail(FailureClass::Cancelled, "stopped".into())),
+        r = work => match r {
+            Ok(Ok(result)) => Ok(Complete {
+                lease_token: lease.lease_token,
+                exit_code: None,
+                outputs: vec![],
+                result: Some(result),
+            }),
+            Ok(Err(message)) => Err(fail(FailureClass::Fatal, message)),
+            Err(e) => Err(fail(FailureClass::Retryable, format!("the revdeps step panicked: {e}"))),
+        }
+    }
+}
+
+/// Runs a tile job with the encoder (see [`crate::tile_job`]); progress in
+/// pixels rides on heartbeats.
+async fn run_tile(
+    shared: &Arc<Shared>,
+    job: &LeasedJob,
+    lease: LeaseRef,
+    spec: &flotilla_core::job::TileJob,
+    stop: CancellationToken,
+) -> Result<Complete, Fail> {
+    let Some(cache) = shared.tiles.clone() else {
+        return Err(Fail {
+            lease_token: lease.lease_token,
+            class: FailureClass::Retryable,
+            message: "this agent has no encoder".into(),
+            exit_code: None,
+        });
+    };
+    let progress: crate::tile_job::ProgressFn = {
+        let shared = shared.clone();
+        let id = job.job_id;
+        Arc::new(move |done, total| shared.set_progress(id, done, total))
+    };
+    crate::tile_job::run(
+        &shared.api,
+        &cache,
+        &shared.config.workdir,
+        job,
+        lease,
+        spec,
+        stop,
+        progress,
+    )
+    .await
 }

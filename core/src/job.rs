@@ -82,6 +82,11 @@ impl FromStr for JobState {
 pub enum JobSpec {
     /// A shell command run by `sh -c` (`cmd /C` on Windows).
     Command(CommandJob),
+    /// One step of an opam reverse-dependency run: phase 1 (plan) or one
+    /// shard of phase 2 (solve). Made by the server for a revdeps run.
+    Revdeps(RevdepsJob),
+    /// Encode one TESSERA tile for one year. Made by the server for an ROI.
+    Tile(TileJob),
 }
 
 impl JobSpec {
@@ -90,6 +95,8 @@ impl JobSpec {
     pub fn kind(&self) -> &'static str {
         match self {
             JobSpec::Command(_) => "command",
+            JobSpec::Revdeps(_) => "revdeps",
+            JobSpec::Tile(_) => "tile",
         }
     }
 }
@@ -114,6 +121,92 @@ pub struct CommandJob {
     /// is reported succeeded; a missing one fails the attempt.
     #[serde(default)]
     pub outputs: Vec<String>,
+}
+
+/// One tile of one year of a dataset. The agent fetches the dataset's
+/// checkpoint (cached by `checkpoint_sha256`) and the tile's inputs
+/// (`GET jobs/{id}/checkpoint` and `jobs/{id}/inputs/{file}`, or by running
+/// `fetch_command`), encodes them with its device profile and uploads
+/// `grid_X_Y.npy` (int8 (H,W,128)) and `grid_X_Y_scales.npy` (f32 (H,W)).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TileJob {
+    pub dataset: String,
+    pub year: i32,
+    pub tile: crate::grid::TileId,
+    /// The checkpoint's sha256: the agent's cache key.
+    pub checkpoint_sha256: String,
+    /// A shell command that writes the tile's inputs into `$FLOTILLA_OUT`
+    /// (with `$FLOTILLA_TILE` and `$FLOTILLA_YEAR` set); without one the
+    /// inputs come from the object store through the server.
+    #[serde(default)]
+    pub fetch_command: Option<String>,
+}
+
+/// A step of a revdeps run. The agent reads the opam repository at `repo`
+/// (`PATH[:REV]`, a git object database or a directory, on the agent's
+/// host).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RevdepsJob {
+    pub run_id: uuid::Uuid,
+    pub repo: String,
+    /// `name.version`.
+    pub target: String,
+    pub variant: RevdepsVariant,
+    /// `union`, `depopts`, `recursive` or `with-test-depopts`.
+    pub query: String,
+    pub step: RevdepsStep,
+}
+
+/// The switch the question is asked in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RevdepsVariant {
+    /// The invariant compiler, `name.version`, e.g. `ocaml-base-compiler.4.14.2`.
+    pub compiler: String,
+    pub arch: String,
+    pub os: String,
+    pub os_family: String,
+    pub os_distribution: String,
+    pub os_version: String,
+    pub opam_version: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RevdepsStep {
+    /// Phase 1: answer the candidates, in the query's answer order, as a
+    /// [`RevdepsPlan`] result.
+    Plan,
+    /// Phase 2 on one contiguous slice of the plan's candidates; answers a
+    /// [`RevdepsShardResult`].
+    Solve {
+        shard: u32,
+        candidates: Vec<RevdepsCandidate>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RevdepsCandidate {
+    /// `name.version`.
+    pub pkg: String,
+    /// Which queries selected it (the revdeps crate's query bits).
+    pub queries: u8,
+}
+
+/// Result of a plan step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RevdepsPlan {
+    pub candidates: Vec<RevdepsCandidate>,
+    pub load_ms: u64,
+    pub phase1_ms: u64,
+}
+
+/// Result of a solve step: the candidates that are coinstallable with the
+/// target, in the order they were given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RevdepsShardResult {
+    pub found: Vec<String>,
+    pub load_ms: u64,
+    pub phase2_ms: u64,
 }
 
 /// Why an attempt failed, as the agent classes it. The class decides whether

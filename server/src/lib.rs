@@ -11,6 +11,8 @@
 //! - [`api`]: the router and its handlers, one module per resource.
 //! - [`queue`]: the durable queue; owns the job tables.
 //! - [`agents`]: owns the `agents` table.
+//! - [`revdeps`]: opam reverse-dependency runs: plan, shards, merge.
+//! - [`tiles`]: TESSERA datasets, coverage, ROI planning, tile completion.
 //! - [`auth`]: hashed API tokens and the caller extractors.
 //! - [`signal`]: LISTEN/NOTIFY wake-ups for long-polling agents.
 //! - [`state`]: what handlers share; queue timings.
@@ -30,7 +32,9 @@ pub mod embedded_pg;
 pub mod error;
 pub mod metrics;
 pub mod queue;
+pub mod revdeps;
 pub mod serve;
 pub mod signal;
 pub mod state;
 pub mod store;
+pub mod tiles;

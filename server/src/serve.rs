@@ -83,6 +83,11 @@ pub async fn run(
         state.job_signal.clone(),
         shutdown.clone(),
     ));
+    tasks.spawn(crate::revdeps::coordinate(
+        db.clone(),
+        Duration::from_millis(500),
+        shutdown.clone(),
+    ));
     tasks.close();
     let app = crate::api::router(state);
     let stop = shutdown.clone();

@@ -167,6 +167,11 @@ pub async fn complete(
 ) -> ApiResult<Json<serde_json::Value>> {
     let id = job_id(&id)?;
     let agent = agent_id(&state, &name).await?;
+    if let Some(tile) = crate::tiles::finish::tile_spec(&state.db, id).await? {
+        crate::tiles::finish::complete(&state, agent, id, &c, &tile).await?;
+        tracing::info!(agent = %name, job = %id, tile = %tile.tile, "tile job succeeded");
+        return Ok(Json(serde_json::json!({ "state": "succeeded" })));
+    }
     lease::complete(
         &state.db,
         agent,

@@ -37,6 +37,16 @@ fn invalid(field: &str, what: impl std::fmt::Display) -> ApiError {
 /// Turns a submission into a job to insert, or says which field is wrong.
 pub fn validate(body: SubmitJob, caller: &Caller) -> ApiResult<NewJob> {
     match &body.spec {
+        JobSpec::Revdeps(_) => {
+            return Err(ApiError::invalid(
+                "revdeps jobs are made by the server: submit a run with POST /api/v1/revdeps",
+            ))
+        }
+        JobSpec::Tile(_) => {
+            return Err(ApiError::invalid(
+                "tile jobs are made by the server: submit a region with POST /api/v1/rois",
+            ))
+        }
         JobSpec::Command(c) => {
             if c.command.trim().is_empty() {
                 return Err(invalid("command", "is empty"));

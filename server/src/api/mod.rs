@@ -5,13 +5,21 @@
 //! - [`jobs`]: submit, show, list, log, cancel.
 //! - [`agents`]: list; pause, drain, resume.
 //! - [`tokens`]: make API and agent tokens.
+//! - [`revdeps`]: opam reverse-dependency runs.
+//! - [`rois`]: plan and submit regions of interest; tile stats.
+//! - [`datasets`]: datasets, their checkpoints, coverage imports.
 //! - [`agent_protocol`]: what agents call.
+//! - [`tile_inputs`]: a tile job's checkpoint and inputs, for agents.
 //! - [`body`]: the JSON body extractor that answers in the error envelope.
 
 pub mod agent_protocol;
 pub mod agents;
 pub mod body;
+pub mod datasets;
 pub mod jobs;
+pub mod revdeps;
+pub mod rois;
+pub mod tile_inputs;
 pub mod tokens;
 
 use axum::extract::{DefaultBodyLimit, State};
@@ -33,6 +41,30 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/agents", get(agents::list))
         .route("/api/v1/agents/{name}/{action}", post(agents::steer))
         .route("/api/v1/tokens", post(tokens::create))
+        .route("/api/v1/revdeps", post(revdeps::submit))
+        .route("/api/v1/revdeps/{id}", get(revdeps::show))
+        .route("/api/v1/rois", post(rois::submit))
+        .route("/api/v1/rois/plan", post(rois::plan))
+        .route("/api/v1/rois/{id}", get(rois::show))
+        .route("/api/v1/tiles/stats", get(rois::stats))
+        .route("/api/v1/datasets", post(datasets::add).get(datasets::list))
+        .route(
+            "/api/v1/datasets/{name}/checkpoint",
+            put(datasets::put_checkpoint).layer(DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/api/v1/coverage/import",
+            post(datasets::import_coverage)
+                .layer(DefaultBodyLimit::max(datasets::MAX_MANIFEST_BYTES)),
+        )
+        .route(
+            "/api/agent/v1/jobs/{id}/checkpoint",
+            get(tile_inputs::checkpoint),
+        )
+        .route(
+            "/api/agent/v1/jobs/{id}/inputs/{*file}",
+            get(tile_inputs::input),
+        )
         .route("/api/agent/v1/register", post(agent_protocol::register))
         .route("/api/agent/v1/lease", post(agent_protocol::lease))
         .route("/api/agent/v1/heartbeat", post(agent_protocol::heartbeat))

@@ -105,6 +105,23 @@ impl Client {
             .await
     }
 
+    /// Sends a raw body (a checkpoint, a manifest) with `method`.
+    pub async fn send_bytes<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Vec<u8>,
+        content_type: &str,
+    ) -> anyhow::Result<T> {
+        self.send(
+            self.http
+                .request(method, format!("{}{path}", self.base))
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(body),
+        )
+        .await
+    }
+
     pub async fn post<B: serde::Serialize, T: DeserializeOwned>(
         &self,
         path: &str,
@@ -462,6 +479,100 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
                 )
                 .await?;
             println!("{}", t.token);
+            Ok(())
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum RevdepsCommand {
+    /// Which opam packages depend on TARGET and are coinstallable with it on
+    /// COMPILER: phase 1 on one agent, phase 2 sharded over free agents.
+    Submit {
+        /// `name.version`, e.g. dune.3.20.2.
+        target: String,
+        /// The opam repository on the agents, PATH[:REV].
+        #[arg(long)]
+        repo: String,
+        /// The invariant compiler, e.g. ocaml-base-compiler.4.14.2.
+        #[arg(long)]
+        compiler: String,
+        /// union, depopts, recursive or with-test-depopts.
+        #[arg(long, default_value = "union")]
+        query: String,
+        /// Candidates per phase-2 shard.
+        #[arg(long, default_value_t = 4000)]
+        shard_size: u32,
+        /// Wait and print the answer, one `name.version` a line.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show a run (state, progress, timings) as JSON.
+    Show {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+pub async fn revdeps(cmd: RevdepsCommand) -> anyhow::Result<()> {
+    match cmd {
+        RevdepsCommand::Submit {
+            target,
+            repo,
+            compiler,
+            query,
+            shard_size,
+            wait,
+            conn,
+        } => {
+            let client = conn.client()?;
+            let created: Created = client
+                .post(
+                    "/api/v1/revdeps",
+                    &serde_json::json!({
+                        "target": target, "repo": repo, "compiler": compiler,
+                        "query": query, "shard_size": shard_size,
+                    }),
+                )
+                .await?;
+            if !wait {
+                println!("{}", created.id);
+                return Ok(());
+            }
+            eprintln!("run {}", created.id);
+            loop {
+                let run: serde_json::Value = client
+                    .get(&format!("/api/v1/revdeps/{}", created.id))
+                    .await?;
+                match run["state"].as_str() {
+                    Some("done") => {
+                        for line in run["result"].as_array().into_iter().flatten() {
+                            println!("{}", line.as_str().unwrap_or_default());
+                        }
+                        eprintln!("timings: {}", run["timings"]);
+                        return Ok(());
+                    }
+                    Some("failed") => bail!("run failed: {}", run["error"]),
+                    _ => {
+                        eprint!(
+                            "\r{}: {} candidates, {}/{} shards done   ",
+                            run["state"].as_str().unwrap_or("?"),
+                            run["candidates"],
+                            run["shards_done"],
+                            run["shards"]
+                        );
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        }
+        RevdepsCommand::Show { id, conn } => {
+            let run: serde_json::Value =
+                conn.client()?.get(&format!("/api/v1/revdeps/{id}")).await?;
+            println!("{}", serde_json::to_string_pretty(&run)?);
             Ok(())
         }
     }

@@ -6,6 +6,8 @@
 //! - [`client`]: commands that talk to a server over the REST API.
 
 pub mod client;
+pub mod roi;
+pub mod tiles;
 pub mod up;
 
 use std::net::SocketAddr;
@@ -49,6 +51,22 @@ pub enum Command {
     /// Make API tokens (admin only).
     #[command(subcommand)]
     Tokens(client::TokensCommand),
+    /// opam reverse dependencies of a release, computed on the agents.
+    #[command(subcommand)]
+    Revdeps(client::RevdepsCommand),
+    /// TESSERA tile geometry: footprints and zone-grid placement (local, no
+    /// server needed).
+    #[command(subcommand)]
+    Tiles(tiles::TilesCommand),
+    /// Regions of interest: plan, submit, follow.
+    #[command(subcommand)]
+    Roi(roi::RoiCommand),
+    /// Datasets: a model checkpoint and where tile inputs come from.
+    #[command(subcommand)]
+    Datasets(roi::DatasetsCommand),
+    /// Which tiles exist: import a geotessera manifest.parquet.
+    #[command(subcommand)]
+    Coverage(roi::CoverageCommand),
 }
 
 #[derive(clap::Args)]
@@ -83,6 +101,9 @@ pub struct ServeArgs {
 
 pub fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::Tiles(cmd) = cli.command {
+        return tiles::tiles(cmd);
+    }
     init_tracing();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -95,6 +116,11 @@ pub fn run() -> anyhow::Result<()> {
             Command::Jobs(cmd) => client::jobs(cmd).await,
             Command::Agents(args) => client::agents(args).await,
             Command::Tokens(cmd) => client::tokens(cmd).await,
+            Command::Revdeps(cmd) => client::revdeps(cmd).await,
+            Command::Tiles(cmd) => tiles::tiles(cmd),
+            Command::Roi(cmd) => roi::roi(cmd).await,
+            Command::Datasets(cmd) => roi::datasets(cmd).await,
+            Command::Coverage(cmd) => roi::coverage(cmd).await,
         }
     })
 }

@@ -242,6 +242,26 @@ pub async fn complete(
     result: Option<&serde_json::Value>,
 ) -> Result<(), LeaseRefused> {
     let mut tx = db.begin().await?;
+    complete_in(db, &mut tx, agent, job, token, exit_code, outputs, result).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// [`complete`] inside the caller's transaction, which must commit for it to
+/// count: work that has to appear together with the success (a tile's
+/// results at their final keys, its coverage) goes in the same transaction.
+/// Returns the attempt that succeeded.
+#[allow(clippy::too_many_arguments)]
+pub async fn complete_in(
+    db: &PgPool,
+    tx: &mut sqlx::PgConnection,
+    agent: Uuid,
+    job: Uuid,
+    token: Uuid,
+    exit_code: Option<i32>,
+    outputs: &[String],
+    result: Option<&serde_json::Value>,
+) -> Result<i32, LeaseRefused> {
     let attempt: Option<i32> = sqlx::query_scalar(
         "UPDATE jobs SET state = 'succeeded', finished_at = now(), exit_code = $4, result = $5,
                          lease_token = NULL, lease_expires_at = NULL, error = NULL,
@@ -257,7 +277,6 @@ pub async fn complete(
     .fetch_optional(&mut *tx)
     .await?;
     let Some(attempt) = attempt else {
-        drop(tx);
         return Err(refusal(db, job, token, agent).await);
     };
     let stored: Vec<String> =
@@ -280,8 +299,7 @@ pub async fn complete(
     .bind(exit_code)
     .execute(&mut *tx)
     .await?;
-    tx.commit().await?;
-    Ok(())
+    Ok(attempt)
 }
 
 /// Ends the attempt as failed. Retryable failures (and timeouts) queue the

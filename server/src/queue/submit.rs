@@ -28,11 +28,22 @@ pub struct NewJob {
 /// submitter with 10 jobs interleaves with one that has 10,000 queued
 /// instead of waiting behind them.
 pub async fn submit(db: &PgPool, jobs: &[NewJob]) -> Result<Vec<Uuid>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let ids = submit_in(&mut tx, jobs).await?;
+    tx.commit().await?;
+    Ok(ids)
+}
+
+/// [`submit`] inside the caller's transaction (the wake-up goes out when it
+/// commits), for work that must appear together with other changes.
+pub async fn submit_in(
+    tx: &mut sqlx::PgConnection,
+    jobs: &[NewJob],
+) -> Result<Vec<Uuid>, sqlx::Error> {
     let mut ids = Vec::with_capacity(jobs.len());
     if jobs.is_empty() {
         return Ok(ids);
     }
-    let mut tx = db.begin().await?;
     let mut by_submitter: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
     for (i, job) in jobs.iter().enumerate() {
         by_submitter.entry(&job.submitter).or_default().push(i);
@@ -94,8 +105,7 @@ pub async fn submit(db: &PgPool, jobs: &[NewJob]) -> Result<Vec<Uuid>, sqlx::Err
     .bind(&parent_col)
     .execute(&mut *tx)
     .await?;
-    notify_jobs(&mut tx).await?;
-    tx.commit().await?;
+    notify_jobs(&mut *tx).await?;
     Ok(ids)
 }
 

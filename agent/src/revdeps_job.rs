@@ -1,0 +1,149 @@
+//! Runs revdeps steps: phase 1 (plan) or a phase-2 shard (solve) of an opam
+//! reverse-dependency run, with the `opam-revdeps` library, on blocking
+//! threads. Loaded repositories are kept per `PATH[:REV]`, so the shards an
+//! agent takes after its first do not read 18,000 opam files again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use flotilla_core::job::{
+    RevdepsCandidate, RevdepsJob, RevdepsPlan, RevdepsShardResult, RevdepsStep,
+};
+use opam_revdeps::{answer, phase1, phase2, Candidate, Query, Repository, Source, Variant};
+
+/// Repositories loaded by this agent, by source spec.
+#[derive(Default)]
+pub struct RepoCache {
+    repos: Mutex<HashMap<String, Arc<Repository>>>,
+}
+
+impl RepoCache {
+    /// The repository and how long loading took (0 when cached).
+    fn get(&self, spec: &str) -> Result<(Arc<Repository>, u64), String> {
+        if let Some(r) = self
+            .repos
+            .lock()
+            .expect("repository cache lock is never poisoned")
+            .get(spec)
+        {
+            return Ok((r.clone(), 0));
+        }
+        let start = Instant::now();
+        let repo = Repository::load(&Source::parse(spec))
+            .map_err(|e| format!("loading the opam repository {spec}: {e}"))?;
+        if !repo.errors.is_empty() {
+            tracing::warn!(
+                files = repo.errors.len(),
+                "opam files that did not parse were skipped"
+            );
+        }
+        let repo = Arc::new(repo);
+        self.repos
+            .lock()
+            .expect("repository cache lock is never poisoned")
+            .insert(spec.to_string(), repo.clone());
+        Ok((repo, start.elapsed().as_millis() as u64))
+    }
+}
+
+fn query(q: &str) -> Result<Query, String> {
+    Ok(match q {
+        "union" => Query::Union,
+        "depopts" => Query::Depopts,
+        "recursive" => Query::Recursive,
+        "with-test-depopts" => Query::WithTestDepopts,
+        other => return Err(format!("unknown query `{other}`")),
+    })
+}
+
+fn variant(job: &RevdepsJob) -> Result<Variant, String> {
+    let (name, version) = job
+        .variant
+        .compiler
+        .split_once('.')
+        .ok_or_else(|| format!("compiler `{}` is not name.version", job.variant.compiler))?;
+    let mut v = Variant::debian12(name, version);
+    v.arch = job.variant.arch.clone();
+    v.os = job.variant.os.clone();
+    v.os_family = job.variant.os_family.clone();
+    v.os_distribution = job.variant.os_distribution.clone();
+    v.os_version = job.variant.os_version.clone();
+    v.opam_version = job.variant.opam_version.clone();
+    Ok(v)
+}
+
+/// Runs one step; the JSON result for `complete`, or a message for `fail`
+/// (all failures here are fatal: the same input fails the same way).
+pub fn run(
+    cache: &RepoCache,
+    job: &RevdepsJob,
+    threads: usize,
+) -> Result<serde_json::Value, String> {
+    let (repo, load_ms) = cache.get(&job.repo)?;
+    let variant = variant(job)?;
+    let q = query(&job.query)?;
+    let target = repo
+        .find(&job.target)
+        .map_err(|e| format!("target {}: {e}", job.target))?;
+    match &job.step {
+        RevdepsStep::Plan => {
+            let start = Instant::now();
+            let cands = phase1(&repo, &variant, target, q);
+            // Hand out candidates in the answer's order, so that shards
+            // answered in order concatenate into the answer.
+            let ids: Vec<_> = cands.list.iter().map(|c| c.pkg).collect();
+            let ordered = answer::lines(&repo, q, &ids);
+            let by_name: HashMap<String, u8> = cands
+                .list
+                .iter()
+                .map(|c| (repo.display(c.pkg), c.queries))
+                .collect();
+            let candidates = ordered
+                .into_iter()
+                .map(|pkg| RevdepsCandidate {
+                    queries: by_name.get(&pkg).copied().unwrap_or(0),
+                    pkg,
+                })
+                .collect();
+            let plan = RevdepsPlan {
+                candidates,
+                load_ms,
+                phase1_ms: start.elapsed().as_millis() as u64,
+            };
+            serde_json::to_value(plan).map_err(|e| e.to_string())
+        }
+        RevdepsStep::Solve { candidates, .. } => {
+            let start = Instant::now();
+            let mut list = Vec::with_capacity(candidates.len());
+            for c in candidates {
+                let pkg = repo
+                    .find(&c.pkg)
+                    .map_err(|e| format!("candidate {}: {e}", c.pkg))?;
+                list.push(Candidate {
+                    pkg,
+                    queries: c.queries,
+                });
+            }
+            // phase2 works on candidates sorted by package id; answer in the
+            // order we were given.
+            let mut sorted = list.clone();
+            sorted.sort_by_key(|c| c.pkg);
+            let found: std::collections::HashSet<_> =
+                phase2(&repo, &variant, target, &sorted, threads.max(1))
+                    .into_iter()
+                    .collect();
+            let found = list
+                .iter()
+                .filter(|c| found.contains(&c.pkg))
+                .map(|c| repo.display(c.pkg))
+                .collect();
+            let result = RevdepsShardResult {
+                found,
+                load_ms,
+                phase2_ms: start.elapsed().as_millis() as u64,
+            };
+            serde_json::to_value(result).map_err(|e| e.to_string())
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! `/api/v1/rois`: plan and submit a region of interest for a year of a dataset, and follow its progress; `/api/v1/tiles/stats`: tiles per hour per agent.
+
+use axum::extract::{Path, State};
+use axum::response::IntoResponse;
+use axum::Json;
+
+use super::body::JsonBody;
+use super::{created, parse_id};
+use crate::auth::ClientAuth;
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use crate::tiles::datasets::{self, Dataset};
+use crate::tiles::finish::{self, AgentTileRate};
+use crate::tiles::plan::{self, PlanCounts, RoiRequest, RoiView, ValidRoi};
+
+fn check(body: RoiRequest) -> ApiResult<ValidRoi> {
+    body.validate().map_err(|e| ApiError::Invalid {
+        message: e.message,
+        detail: Some(serde_json::json!({ "path": e.field })),
+    })
+}
+
+async fn dataset(state: &AppState, name: &str) -> ApiResult<Dataset> {
+    datasets::get(&state.db, name)
+        .await?
+        .ok_or_else(|| ApiError::Invalid {
+            message: format!(
+                "unknown dataset `{name}`; register it with POST /api/v1/datasets \
+             (`flotilla datasets add`)"
+            ),
+            detail: Some(serde_json::json!({ "path": "dataset" })),
+        })
+}
+
+/// Counts only: total, present, in flight, missing.
+pub async fn plan(
+    State(state): State<AppState>,
+    ClientAuth(_): ClientAuth,
+    JsonBody(body): JsonBody<RoiRequest>,
+) -> ApiResult<Json<PlanCounts>> {
+    let roi = check(body)?;
+    dataset(&state, &roi.dataset).await?;
+    Ok(Json(plan::plan(&state.db, &roi).await?))
+}
+
+/// Plans and submits (or only plans, with `dry_run`).
+pub async fn submit(
+    State(state): State<AppState>,
+    ClientAuth(caller): ClientAuth,
+    JsonBody(body): JsonBody<RoiRequest>,
+) -> ApiResult<axum::response::Response> {
+    let dry_run = body.dry_run;
+    let roi = check(body)?;
+    let ds = dataset(&state, &roi.dataset).await?;
+    if dry_run {
+        return Ok(Json(plan::plan(&state.db, &roi).await?).into_response());
+    }
+    let Some(sha) = ds.checkpoint_sha256.as_deref() else {
+        return Err(ApiError::Conflict(format!(
+            "dataset `{}` has no checkpoint yet; upload one with \
+             PUT /api/v1/datasets/{}/checkpoint",
+            ds.name, ds.name
+        )));
+    };
+    let made = plan::submit(
+        &state.db,
+        &roi,
+        sha,
+        ds.fetch_command.as_deref(),
+        &caller.submitter(),
+    )
+    .await?;
+    tracing::info!(roi = %made.id, name = %roi.name, total = made.counts.total,
+                   missing = made.counts.missing, plan_ms = made.plan_ms,
+                   insert_ms = made.insert_ms, "ROI submitted");
+    Ok(created(made).into_response())
+}
+
+pub async fn show(
+    State(state): State<AppState>,
+    ClientAuth(_): ClientAuth,
+    Path(id): Path<String>,
+) -> ApiResult<Json<RoiView>> {
+    let id = parse_id(&id)?;
+    plan::get(&state.db, id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no ROI {id}")))
+}
+
+pub async fn stats(
+    State(state): State<AppState>,
+    ClientAuth(_): ClientAuth,
+) -> ApiResult<Json<Vec<AgentTileRate>>> {
+    Ok(Json(finish::rates(&state.db).await?))
+}

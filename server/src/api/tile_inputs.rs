@@ -1,0 +1,93 @@
+//! What a tile job reads, lease-guarded: `GET /api/agent/v1/jobs/{id}/checkpoint?lease=` (the dataset's checkpoint) and `GET …/jobs/{id}/inputs/{file}?lease=` (`{input_prefix}/{year}/{tile}/{file}` from the store).
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use futures::TryStreamExt;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::parse_id;
+use crate::agents;
+use crate::auth::AgentAuth;
+use crate::error::{ApiError, ApiResult};
+use crate::queue::lease;
+use crate::state::AppState;
+use crate::tiles::{datasets, finish};
+
+#[derive(Deserialize)]
+pub struct LeaseQuery {
+    lease: Uuid,
+}
+
+/// The tile job `id` if `agent_name` holds its current lease.
+async fn held_tile(
+    state: &AppState,
+    agent_name: &str,
+    id: &str,
+    token: Uuid,
+) -> ApiResult<(flotilla_core::job::TileJob, datasets::Dataset)> {
+    let id = parse_id(id)?;
+    let agent = agents::id_of(&state.db, agent_name)
+        .await?
+        .ok_or_else(|| ApiError::Conflict(format!("agent `{agent_name}` is not registered")))?;
+    lease::current_attempt(&state.db, agent, id, token).await?;
+    let tile = finish::tile_spec(&state.db, id)
+        .await?
+        .ok_or_else(|| ApiError::invalid(format!("job {id} is not a tile job")))?;
+    let ds = datasets::get(&state.db, &tile.dataset)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("dataset `{}` is gone", tile.dataset)))?;
+    Ok((tile, ds))
+}
+
+async fn stream(state: &AppState, key: &str) -> ApiResult<Response> {
+    let path = object_store::path::Path::from(key);
+    match state.store.get(&path).await {
+        Ok(got) => {
+            let len = got.meta.size;
+            let body = Body::from_stream(got.into_stream().map_err(std::io::Error::other));
+            Ok((
+                [(axum::http::header::CONTENT_LENGTH, len.to_string())],
+                body,
+            )
+                .into_response())
+        }
+        Err(object_store::Error::NotFound { .. }) => Err(ApiError::NotFound(format!(
+            "no object `{key}` in the store"
+        ))),
+        Err(e) => Err(ApiError::Internal(e.into())),
+    }
+}
+
+pub async fn checkpoint(
+    State(state): State<AppState>,
+    AgentAuth(_, name): AgentAuth,
+    Path(id): Path<String>,
+    Query(q): Query<LeaseQuery>,
+) -> ApiResult<Response> {
+    let (_, ds) = held_tile(&state, &name, &id, q.lease).await?;
+    let key = ds
+        .checkpoint_key
+        .ok_or_else(|| ApiError::NotFound(format!("dataset `{}` has no checkpoint", ds.name)))?;
+    stream(&state, &key).await
+}
+
+pub async fn input(
+    State(state): State<AppState>,
+    AgentAuth(_, name): AgentAuth,
+    Path((id, file)): Path<(String, String)>,
+    Query(q): Query<LeaseQuery>,
+) -> ApiResult<Response> {
+    flotilla_core::job::check_output_path(&file)
+        .map_err(|why| ApiError::invalid(format!("input name `{file}` {why}")))?;
+    let (tile, ds) = held_tile(&state, &name, &id, q.lease).await?;
+    let prefix = ds.input_prefix.ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "dataset `{}` has no input prefix (its inputs come from a fetch command)",
+            ds.name
+        ))
+    })?;
+    let key = format!("{prefix}/{}/{}/{file}", tile.year, tile.tile.name());
+    stream(&state, &key).await
+}

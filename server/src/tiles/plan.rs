@@ -1,0 +1,377 @@
+//! ROI planning and submission: region → tiles → minus coverage and live tile jobs → one job per missing tile, inserted in bulk in one transaction.
+
+use std::collections::HashSet;
+
+use flotilla_core::grid::TileId;
+use flotilla_core::job::{JobSpec, TileJob};
+use flotilla_core::roi::{Region, TileSet};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::queue::submit::{submit_in, NewJob};
+
+/// Jobs per insert statement: a million tiles go in 20 round trips, each
+/// small enough that its parameter arrays stay well under PostgreSQL's
+/// 1 GB message limit.
+pub const INSERT_BATCH: usize = 50_000;
+
+/// What `POST /api/v1/rois` and `POST /api/v1/rois/plan` take.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoiRequest {
+    pub name: String,
+    pub year: i32,
+    pub dataset: String,
+    /// A GeoJSON Polygon, MultiPolygon, Feature or FeatureCollection.
+    #[serde(default)]
+    pub geojson: Option<serde_json::Value>,
+    /// `[min_lon, min_lat, max_lon, max_lat]`.
+    #[serde(default)]
+    pub bbox: Option<[f64; 4]>,
+    /// Plan only: count, submit nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    #[serde(default)]
+    pub priority: i32,
+}
+
+/// A request whose region, year and name have been checked.
+#[derive(Debug, Clone)]
+pub struct ValidRoi {
+    pub name: String,
+    pub year: i32,
+    pub dataset: String,
+    pub region: Region,
+    /// The region as given, stored with the ROI.
+    pub region_json: serde_json::Value,
+    pub priority: i32,
+}
+
+/// A problem with an ROI request: the field and what is wrong.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct RoiInvalid {
+    pub field: &'static str,
+    pub message: String,
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> RoiInvalid {
+    RoiInvalid {
+        field,
+        message: message.into(),
+    }
+}
+
+impl RoiRequest {
+    /// Parses the region and checks the rest (not whether the dataset exists).
+    pub fn validate(self) -> Result<ValidRoi, RoiInvalid> {
+        if self.name.trim().is_empty() || self.name.len() > 200 {
+            return Err(invalid("name", "`name` must be 1 to 200 characters"));
+        }
+        super::check_year(self.year).map_err(|m| invalid("year", m))?;
+        if !super::valid_dataset_name(&self.dataset) {
+            return Err(invalid(
+                "dataset",
+                format!("`dataset` {:?} is not a dataset name", self.dataset),
+            ));
+        }
+        if !flotilla_core::job::limits::PRIORITY_RANGE.contains(&self.priority) {
+            return Err(invalid("priority", "`priority` must be in -1000..=1000"));
+        }
+        let (region, region_json) = match (self.geojson, self.bbox) {
+            (Some(_), Some(_)) => {
+                return Err(invalid("geojson", "give `geojson` or `bbox`, not both"))
+            }
+            (None, None) => {
+                return Err(invalid(
+                    "geojson",
+                    "give the region as `geojson` (Polygon or MultiPolygon) or `bbox` [min_lon, min_lat, max_lon, max_lat]",
+                ))
+            }
+            (Some(g), None) => {
+                let region = Region::from_geojson(&g)
+                    .map_err(|e| invalid("geojson", format!("`geojson`: {e}")))?;
+                (region, serde_json::json!({ "geojson": g }))
+            }
+            (None, Some([w, s, e, n])) => {
+                let region = Region::from_bbox(w, s, e, n)
+                    .map_err(|e| invalid("bbox", format!("`bbox`: {e}")))?;
+                (region, serde_json::json!({ "bbox": [w, s, e, n] }))
+            }
+        };
+        Ok(ValidRoi {
+            name: self.name,
+            year: self.year,
+            dataset: self.dataset,
+            region,
+            region_json,
+            priority: self.priority,
+        })
+    }
+}
+
+/// How an ROI splits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanCounts {
+    /// Tiles whose cell meets the region.
+    pub total: u64,
+    /// Of those, embeddings that exist (fleet results and imports).
+    pub present: u64,
+    /// Not present, but a job for it is queued or running already.
+    pub in_flight: u64,
+    /// Neither: a new job each.
+    pub missing: u64,
+}
+
+/// The tiles to make and the counts.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub counts: PlanCounts,
+    pub missing: Vec<TileId>,
+}
+
+/// Plans `tiles` of (dataset, year) against what the database knows, in the
+/// caller's transaction (so a submission sees what it inserts against).
+pub async fn plan_in(
+    conn: &mut sqlx::PgConnection,
+    dataset: &str,
+    year: i32,
+    tiles: &TileSet,
+) -> Result<Plan, sqlx::Error> {
+    let total = tiles.len() as u64;
+    let (Some(first), Some(last)) = (tiles.rows().first(), tiles.rows().last()) else {
+        return Ok(Plan {
+            counts: PlanCounts::default(),
+            missing: Vec::new(),
+        });
+    };
+    let (lo, hi) = (first.iy, last.iy);
+    let to_tile = |(iy, ix): (i32, i32)| TileId::from_cell(ix, iy).ok();
+    let present: HashSet<TileId> = sqlx::query_as::<_, (i32, i32)>(
+        "SELECT iy, ix FROM coverage WHERE dataset = $1 AND year = $2 AND iy BETWEEN $3 AND $4",
+    )
+    .bind(dataset)
+    .bind(year)
+    .bind(lo)
+    .bind(hi)
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .filter_map(to_tile)
+    .filter(|t| tiles.contains(*t))
+    .collect();
+    let in_flight: HashSet<TileId> = sqlx::query_as::<_, (i32, i32)>(
+        "SELECT t.iy, t.ix FROM tile_jobs t JOIN jobs j ON j.id = t.job_id
+         WHERE t.dataset = $1 AND t.year = $2 AND t.iy BETWEEN $3 AND $4
+           AND j.state NOT IN ('failed', 'cancelled')",
+    )
+    .bind(dataset)
+    .bind(year)
+    .bind(lo)
+    .bind(hi)
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .filter_map(to_tile)
+    .filter(|t| tiles.contains(*t) && !present.contains(t))
+    .collect();
+    let mut missing = Vec::with_capacity(tiles.len() - present.len() - in_flight.len());
+    missing.extend(
+        tiles
+            .iter()
+            .filter(|t| !present.contains(t) && !in_flight.contains(t)),
+    );
+    Ok(Plan {
+        counts: PlanCounts {
+            total,
+            present: present.len() as u64,
+            in_flight: in_flight.len() as u64,
+            missing: missing.len() as u64,
+        },
+        missing,
+    })
+}
+
+/// Plans without submitting.
+pub async fn plan(db: &PgPool, roi: &ValidRoi) -> Result<PlanCounts, sqlx::Error> {
+    let tiles = roi.region.tiles();
+    let mut conn = db.acquire().await?;
+    Ok(plan_in(&mut conn, &roi.dataset, roi.year, &tiles)
+        .await?
+        .counts)
+}
+
+/// What a submission made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RoiCreated {
+    pub id: Uuid,
+    #[serde(flatten)]
+    pub counts: PlanCounts,
+    /// Jobs added (= missing).
+    pub submitted: u64,
+    /// Milliseconds spent planning and inserting (for the benchmark).
+    pub plan_ms: u64,
+    pub insert_ms: u64,
+}
+
+/// Plans and inserts one job per missing tile, the ROI row and the tile →
+/// job rows, in one transaction. Submissions of the same (dataset, year)
+/// are serialised by an advisory lock, so two at once cannot both find a
+/// tile missing and add it twice.
+pub async fn submit(
+    db: &PgPool,
+    roi: &ValidRoi,
+    checkpoint_sha256: &str,
+    fetch_command: Option<&str>,
+    submitter: &str,
+) -> Result<RoiCreated, sqlx::Error> {
+    let started = std::time::Instant::now();
+    let tiles = roi.region.tiles();
+    let mut tx = db.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('flotilla-tiles:' || $1 || ':' || $2))")
+        .bind(&roi.dataset)
+        .bind(roi.year.to_string())
+        .execute(&mut *tx)
+        .await?;
+    let plan = plan_in(&mut tx, &roi.dataset, roi.year, &tiles).await?;
+    let plan_ms = started.elapsed().as_millis() as u64;
+    let inserting = std::time::Instant::now();
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO rois (id, name, dataset, year, region, total, present, in_flight, submitted,
+                           submitter)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(id)
+    .bind(&roi.name)
+    .bind(&roi.dataset)
+    .bind(roi.year)
+    .bind(&roi.region_json)
+    .bind(plan.counts.total as i64)
+    .bind(plan.counts.present as i64)
+    .bind(plan.counts.in_flight as i64)
+    .bind(plan.counts.missing as i64)
+    .bind(submitter)
+    .execute(&mut *tx)
+    .await?;
+    for chunk in plan.missing.chunks(INSERT_BATCH) {
+        let jobs: Vec<NewJob> = chunk
+            .iter()
+            .map(|tile| NewJob {
+                spec: JobSpec::Tile(TileJob {
+                    dataset: roi.dataset.clone(),
+                    year: roi.year,
+                    tile: *tile,
+                    checkpoint_sha256: checkpoint_sha256.to_string(),
+                    fetch_command: fetch_command.map(str::to_string),
+                }),
+                labels: Default::default(),
+                priority: roi.priority,
+                max_attempts: 3,
+                cost: 1,
+                submitter: submitter.to_string(),
+                parent_id: Some(id),
+            })
+            .collect();
+        let ids = submit_in(&mut tx, &jobs).await?;
+        let iys: Vec<i32> = chunk.iter().map(|t| t.iy()).collect();
+        let ixs: Vec<i32> = chunk.iter().map(|t| t.ix()).collect();
+        sqlx::query(
+            "INSERT INTO tile_jobs (dataset, year, iy, ix, job_id, roi_id)
+             SELECT $1, $2, t.iy, t.ix, t.job, $6
+             FROM unnest($3::int[], $4::int[], $5::uuid[]) AS t(iy, ix, job)
+             ON CONFLICT (dataset, year, iy, ix)
+             DO UPDATE SET job_id = EXCLUDED.job_id, roi_id = EXCLUDED.roi_id",
+        )
+        .bind(&roi.dataset)
+        .bind(roi.year)
+        .bind(&iys)
+        .bind(&ixs)
+        .bind(&ids)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(RoiCreated {
+        id,
+        counts: plan.counts,
+        submitted: plan.counts.missing,
+        plan_ms,
+        insert_ms: inserting.elapsed().as_millis() as u64,
+    })
+}
+
+/// An ROI with its progress.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RoiView {
+    pub id: Uuid,
+    pub name: String,
+    pub dataset: String,
+    pub year: i32,
+    pub total: i64,
+    pub present: i64,
+    pub in_flight: i64,
+    pub submitted: i64,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// This ROI's jobs by state.
+    pub jobs: std::collections::BTreeMap<String, i64>,
+    /// Pixels encoded of the pixels known, over this ROI's running and
+    /// finished jobs.
+    pub pixels_done: i64,
+    pub pixels_total: i64,
+    /// Every job of this ROI has finished (succeeded, failed or cancelled).
+    pub finished: bool,
+}
+
+pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<RoiView>, sqlx::Error> {
+    type Row = (
+        Uuid,
+        String,
+        String,
+        i32,
+        i64,
+        i64,
+        i64,
+        i64,
+        chrono::DateTime<chrono::Utc>,
+    );
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT id, name, dataset, year, total, present, in_flight, submitted, created_at
+         FROM rois WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    let Some((id, name, dataset, year, total, present, in_flight, submitted, created_at)) = row
+    else {
+        return Ok(None);
+    };
+    let states: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT state, count(*), COALESCE(sum(progress_done), 0)::bigint,
+                COALESCE(sum(progress_total), 0)::bigint
+         FROM jobs WHERE parent_id = $1 GROUP BY state",
+    )
+    .bind(id)
+    .fetch_all(db)
+    .await?;
+    let finished = states
+        .iter()
+        .all(|(s, ..)| matches!(s.as_str(), "succeeded" | "failed" | "cancelled"));
+    Ok(Some(RoiView {
+        id,
+        name,
+        dataset,
+        year,
+        total,
+        present,
+        in_flight,
+        submitted,
+        created_at,
+        pixels_done: states.iter().map(|s| s.2).sum(),
+        pixels_total: states.iter().map(|s| s.3).sum(),
+        jobs: states.into_iter().map(|(s, n, _, _)| (s, n)).collect(),
+        finished,
+    }))
+}

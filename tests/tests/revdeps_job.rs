@@ -1,0 +1,125 @@
+//! The revdeps job kind: a dune-sized target (dune.3.20.2 on 4.14.2, about
+//! 13,000 results) split over 3 agents gives the same list as one
+//! `opam-revdeps` process on the same repository.
+
+use std::time::Duration;
+
+use flotilla_e2e::procs::{server_on_shared, Agent};
+use flotilla_e2e::{binary, scratch};
+use serde_json::json;
+
+fn fixture_tarball() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures/opam/opam-repository-97014be.tar.gz")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dune_split_over_three_agents_matches_one_process() {
+    let dir = scratch("e2e-revdeps-");
+    let repo = dir.path().join("opam-repository");
+    std::fs::create_dir_all(&repo).unwrap();
+    let status = std::process::Command::new("tar")
+        .arg("xzf")
+        .arg(fixture_tarball())
+        .arg("-C")
+        .arg(&repo)
+        .status()
+        .expect("running tar");
+    assert!(status.success(), "extracting the opam-repository fixture");
+
+    // One process.
+    let out = std::process::Command::new(binary("opam-revdeps"))
+        .args([
+            "--repo",
+            repo.to_str().unwrap(),
+            "--compiler",
+            "ocaml-base-compiler.4.14.2",
+        ])
+        .arg("dune.3.20.2")
+        .output()
+        .expect("running opam-revdeps");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let single: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(
+        single.len() > 10_000,
+        "dune-sized: {} results",
+        single.len()
+    );
+
+    // The fleet: plan on one agent, phase 2 in shards on three.
+    let server = server_on_shared(dir.path(), 20_000).await;
+    let api = server.api();
+    let _agents: Vec<Agent> = futures_agents(&server).await;
+    let v = api
+        .post(
+            "/api/v1/revdeps",
+            json!({
+                "target": "dune.3.20.2",
+                "compiler": "ocaml-base-compiler.4.14.2",
+                "repo": repo.to_str().unwrap(),
+                "shard_size": 1500,
+            }),
+        )
+        .await;
+    let id = v["id"].as_str().unwrap().to_string();
+    let start = std::time::Instant::now();
+    let run = loop {
+        let run = api.get(&format!("/api/v1/revdeps/{id}")).await;
+        match run["state"].as_str().unwrap() {
+            "done" => break run,
+            "failed" => panic!("run failed: {run}"),
+            _ => {}
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(600),
+            "run still {run}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let fleet: Vec<String> = serde_json::from_value(run["result"].clone()).unwrap();
+    assert_eq!(fleet.len(), single.len());
+    assert_eq!(fleet, single, "the fleet's answer is the single process's");
+    let shards = run["shards"].as_i64().unwrap();
+    assert!(shards >= 3, "split into {shards} shards");
+    // Shards ran on more than one agent.
+    let jobs = api.get("/api/v1/jobs?state=succeeded&limit=1000").await;
+    let agents: std::collections::BTreeSet<String> = jobs["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["kind"] == "revdeps")
+        .filter_map(|j| j["agent"].as_str().map(str::to_string))
+        .collect();
+    assert!(agents.len() >= 2, "shards spread over agents: {agents:?}");
+    eprintln!("revdeps run timings: {}", run["timings"]);
+
+    // Bad input names the field.
+    let (status, body) = api
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/revdeps",
+            Some(json!({"target": "dune", "compiler": "ocaml-base-compiler.4.14.2", "repo": "/x"})),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("`target`"));
+}
+
+async fn futures_agents(server: &flotilla_e2e::procs::Server) -> Vec<Agent> {
+    let mut v = Vec::new();
+    for i in 0..3 {
+        v.push(Agent::start(server, &format!("opam-{i}"), 1, &[]).await);
+    }
+    v
+}
