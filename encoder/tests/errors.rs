@@ -233,29 +233,31 @@ fn synthetic_checkpoint_round_trips_and_cancel_stops() {
     tile.write(&d.join("t")).unwrap();
     let back = TileInputs::read(&d.join("t")).unwrap();
     assert_eq!(back.bands, tile.bands);
-    let p = DeviceProfile::default_for("cpu");
-    let enc = Encoder::from_checkpoint(&ck, BackendChoice::Cpu, p).unwrap();
     let reference = Encoder::from_checkpoint(
         &ck,
         BackendChoice::Reference,
         DeviceProfile::default_for("reference"),
     )
     .unwrap();
-    let a = enc
-        .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
-        .unwrap();
     let b = reference
         .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
         .unwrap();
-    for (x, y) in a.values.iter().zip(&b.values) {
-        assert!(
-            (x - y).abs() < 1e-4 || (x.is_nan() && y.is_nan()),
-            "{x} vs {y}"
-        );
+    for choice in BackendChoice::available() {
+        let p = DeviceProfile::default_for(choice.name());
+        let enc = Encoder::from_checkpoint(&ck, choice, p).unwrap();
+        let a = enc
+            .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
+            .unwrap();
+        for (x, y) in a.values.iter().zip(&b.values) {
+            assert!(
+                (x - y).abs() < 1e-4 || (x.is_nan() && y.is_nan()),
+                "{choice:?}: {x} vs {y}"
+            );
+        }
+        let err = enc
+            .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(true))
+            .unwrap_err();
+        assert!(matches!(err, EncodeError::Cancelled), "{choice:?}");
     }
-    let err = enc
-        .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(true))
-        .unwrap_err();
-    assert!(matches!(err, EncodeError::Cancelled));
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -140,7 +140,7 @@ fn long_matches_upstream() {
 fn pt_and_safetensors_give_identical_output() {
     let dir = case("small");
     let tile = TileInputs::read(&dir.join("tile")).unwrap();
-    for b in [BackendChoice::Cpu, BackendChoice::Reference] {
+    for b in BackendChoice::available() {
         let a = encode(&dir.join("ckpt.pt"), &tile, b, profile(b, 1, 64, 4));
         let s = encode(
             &dir.join("ckpt.safetensors"),
@@ -153,32 +153,45 @@ fn pt_and_safetensors_give_identical_output() {
     }
 }
 
+/// The thread-per-block backends this build has: cpu, and onednn when compiled in.
+fn block_backends() -> Vec<BackendChoice> {
+    BackendChoice::available()
+        .into_iter()
+        .filter(|b| matches!(b, BackendChoice::Cpu | BackendChoice::Onednn))
+        .collect()
+}
+
 #[test]
 fn byte_identical_across_runs_and_thread_counts() {
     let dir = case("small");
     let tile = TileInputs::read(&dir.join("tile")).unwrap();
     let ckpt = dir.join("ckpt.safetensors");
-    let b = BackendChoice::Cpu;
-    let out = |threads: usize, tag: &str| -> Vec<u8> {
-        let emb = encode(&ckpt, &tile, b, profile(b, threads, 32, 4));
-        let d = std::env::temp_dir().join(format!("tessera-det-{}-{tag}", std::process::id()));
-        emb.write_outputs(
-            &d,
-            "t",
-            OutputOptions {
-                int8: false,
-                dim: 128,
-            },
-        )
-        .unwrap();
-        let bytes = std::fs::read(d.join("t.npy")).unwrap();
-        std::fs::remove_dir_all(&d).unwrap();
-        bytes
-    };
-    let first = out(1, "a");
-    assert_eq!(first, out(1, "b"), "two runs differ");
-    assert_eq!(first, out(2, "c"), "1 vs 2 threads differ");
-    assert_eq!(first, out(3, "d"), "1 vs 3 threads differ");
+    for b in block_backends() {
+        let out = |threads: usize, tag: &str| -> Vec<u8> {
+            let emb = encode(&ckpt, &tile, b, profile(b, threads, 32, 4));
+            let d = std::env::temp_dir().join(format!(
+                "tessera-det-{}-{}-{tag}",
+                std::process::id(),
+                b.name()
+            ));
+            emb.write_outputs(
+                &d,
+                "t",
+                OutputOptions {
+                    int8: false,
+                    dim: 128,
+                },
+            )
+            .unwrap();
+            let bytes = std::fs::read(d.join("t.npy")).unwrap();
+            std::fs::remove_dir_all(&d).unwrap();
+            bytes
+        };
+        let first = out(1, "a");
+        assert_eq!(first, out(1, "b"), "{b:?}: two runs differ");
+        assert_eq!(first, out(2, "c"), "{b:?}: 1 vs 2 threads differ");
+        assert_eq!(first, out(3, "d"), "{b:?}: 1 vs 3 threads differ");
+    }
 
     let r = BackendChoice::Reference;
     let bits = |threads: usize| {
@@ -231,17 +244,22 @@ fn int8_output_files_follow_the_published_format() {
 fn windowing_does_not_change_the_output() {
     let dir = case("small");
     let tile = TileInputs::read(&dir.join("tile")).unwrap();
-    let b = BackendChoice::Cpu;
-    let whole = encode(&dir.join("ckpt.safetensors"), &tile, b, profile(b, 2, 8, 4));
+    for b in block_backends() {
+        windowing_case(&dir, &tile, b);
+    }
+}
+
+fn windowing_case(dir: &Path, tile: &TileInputs, b: BackendChoice) {
+    let whole = encode(&dir.join("ckpt.safetensors"), tile, b, profile(b, 2, 8, 4));
     let mut enc = Encoder::load(&dir.join("ckpt.safetensors"), b, profile(b, 2, 8, 4)).unwrap();
     enc.set_window_pixels(13);
     let windows = enc
-        .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
+        .encode_tile(tile, &|_, _| {}, &AtomicBool::new(false))
         .unwrap();
     for (x, y) in whole.values.iter().zip(&windows.values) {
         assert!(
             (x - y).abs() <= 1e-5 || (x.is_nan() && y.is_nan()),
-            "{x} vs {y}"
+            "{b:?}: {x} vs {y}"
         );
     }
 }

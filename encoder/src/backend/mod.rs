@@ -7,7 +7,10 @@
 //! features of those names) only implements [`Backend`] and adds itself to
 //! [`create`].
 
+mod block;
 pub mod cpu;
+#[cfg(feature = "onednn")]
+pub mod onednn;
 pub mod reference;
 
 use std::sync::Arc;
@@ -119,15 +122,22 @@ pub fn create(
             profile.threads,
         )?)),
         BackendChoice::Cpu => Ok(Box::new(cpu::CpuBackend::new(weights, profile)?)),
-        // Seams: `backend/onednn.rs` and `backend/cuda.rs` plug in here behind
-        // their features.
-        c @ (BackendChoice::Onednn | BackendChoice::Cuda) => Err(EncodeError::backend(
-            c.name(),
-            format!(
-                "not available in this build (enable the `{}` cargo feature)",
-                c.name()
-            ),
-        )),
+        #[cfg(feature = "onednn")]
+        BackendChoice::Onednn => Ok(Box::new(onednn::OnednnBackend::new(weights, profile)?)),
+        #[cfg(not(feature = "onednn"))]
+        BackendChoice::Onednn => Err(not_built(BackendChoice::Onednn)),
+        // Seam: `backend/cuda.rs` plugs in here behind its feature.
+        BackendChoice::Cuda => Err(not_built(BackendChoice::Cuda)),
         BackendChoice::Auto => unreachable!("resolve() never returns Auto"),
     }
+}
+
+fn not_built(c: BackendChoice) -> EncodeError {
+    EncodeError::backend(
+        c.name(),
+        format!(
+            "not available in this build (enable the `{}` cargo feature)",
+            c.name()
+        ),
+    )
 }

@@ -1,0 +1,462 @@
+//! The thread-per-block forward pass shared by the `cpu` and `onednn` backends: each thread carries its own block of pixels through every layer, over any kernel for the Linear layers.
+//!
+//! A backend supplies only a [`LinearKernel`] (how `x W^T + b` is computed,
+//! with an [`Epilogue`] it may fuse); attention, LayerNorm, the day-of-year
+//! encoding, pooling, the head's order of operations and the block scheduler
+//! live here once.
+//!
+//! Determinism: a batch is cut into blocks of `block_pixels` whatever the
+//! thread count, each block is computed by one thread with single-threaded
+//! GEMMs, and threads only decide who computes which block. So the bits do
+//! not depend on the number of threads.
+
+use std::sync::Arc;
+
+use gemm::Parallelism;
+
+use super::{Backend, SequenceBatch};
+use crate::error::{EncodeError, Result};
+use crate::model::{self, Backbone, LayerNorm, Linear, Modality, StudentWeights};
+use crate::profile::DeviceProfile;
+
+/// What happens to `x W^T + b` before it is stored.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Epilogue<'a> {
+    None,
+    Relu,
+    /// Add this (m, n) tensor elementwise (a residual).
+    Add(&'a [f32]),
+}
+
+/// Which epilogue a layer is always called with, so a kernel can fuse it
+/// when the layer is built (oneDNN post-ops are fixed at creation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fused {
+    None,
+    Relu,
+    Add,
+}
+
+impl Epilogue<'_> {
+    // Only kernels that fuse at build time (onednn) ask.
+    #[cfg_attr(not(feature = "onednn"), allow(dead_code))]
+    pub(crate) fn kind(&self) -> Fused {
+        match self {
+            Epilogue::None => Fused::None,
+            Epilogue::Relu => Fused::Relu,
+            Epilogue::Add(_) => Fused::Add,
+        }
+    }
+}
+
+/// Builds one layer's kernel: (checkpoint name of the layer, its weights, the epilogue it is always called with).
+pub(crate) type MakeKernel<'a, L> = dyn FnMut(&str, &Linear, Fused) -> Result<L> + 'a;
+
+/// One Linear layer on some GEMM: `out (m, n) = epilogue(x (m, k) W^T + b)`.
+/// Called from many threads at once, each on its own block, with one
+/// single-threaded GEMM per call.
+pub(crate) trait LinearKernel: Send + Sync {
+    fn forward(&self, x: &[f32], m: usize, out: &mut [f32], epilogue: Epilogue<'_>) -> Result<()>;
+}
+
+/// Applies an epilogue the kernel did not fuse: ReLU or the residual add, in place on `out`.
+pub(crate) fn apply_epilogue(out: &mut [f32], epilogue: Epilogue<'_>) {
+    match epilogue {
+        Epilogue::None => {}
+        Epilogue::Relu => {
+            for v in out {
+                *v = v.max(0.0);
+            }
+        }
+        Epilogue::Add(r) => {
+            for (v, r) in out.iter_mut().zip(r) {
+                *v += r;
+            }
+        }
+    }
+}
+
+struct BlockLayer<L> {
+    in_proj: L,
+    out_proj: L,
+    linear1: L,
+    linear2: L,
+    norm1: LayerNorm,
+    norm2: LayerNorm,
+}
+
+struct BlockBackbone<L> {
+    d: usize,
+    nhead: usize,
+    ffn: usize,
+    embed0: L,
+    embed2: L,
+    layers: Vec<BlockLayer<L>>,
+    pool_w: Vec<f32>,
+    pool_b: f32,
+    doy: model::DoyEncoding,
+}
+
+impl<L: LinearKernel> BlockBackbone<L> {
+    fn new(prefix: &str, b: &Backbone, ffn: usize, make: &mut MakeKernel<'_, L>) -> Result<Self> {
+        let mut layers = Vec::with_capacity(b.layers.len());
+        for (i, l) in b.layers.iter().enumerate() {
+            let at = |name: &str| format!("{prefix}.transformer_encoder.layers.{i}.{name}");
+            layers.push(BlockLayer {
+                in_proj: make(&at("self_attn.in_proj"), &l.in_proj, Fused::None)?,
+                out_proj: make(&at("self_attn.out_proj"), &l.out_proj, Fused::Add)?,
+                linear1: make(&at("linear1"), &l.linear1, Fused::Relu)?,
+                linear2: make(&at("linear2"), &l.linear2, Fused::Add)?,
+                norm1: l.norm1.clone(),
+                norm2: l.norm2.clone(),
+            });
+        }
+        Ok(BlockBackbone {
+            d: b.d_model,
+            nhead: b.nhead,
+            ffn,
+            embed0: make(&format!("{prefix}.embedding.0"), &b.embed0, Fused::Relu)?,
+            embed2: make(&format!("{prefix}.embedding.2"), &b.embed2, Fused::Add)?,
+            layers,
+            pool_w: b.pool.weight.clone(),
+            pool_b: b.pool.bias[0],
+            doy: model::DoyEncoding::new(b.d_model),
+        })
+    }
+}
+
+/// Per-thread activations for one block of `rows` tokens.
+struct Workspace {
+    h: Vec<f32>,
+    t: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    ff: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+impl Workspace {
+    fn new(rows: usize, len: usize, d: usize, ffn: usize) -> Self {
+        Workspace {
+            h: vec![0.0; rows * d],
+            t: vec![0.0; rows * d],
+            qkv: vec![0.0; rows * 3 * d],
+            attn: vec![0.0; rows * d],
+            ff: vec![0.0; rows * ffn],
+            scores: vec![0.0; len * len],
+        }
+    }
+}
+
+fn softmax_in_place(row: &mut [f32]) {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut s = 0.0f32;
+    for v in row.iter_mut() {
+        *v = (*v - m).exp();
+        s += *v;
+    }
+    let inv = 1.0 / s;
+    for v in row.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Multi-head self-attention of `b` pixels' sequences of `len`: reads the
+/// packed (b·len, 3d) `qkv`, writes the heads' outputs side by side into
+/// (b·len, d) `attn`. Q·K^T and P·V are single-threaded `gemm` calls that
+/// read each head in place through strides.
+fn attention(
+    qkv: &[f32],
+    attn: &mut [f32],
+    scores: &mut [f32],
+    b: usize,
+    len: usize,
+    d: usize,
+    nh: usize,
+) {
+    let hd = d / nh;
+    let d3 = 3 * d;
+    let scale = 1.0 / (hd as f32).sqrt();
+    assert!(qkv.len() >= b * len * d3 && attn.len() >= b * len * d && scores.len() >= len * len);
+    for p in 0..b {
+        let base = p * len * d3;
+        for j in 0..nh {
+            let q = qkv[base + j * hd..].as_ptr();
+            let k = qkv[base + d + j * hd..].as_ptr();
+            let v = qkv[base + 2 * d + j * hd..].as_ptr();
+            // SAFETY: q, k, v address len rows of hd at stride 3d inside qkv
+            // (length checked above); scores is len x len.
+            unsafe {
+                gemm::gemm(
+                    len,
+                    len,
+                    hd,
+                    scores.as_mut_ptr(),
+                    1,
+                    len as isize,
+                    false,
+                    q,
+                    1,
+                    d3 as isize,
+                    k,
+                    d3 as isize,
+                    1,
+                    0.0f32,
+                    scale,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                );
+            }
+            for row in scores[..len * len].chunks_exact_mut(len) {
+                softmax_in_place(row);
+            }
+            let o = attn[p * len * d + j * hd..].as_mut_ptr();
+            // SAFETY: o addresses len rows of hd at stride d inside attn; v as above.
+            unsafe {
+                gemm::gemm(
+                    len,
+                    hd,
+                    len,
+                    o,
+                    1,
+                    d as isize,
+                    false,
+                    scores.as_ptr(),
+                    1,
+                    len as isize,
+                    v,
+                    1,
+                    d3 as isize,
+                    0.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                );
+            }
+        }
+    }
+}
+
+impl<L: LinearKernel> BlockBackbone<L> {
+    /// Carry `b` pixels (sequences of `len`) through the whole backbone;
+    /// writes (b, d) pooled features to `out`.
+    fn block(
+        &self,
+        b: usize,
+        len: usize,
+        values: &[f32],
+        doys: &[f32],
+        ws: &mut Workspace,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let d = self.d;
+        let m = b * len;
+        let md = m * d;
+        self.embed0
+            .forward(values, m, &mut ws.t[..md], Epilogue::Relu)?;
+        // The day-of-year encoding goes in as the residual of embedding.2.
+        for (row, &doy) in ws.attn[..md].chunks_exact_mut(d).zip(doys) {
+            self.doy.encode(doy, row);
+        }
+        self.embed2.forward(
+            &ws.t[..md],
+            m,
+            &mut ws.h[..md],
+            Epilogue::Add(&ws.attn[..md]),
+        )?;
+        for l in &self.layers {
+            l.in_proj
+                .forward(&ws.h[..md], m, &mut ws.qkv[..3 * md], Epilogue::None)?;
+            attention(&ws.qkv, &mut ws.attn, &mut ws.scores, b, len, d, self.nhead);
+            l.out_proj.forward(
+                &ws.attn[..md],
+                m,
+                &mut ws.t[..md],
+                Epilogue::Add(&ws.h[..md]),
+            )?;
+            l.norm1.apply_rows(&mut ws.t[..md]);
+            std::mem::swap(&mut ws.t, &mut ws.h);
+            l.linear1
+                .forward(&ws.h[..md], m, &mut ws.ff[..m * self.ffn], Epilogue::Relu)?;
+            l.linear2.forward(
+                &ws.ff[..m * self.ffn],
+                m,
+                &mut ws.t[..md],
+                Epilogue::Add(&ws.h[..md]),
+            )?;
+            l.norm2.apply_rows(&mut ws.t[..md]);
+            std::mem::swap(&mut ws.t, &mut ws.h);
+        }
+        // Attention pooling over time.
+        let mut w = vec![0f32; len];
+        for p in 0..b {
+            let hp = &ws.h[p * len * d..(p + 1) * len * d];
+            for (t, row) in hp.chunks_exact(d).enumerate() {
+                w[t] = row
+                    .iter()
+                    .zip(&self.pool_w)
+                    .map(|(a, b)| a * b)
+                    .sum::<f32>()
+                    + self.pool_b;
+            }
+            softmax_in_place(&mut w);
+            let o = &mut out[p * d..(p + 1) * d];
+            o.fill(0.0);
+            for (t, row) in hp.chunks_exact(d).enumerate() {
+                for (o, h) in o.iter_mut().zip(row) {
+                    *o += w[t] * h;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A whole backend made of thread-per-block backbones and head over kernel `L`.
+pub(crate) struct BlockBackend<L> {
+    name: &'static str,
+    weights: Arc<StudentWeights>,
+    s2: BlockBackbone<L>,
+    s1: BlockBackbone<L>,
+    fc1: L,
+    fc2: L,
+    threads: usize,
+    block_pixels: usize,
+}
+
+impl<L: LinearKernel> BlockBackend<L> {
+    /// Builds every Linear of the model with `make` (called once per layer, at load).
+    pub(crate) fn new(
+        name: &'static str,
+        weights: Arc<StudentWeights>,
+        profile: &DeviceProfile,
+        make: &mut MakeKernel<'_, L>,
+    ) -> Result<Self> {
+        let ffn = weights.config.dim_feedforward;
+        Ok(BlockBackend {
+            name,
+            s2: BlockBackbone::new("s2_backbone", &weights.s2, ffn, make)?,
+            s1: BlockBackbone::new("s1_backbone", &weights.s1, ffn, make)?,
+            fc1: make("dim_reducer.0", &weights.head.fc1, Fused::None)?,
+            fc2: make("dim_reducer.4", &weights.head.fc2, Fused::None)?,
+            threads: profile.threads.max(1),
+            block_pixels: profile.block_pixels.max(1),
+            weights,
+        })
+    }
+
+    /// Run `work(first_pixel, pixels, out_block)` over blocks of
+    /// `block_pixels`, `out` holding `width` values per pixel. Blocks go to
+    /// threads round-robin; the blocks themselves never depend on the thread
+    /// count. The first error (in block order) is returned.
+    fn for_blocks<F>(&self, width: usize, out: &mut [f32], work: F) -> Result<()>
+    where
+        F: Fn(usize, usize, &mut [f32]) -> Result<()> + Sync,
+    {
+        let bp = self.block_pixels;
+        let blocks: Vec<(usize, &mut [f32])> = out
+            .chunks_mut(bp * width)
+            .enumerate()
+            .map(|(i, o)| (i * bp, o))
+            .collect();
+        let threads = self.threads.min(blocks.len()).max(1);
+        if threads == 1 {
+            for (start, o) in blocks {
+                work(start, o.len() / width, o)?;
+            }
+            return Ok(());
+        }
+        let mut per_thread: Vec<Vec<(usize, &mut [f32])>> =
+            (0..threads).map(|_| Vec::new()).collect();
+        for (i, blk) in blocks.into_iter().enumerate() {
+            per_thread[i % threads].push(blk);
+        }
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = per_thread
+                .into_iter()
+                .map(|mine| {
+                    let work = &work;
+                    s.spawn(move || {
+                        for (start, o) in mine {
+                            work(start, o.len() / width, o)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| match h.join() {
+                    Ok(r) => r,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                })
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+}
+
+impl<L: LinearKernel> Backend for BlockBackend<L> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn backbone(&self, modality: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
+        let bb = match modality {
+            Modality::S2 => &self.s2,
+            Modality::S1 => &self.s1,
+        };
+        let (len, bands, d) = (batch.len, batch.bands, bb.d);
+        if batch.values.len() != batch.n * len * bands || batch.doys.len() != batch.n * len {
+            return Err(EncodeError::backend(
+                self.name,
+                format!(
+                    "batch of {} x {} x {} has {} values and {} days",
+                    batch.n,
+                    len,
+                    bands,
+                    batch.values.len(),
+                    batch.doys.len()
+                ),
+            ));
+        }
+        let mut out = vec![0f32; batch.n * d];
+        let rows = self.block_pixels.min(batch.n) * len;
+        self.for_blocks(d, &mut out, |start, b, o| {
+            // Each block allocates its own workspace: the cost is noise next
+            // to the GEMMs, and it keeps threads from sharing cache lines.
+            let mut ws = Workspace::new(rows, len, d, bb.ffn);
+            let v = &batch.values[start * len * bands..(start + b) * len * bands];
+            let doys = &batch.doys[start * len..(start + b) * len];
+            bb.block(b, len, v, doys, &mut ws, o)
+        })?;
+        Ok(out)
+    }
+
+    fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>> {
+        let d = self.weights.config.d_model();
+        let r = self.weights.config.repr_dim;
+        let h = &self.weights.head;
+        let mut out = vec![0f32; n * r];
+        self.for_blocks(r, &mut out, |start, b, o| {
+            let mut z = vec![0f32; b * 2 * d];
+            for i in 0..b {
+                let p = start + i;
+                z[i * 2 * d..i * 2 * d + d].copy_from_slice(&s2[p * d..(p + 1) * d]);
+                z[i * 2 * d + d..(i + 1) * 2 * d].copy_from_slice(&s1[p * d..(p + 1) * d]);
+            }
+            let mut y = vec![0f32; b * 4 * d];
+            self.fc1.forward(&z, b, &mut y, Epilogue::None)?;
+            h.norm1.apply_rows(&mut y);
+            apply_epilogue(&mut y, Epilogue::Relu);
+            self.fc2.forward(&y, b, o, Epilogue::None)?;
+            h.out_norm.apply_rows(o);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}

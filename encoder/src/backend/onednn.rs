@@ -1,0 +1,174 @@
+//! The oneDNN CPU path: each Linear is a `onednn::MatMul` whose weights are packed once at load into the layout oneDNN picks for this chip, with ReLU and residual adds fused as post-ops; scheduled one thread per block of pixels (`block.rs`), each GEMM single-threaded.
+//!
+//! Layers and their post-ops: embedding.0 → ReLU; embedding.2 → + day-of-year
+//! encoding (a `BinaryAdd`, the same add the cpu backend does after its GEMM);
+//! self_attn.out_proj → + residual; linear1 → ReLU; linear2 → + residual;
+//! in_proj and the head's Linears → none. Attention, LayerNorm, softmax and
+//! pooling are the shared code in `block.rs` (attention on the `gemm` crate,
+//! reading heads in place by strides).
+//!
+//! Primitives are cached per M inside each `MatMul` (M = block pixels × a
+//! multiple-of-8 sequence length, so few distinct values); each is created on
+//! the first block of that M, which the same bits follow whichever thread
+//! runs it: every primitive runs with `threads: 1`, so oneDNN's reduction
+//! order depends only on M, never on how many blocks run at once.
+//!
+//! dtype: `f32` always works. `bf16` (profile `dtype = "bf16"`) packs the
+//! weights as bf16 and converts each block's input before the GEMM, but only
+//! where [`onednn::bf16_supported`] (AMX or AVX512-BF16); elsewhere oneDNN 2.6
+//! has no usable bf16 matmul, so the backend falls back to f32.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use onednn::{Bf16, DataType, Engine, MatMul, MatMulSpec, PostOp};
+
+use super::block::{apply_epilogue, BlockBackend, Epilogue, Fused, LinearKernel};
+use super::{Backend, SequenceBatch};
+use crate::error::{EncodeError, Result};
+use crate::model::{Linear, Modality, StudentWeights};
+use crate::profile::DeviceProfile;
+
+/// Sequence length the weights are first packed for (`m_hint`): the bins of
+/// the published stores are mostly 32-128 observations. On AVX2 oneDNN picks
+/// the same plain layout for every M; on AVX-512/AMX a different M that
+/// picks another layout gets one more packed copy (see `onednn::matmul`).
+const HINT_LEN: usize = 64;
+
+/// One Linear on oneDNN, with its epilogue fused.
+pub(crate) struct DnnlLinear {
+    name: String,
+    fused: Fused,
+    mm: MatMul,
+}
+
+thread_local! {
+    /// Each worker thread's bf16 copy of its current GEMM input (bf16 only).
+    static BF16_SRC: RefCell<Vec<Bf16>> = const { RefCell::new(Vec::new()) };
+}
+
+impl DnnlLinear {
+    fn new(
+        engine: &Engine,
+        name: &str,
+        l: &Linear,
+        fused: Fused,
+        data_type: DataType,
+        m_hint: usize,
+    ) -> Result<Self> {
+        let post_ops = match fused {
+            Fused::None => vec![],
+            Fused::Relu => vec![PostOp::Relu],
+            Fused::Add => vec![PostOp::BinaryAdd],
+        };
+        let spec = MatMulSpec {
+            k: l.in_dim,
+            n: l.out_dim,
+            data_type,
+            post_ops,
+            threads: 1,
+        };
+        let mm = MatMul::new(engine, spec, &l.weight, Some(&l.bias), m_hint)
+            .map_err(|e| EncodeError::backend("onednn", format!("`{name}`: {e}")))?;
+        Ok(DnnlLinear {
+            name: name.to_string(),
+            fused,
+            mm,
+        })
+    }
+
+    fn fail(&self, e: onednn::Error) -> EncodeError {
+        EncodeError::backend("onednn", format!("`{}`: {e}", self.name))
+    }
+}
+
+impl LinearKernel for DnnlLinear {
+    fn forward(&self, x: &[f32], m: usize, out: &mut [f32], epilogue: Epilogue<'_>) -> Result<()> {
+        let (k, n) = (self.mm.spec().k, self.mm.spec().n);
+        let (x, out) = (&x[..m * k], &mut out[..m * n]);
+        // The post-ops are fixed at creation; a call with another epilogue
+        // (none in this crate) still gets the right answer, unfused.
+        let fused_here = epilogue.kind() == self.fused;
+        let residual = match epilogue {
+            Epilogue::Add(r) if fused_here => Some(&r[..m * n]),
+            _ => None,
+        };
+        if !fused_here && self.fused != Fused::None {
+            return Err(EncodeError::backend(
+                "onednn",
+                format!(
+                    "`{}` was built with {:?} fused but called with {:?}",
+                    self.name,
+                    self.fused,
+                    epilogue.kind()
+                ),
+            ));
+        }
+        match self.mm.spec().data_type {
+            DataType::F32 => self.mm.execute(x, out, residual),
+            DataType::Bf16 => BF16_SRC.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                buf.clear();
+                buf.extend(x.iter().map(|&v| Bf16::from_f32(v)));
+                self.mm.execute(&buf[..], out, residual)
+            }),
+        }
+        .map_err(|e| self.fail(e))?;
+        if !fused_here {
+            apply_epilogue(out, epilogue);
+        }
+        Ok(())
+    }
+}
+
+/// The oneDNN backend.
+pub struct OnednnBackend {
+    inner: BlockBackend<DnnlLinear>,
+    data_type: DataType,
+}
+
+impl OnednnBackend {
+    pub fn new(weights: Arc<StudentWeights>, profile: &DeviceProfile) -> Result<Self> {
+        let data_type = match profile.dtype.as_str() {
+            "f32" => DataType::F32,
+            "bf16" if onednn::bf16_supported() => DataType::Bf16,
+            // No native bf16 here: oneDNN 2.6 would refuse or emulate it.
+            "bf16" => DataType::F32,
+            other => {
+                return Err(EncodeError::backend(
+                    "onednn",
+                    format!("dtype `{other}` is not supported (f32 or bf16)"),
+                ))
+            }
+        };
+        let engine = Engine::cpu().map_err(|e| EncodeError::backend("onednn", e))?;
+        let block = profile.block_pixels.max(1);
+        let inner = BlockBackend::new("onednn", weights, profile, &mut |name, l, fused| {
+            // The head runs on one row per pixel; backbones on HINT_LEN per pixel.
+            let rows = if name.starts_with("dim_reducer") {
+                block
+            } else {
+                block * HINT_LEN
+            };
+            DnnlLinear::new(&engine, name, l, fused, data_type, rows)
+        })?;
+        Ok(OnednnBackend { inner, data_type })
+    }
+
+    /// The element type the GEMMs run in (bf16 only where the profile asks and the CPU has it).
+    pub fn data_type(&self) -> DataType {
+        self.data_type
+    }
+}
+
+impl Backend for OnednnBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn backbone(&self, modality: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
+        self.inner.backbone(modality, batch)
+    }
+    fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>> {
+        self.inner.head(s2, s1, n)
+    }
+}
