@@ -89,6 +89,23 @@ pub fn gemm_rate(threads: usize, seconds: f64) -> f64 {
     counts.iter().sum::<usize>() as f64 * flops / secs / 1e9
 }
 
+/// oneDNN's `dnnl_sgemm` rate with `threads` threads (GFLOP/s, best of
+/// several runs on `onednn::RATE_SHAPE`): the roofline the issue measures
+/// every backend against. `None` when the `onednn` feature is off.
+pub fn dnnl_sgemm_rate(threads: usize) -> Result<Option<f64>> {
+    #[cfg(all(feature = "onednn", target_os = "linux"))]
+    {
+        onednn::sgemm_rate(threads)
+            .map(Some)
+            .map_err(|e| crate::error::EncodeError::backend("onednn", e))
+    }
+    #[cfg(not(all(feature = "onednn", target_os = "linux")))]
+    {
+        let _ = threads;
+        Ok(None)
+    }
+}
+
 /// One backend's measured speed on one tile.
 #[derive(Debug, Clone)]
 pub struct BenchResult {

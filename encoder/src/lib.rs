@@ -12,8 +12,10 @@
 //! - `sequence` — valid observations, bins, which frames fill a bin, and
 //!   standardisation.
 //! - `backend` — the `Backend` trait and its implementations: `reference`
-//!   (candle) and `cpu` (pure Rust); `onednn` and `cuda` plug in behind
-//!   cargo features.
+//!   (candle), and the thread-per-block pass (`backend/block.rs`) over two
+//!   GEMM kernels: `cpu` (pure Rust `gemm`) and `onednn` (pre-packed oneDNN
+//!   matmuls with fused post-ops; the `onednn` feature, default, Linux
+//!   only). `cuda` plugs in behind its feature.
 //! - `encode` — `Encoder`: grouping pixels by bin, chunking, cancellation,
 //!   progress.
 //! - `output` — `TileEmbedding`, int8 quantisation, truncation, atomic writes.

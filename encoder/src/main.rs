@@ -113,8 +113,8 @@ struct BenchArgs {
     pixels: usize,
     #[arg(long, default_value_t = 64)]
     obs: usize,
-    /// Backends to compare.
-    #[arg(long, default_value = "reference,cpu", value_delimiter = ',')]
+    /// Backends to compare (default: every backend this build has).
+    #[arg(long, value_delimiter = ',')]
     backends: Vec<String>,
     /// Thread counts to try.
     #[arg(long, value_delimiter = ',')]
@@ -350,15 +350,37 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         tile.pixels(),
         bench::tile_flops(&cfg, &tile) / 1e9
     );
+    let backends: Vec<String> = if a.backends.is_empty() {
+        BackendChoice::available()
+            .into_iter()
+            .map(|b| b.name().to_string())
+            .collect()
+    } else {
+        a.backends.clone()
+    };
+    // Two peers per thread count: the `gemm` crate's rate on an FFN-shaped
+    // GEMM (one per thread), and oneDNN's sgemm (the roofline) when
+    // this build links oneDNN. Both measured here, right before the backends.
     println!(
-        "{:<10} {:>7} {:>6} {:>6} {:>10} {:>9} {:>10} {:>8}",
-        "backend", "threads", "chunk", "block", "pixels/s", "GFLOP/s", "gemm GF/s", "of gemm"
+        "{:<10} {:>7} {:>6} {:>6} {:>10} {:>9} {:>10} {:>8} {:>10} {:>8}",
+        "backend",
+        "threads",
+        "chunk",
+        "block",
+        "pixels/s",
+        "GFLOP/s",
+        "gemm GF/s",
+        "of gemm",
+        "dnnl GF/s",
+        "of dnnl"
     );
+    println!("load average before: {}", load_average());
     let mut dedup = threads.clone();
     dedup.dedup();
     for t in dedup {
         let peak = bench::gemm_rate(t, 1.0);
-        for b in &a.backends {
+        let dnnl = bench::dnnl_sgemm_rate(t)?;
+        for b in &backends {
             let run = RunArgs {
                 backend: b.clone(),
                 threads: Some(t),
@@ -368,8 +390,12 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             };
             let (choice, profile) = run.resolve()?;
             let r = bench::bench_encoder(&ck, choice, profile, &tile, a.reps, false)?;
+            let (dnnl_rate, of_dnnl) = match dnnl {
+                Some(d) => (format!("{d:.1}"), format!("{:.0}%", 100.0 * r.gflops / d)),
+                None => ("-".into(), "-".into()),
+            };
             println!(
-                "{:<10} {:>7} {:>6} {:>6} {:>10.2} {:>9.1} {:>10.1} {:>7.0}%",
+                "{:<10} {:>7} {:>6} {:>6} {:>10.2} {:>9.1} {:>10.1} {:>7.0}% {:>10} {:>8}",
                 r.backend,
                 t,
                 r.chunk_pixels,
@@ -377,11 +403,22 @@ fn run_bench(a: BenchArgs) -> Result<()> {
                 r.pixels_per_s,
                 r.gflops,
                 peak,
-                100.0 * r.gflops / peak
+                100.0 * r.gflops / peak,
+                dnnl_rate,
+                of_dnnl
             );
         }
     }
+    println!("load average after: {}", load_average());
     Ok(())
+}
+
+/// `/proc/loadavg`'s 1, 5 and 15 minute figures: benchmark numbers on a
+/// shared machine mean little without them.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn run_tune(a: TuneArgs) -> Result<()> {

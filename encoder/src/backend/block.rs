@@ -39,7 +39,7 @@ pub(crate) enum Fused {
 
 impl Epilogue<'_> {
     // Only kernels that fuse at build time (onednn) ask.
-    #[cfg_attr(not(feature = "onednn"), allow(dead_code))]
+    #[cfg_attr(not(all(feature = "onednn", target_os = "linux")), allow(dead_code))]
     pub(crate) fn kind(&self) -> Fused {
         match self {
             Epilogue::None => Fused::None,

@@ -9,7 +9,7 @@
 
 mod block;
 pub mod cpu;
-#[cfg(feature = "onednn")]
+#[cfg(all(feature = "onednn", target_os = "linux"))]
 pub mod onednn;
 pub mod reference;
 
@@ -77,7 +77,7 @@ impl BackendChoice {
             BackendChoice::Auto => {
                 if cfg!(feature = "cuda") {
                     BackendChoice::Cuda
-                } else if cfg!(feature = "onednn") {
+                } else if cfg!(all(feature = "onednn", target_os = "linux")) {
                     BackendChoice::Onednn
                 } else {
                     BackendChoice::Cpu
@@ -100,7 +100,7 @@ impl BackendChoice {
     /// Backends this build can run on this machine.
     pub fn available() -> Vec<BackendChoice> {
         let mut v = vec![BackendChoice::Reference, BackendChoice::Cpu];
-        if cfg!(feature = "onednn") {
+        if cfg!(all(feature = "onednn", target_os = "linux")) {
             v.push(BackendChoice::Onednn);
         }
         if cfg!(feature = "cuda") {
@@ -122,9 +122,9 @@ pub fn create(
             profile.threads,
         )?)),
         BackendChoice::Cpu => Ok(Box::new(cpu::CpuBackend::new(weights, profile)?)),
-        #[cfg(feature = "onednn")]
+        #[cfg(all(feature = "onednn", target_os = "linux"))]
         BackendChoice::Onednn => Ok(Box::new(onednn::OnednnBackend::new(weights, profile)?)),
-        #[cfg(not(feature = "onednn"))]
+        #[cfg(not(all(feature = "onednn", target_os = "linux")))]
         BackendChoice::Onednn => Err(not_built(BackendChoice::Onednn)),
         // Seam: `backend/cuda.rs` plugs in here behind its feature.
         BackendChoice::Cuda => Err(not_built(BackendChoice::Cuda)),
@@ -140,4 +140,22 @@ fn not_built(c: BackendChoice) -> EncodeError {
             c.name()
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_prefers_onednn_when_compiled_in() {
+        let want = if cfg!(feature = "cuda") {
+            BackendChoice::Cuda
+        } else if cfg!(all(feature = "onednn", target_os = "linux")) {
+            BackendChoice::Onednn
+        } else {
+            BackendChoice::Cpu
+        };
+        assert_eq!(BackendChoice::Auto.resolve(), want);
+        assert!(BackendChoice::available().contains(&want));
+    }
 }
