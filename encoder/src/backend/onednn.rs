@@ -172,3 +172,56 @@ impl Backend for OnednnBackend {
         self.inner.head(s2, s1, n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// oneDNN's `ref:any` matmul (what it falls back to when a post-op or
+    /// layout is unsupported) is tens of times slower; every fused layer must
+    /// get an optimised kernel, and match the unfused arithmetic.
+    #[test]
+    fn fused_layers_get_an_optimised_kernel_and_match_unfused() {
+        let engine = Engine::cpu().expect("oneDNN CPU engine");
+        let (k, n, m) = (24, 40, 16);
+        let l = Linear {
+            in_dim: k,
+            out_dim: n,
+            weight: (0..n * k)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 100.0)
+                .collect(),
+            bias: (0..n).map(|i| i as f32 / 10.0 - 2.0).collect(),
+        };
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0)
+            .collect();
+        let res: Vec<f32> = (0..m * n).map(|i| (i % 11) as f32 - 5.0).collect();
+        let mut plain = vec![0f32; m * n];
+        for r in 0..m {
+            for c in 0..n {
+                let mut acc = l.bias[c] as f64;
+                for p in 0..k {
+                    acc += x[r * k + p] as f64 * l.weight[c * k + p] as f64;
+                }
+                plain[r * n + c] = acc as f32;
+            }
+        }
+        for (fused, epilogue) in [
+            (Fused::None, Epilogue::None),
+            (Fused::Relu, Epilogue::Relu),
+            (Fused::Add, Epilogue::Add(&res)),
+        ] {
+            let lin = DnnlLinear::new(&engine, "test", &l, fused, DataType::F32, m).unwrap();
+            let name = lin.mm.prepare(m).unwrap();
+            eprintln!("{fused:?}: {name}");
+            assert!(!name.starts_with("ref"), "{fused:?}: oneDNN chose {name}");
+            let mut out = vec![0f32; m * n];
+            lin.forward(&x, m, &mut out, epilogue).unwrap();
+            let mut want = plain.clone();
+            apply_epilogue(&mut want, epilogue);
+            for (a, b) in out.iter().zip(&want) {
+                assert!((a - b).abs() <= 1e-4, "{fused:?}: {a} vs {b}");
+            }
+        }
+    }
+}
