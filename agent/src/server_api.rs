@@ -229,6 +229,70 @@ impl ServerApi {
     }
 }
 
+impl ServerApi {
+    /// Downloads `GET {path}?lease=…` (a tile job's checkpoint or input)
+    /// into `dest` through a temporary file renamed into place; returns its
+    /// size and sha256.
+    pub async fn download(
+        &self,
+        lease: LeaseRef,
+        action: &str,
+        dest: &std::path::Path,
+    ) -> Result<(u64, String), CallError> {
+        use sha2::Digest;
+        use tokio::io::AsyncWriteExt;
+        let encoded: String = action
+            .split('/')
+            .map(url_escape)
+            .collect::<Vec<_>>()
+            .join("/");
+        let mut resp = self
+            .http
+            .get(format!(
+                "{}{}?lease={}",
+                self.base,
+                paths::job(lease.job_id, &encoded),
+                lease.lease_token
+            ))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| CallError::Unreachable(e.to_string()))?;
+        if !resp.status().is_success() {
+            return Err(decode::<serde_json::Value>(resp)
+                .await
+                .err()
+                .unwrap_or(CallError::Unreachable("download failed".into())));
+        }
+        let io = |e: std::io::Error| CallError::Refused {
+            status: 0,
+            code: "io".into(),
+            message: format!("writing {}: {e}", dest.display()),
+        };
+        let tmp = dest.with_extension(format!("part-{}", uuid::Uuid::new_v4().simple()));
+        let mut f = tokio::fs::File::create(&tmp).await.map_err(io)?;
+        let mut hasher = sha2::Sha256::new();
+        let mut size = 0u64;
+        loop {
+            let chunk = match resp.chunk().await {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(e) => {
+                    let _ = tokio::fs::remove_file(&tmp).await;
+                    return Err(CallError::Unreachable(e.to_string()));
+                }
+            };
+            hasher.update(&chunk);
+            size += chunk.len() as u64;
+            f.write_all(&chunk).await.map_err(io)?;
+        }
+        f.flush().await.map_err(io)?;
+        drop(f);
+        tokio::fs::rename(&tmp, dest).await.map_err(io)?;
+        Ok((size, hex::encode(hasher.finalize())))
+    }
+}
+
 fn url_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
