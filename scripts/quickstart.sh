@@ -32,6 +32,28 @@ flotilla jobs wait "$id"
 flotilla jobs log "$id"
 flotilla jobs show "$id" | grep -E '"(state|key|size|sha256)"'
 flotilla agents
+
+echo
+echo "quickstart: tile demo — a small random model, synthetic inputs for a 3x2-tile ROI"
+demo=$data/demo
+mkdir -p "$demo"
+"$bin/tessera-encode" synth-ckpt --out "$demo/model.safetensors" --latent-dim 16 --num-layers 1 \
+    --nhead 4 --dim-feedforward 64 --seed 1
+# Inputs go straight into the local object store under the dataset's prefix:
+# demo-inputs/YEAR/TILE/{bands,masks,doys,sar_*}.npy, ~2,500 pixels a tile.
+seed=0
+for lon in 0.05 0.15 0.25; do
+    for lat in 52.05 52.15; do
+        seed=$((seed + 1))
+        "$bin/tessera-encode" synth-tile --out "$data/store/demo-inputs/2024/grid_${lon}_${lat}" \
+            --height 50 --width 50 --s2-frames 24 --s1-asc-frames 12 --s1-desc-frames 12 --seed $seed
+    done
+done
+flotilla datasets add demo --ckpt "$demo/model.safetensors" --inputs demo-inputs >/dev/null
+flotilla roi plan --name demo --year 2024 --dataset demo --bbox 0.01,52.01,0.29,52.19
+flotilla roi submit --wait --name demo --year 2024 --dataset demo --bbox 0.01,52.01,0.29,52.19 >/dev/null
+echo "quickstart: tile embeddings are in $data/store/demo/2024/grid_*/ (grid_X_Y.npy int8 (H,W,128), grid_X_Y_scales.npy f32 (H,W))"
+ls "$data/store/demo/2024"
 echo
 echo "quickstart: results are in $data/store (object keys above); the server is at $(cat "$data/server.url")"
 echo "quickstart: try \`$bin/flotilla jobs submit --wait -- uname -a\`; Ctrl-C stops everything"

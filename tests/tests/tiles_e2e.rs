@@ -1,0 +1,493 @@
+//! Tiles end to end: a dataset with a tiny synthetic model, an ROI of a few tiles encoded by a real agent, outputs equal to `tessera-encode`'s, coverage import from a parquet manifest, re-submission, an agent killed mid-tile, and bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_e2e::procs::{server_on_shared, Agent, Server};
+use flotilla_e2e::scratch;
+use serde_json::{json, Value};
+
+const YEAR: i32 = 2024;
+const DATASET: &str = "synth";
+
+fn tessera(args: &[&str]) {
+    let out = Command::new(flotilla_e2e::binary("tessera-encode"))
+        .args(args)
+        .output()
+        .expect("running tessera-encode");
+    assert!(
+        out.status.success(),
+        "tessera-encode {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A tiny random model.
+fn synth_ckpt(dir: &Path) -> PathBuf {
+    let ckpt = dir.join("ckpt.safetensors");
+    tessera(&[
+        "synth-ckpt",
+        "--out",
+        ckpt.to_str().unwrap(),
+        "--latent-dim",
+        "16",
+        "--num-layers",
+        "1",
+        "--nhead",
+        "4",
+        "--dim-feedforward",
+        "64",
+        "--seed",
+        "7",
+    ]);
+    ckpt
+}
+
+/// Synthetic inputs for `tile`, written straight into the server's local
+/// store under `inputs/{year}/{tile}/` (the dataset's input prefix), and a
+/// copy named by the tile for `tessera-encode`.
+fn synth_inputs(server: &Server, tile: &str, side: usize, seed: u64) -> PathBuf {
+    let dir = server.dir.join("tiles").join(tile);
+    tessera(&[
+        "synth-tile",
+        "--out",
+        dir.to_str().unwrap(),
+        "--height",
+        &side.to_string(),
+        "--width",
+        &side.to_string(),
+        "--s2-frames",
+        "24",
+        "--s1-asc-frames",
+        "12",
+        "--s1-desc-frames",
+        "12",
+        "--seed",
+        &seed.to_string(),
+    ]);
+    let in_store = server
+        .dir
+        .join("store/inputs")
+        .join(YEAR.to_string())
+        .join(tile);
+    std::fs::create_dir_all(&in_store).unwrap();
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), in_store.join(f.file_name())).unwrap();
+    }
+    dir
+}
+
+async fn register_dataset(server: &Server, ckpt: &Path) {
+    let api = server.api();
+    let (s, v) = api
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/datasets",
+            Some(json!({ "name": DATASET, "input_prefix": "inputs" })),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let resp = api
+        .http
+        .put(format!("{}/api/v1/datasets/{DATASET}/checkpoint", api.base))
+        .bearer_auth(&api.token)
+        .body(std::fs::read(ckpt).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status().as_u16(),
+        200,
+        "{}",
+        resp.text().await.unwrap()
+    );
+}
+
+/// (descr, shape) from a .npy header.
+fn npy_header(bytes: &[u8]) -> (String, Vec<usize>) {
+    assert_eq!(&bytes[..6], b"\x93NUMPY");
+    let len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let header = std::str::from_utf8(&bytes[10..10 + len]).unwrap();
+    let descr = header.split("'descr':").nth(1).unwrap();
+    let descr = descr.split('\'').nth(1).unwrap().to_string();
+    let shape = header.split("'shape':").nth(1).unwrap();
+    let shape = &shape[shape.find('(').unwrap() + 1..shape.find(')').unwrap()];
+    let shape = shape
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
+    (descr, shape)
+}
+
+async fn wait_roi(server: &Server, id: &str, timeout: Duration) -> Value {
+    let api = server.api();
+    let start = std::time::Instant::now();
+    loop {
+        let v = api.get(&format!("/api/v1/rois/{id}")).await;
+        if v["finished"] == json!(true) {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "ROI not finished: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+const TILES: [&str; 3] = ["grid_0.05_52.05", "grid_0.15_52.05", "grid_0.25_52.05"];
+
+fn roi(name: &str, bbox: [f64; 4]) -> Value {
+    json!({ "name": name, "year": YEAR, "dataset": DATASET, "bbox": bbox })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_roi_is_encoded_and_equals_tessera_encode() {
+    let dir = scratch("e2e-tiles-");
+    let server = server_on_shared(dir.path(), 5_000).await;
+    let api = server.api();
+    let ckpt = synth_ckpt(dir.path());
+    register_dataset(&server, &ckpt).await;
+    let mut local = Vec::new();
+    for (i, t) in TILES.iter().enumerate() {
+        local.push(synth_inputs(&server, t, 40, i as u64));
+    }
+    let bbox = [0.01, 52.01, 0.29, 52.09];
+    let plan = api.post("/api/v1/rois/plan", roi("three", bbox)).await;
+    assert_eq!(plan["total"], 3, "{plan}");
+    assert_eq!(plan["missing"], 3, "{plan}");
+
+    let made = api.post("/api/v1/rois", roi("three", bbox)).await;
+    assert_eq!(made["submitted"], 3, "{made}");
+    let id = made["id"].as_str().unwrap().to_string();
+    // Re-submitting while the jobs are queued adds none.
+    let again = api.post("/api/v1/rois", roi("three again", bbox)).await;
+    assert_eq!(again["submitted"], 0, "{again}");
+    assert_eq!(again["in_flight"], 3, "{again}");
+
+    let _agent = Agent::start(&server, "tiles-a", 2, &[]).await;
+    let done = wait_roi(&server, &id, Duration::from_secs(240)).await;
+    assert_eq!(done["jobs"]["succeeded"], 3, "{done}");
+    // Tiles this small finish between heartbeats, so progress may never
+    // have been reported; the kill test below watches it move.
+    assert!(done["pixels_done"].as_i64() <= done["pixels_total"].as_i64(), "{done}");
+
+    let expected = dir.path().join("expected");
+    for (t, inputs) in TILES.iter().zip(&local) {
+        tessera(&[
+            "--ckpt",
+            ckpt.to_str().unwrap(),
+            "--tile",
+            inputs.to_str().unwrap(),
+            "--out-dir",
+            expected.to_str().unwrap(),
+            "--int8",
+        ]);
+        let stored = server
+            .dir
+            .join("store")
+            .join(DATASET)
+            .join(YEAR.to_string())
+            .join(t);
+        let grid = std::fs::read(stored.join(format!("{t}.npy"))).unwrap();
+        let scales = std::fs::read(stored.join(format!("{t}_scales.npy"))).unwrap();
+        assert_eq!(
+            npy_header(&grid),
+            ("|i1".to_string(), vec![40, 40, 128]),
+            "{t}"
+        );
+        assert_eq!(
+            npy_header(&scales),
+            ("<f4".to_string(), vec![40, 40]),
+            "{t}"
+        );
+        assert!(
+            grid == std::fs::read(expected.join(format!("{t}.npy"))).unwrap(),
+            "{t}: codes differ from tessera-encode's"
+        );
+        assert!(
+            scales == std::fs::read(expected.join(format!("{t}_scales.npy"))).unwrap(),
+            "{t}: scales differ from tessera-encode's"
+        );
+    }
+
+    // Done tiles are present: a re-submission adds nothing.
+    let again = api.post("/api/v1/rois", roi("three, later", bbox)).await;
+    assert_eq!(again["present"], 3, "{again}");
+    assert_eq!(again["submitted"], 0, "{again}");
+
+    // The agent advertised its encoder, and the server reports its rate.
+    let agents = api.get("/api/v1/agents").await;
+    assert!(agents.to_string().contains("\"encoder\""), "{agents}");
+    let stats = api.get("/api/v1/tiles/stats").await;
+    assert_eq!(stats[0]["agent"], "tiles-a", "{stats}");
+    assert_eq!(stats[0]["tiles_total"], 3, "{stats}");
+    assert!(
+        stats[0]["tiles_per_hour"].as_f64().unwrap() > 0.0,
+        "{stats}"
+    );
+}
+
+/// A manifest in geotessera's columns.
+fn manifest(rows: &[(i32, f64, f64, i64, i64)]) -> Vec<u8> {
+    use parquet::data_type::{DoubleType, Int32Type, Int64Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use parquet::schema::parser::parse_message_type;
+    let schema = Arc::new(
+        parse_message_type(
+            "message manifest { REQUIRED INT32 year; REQUIRED DOUBLE lon; REQUIRED DOUBLE lat;
+             REQUIRED INT64 grid_size; REQUIRED INT64 scales_size; }",
+        )
+        .unwrap(),
+    );
+    let mut buf = Vec::new();
+    let mut w = SerializedFileWriter::new(
+        &mut buf,
+        schema,
+        Arc::new(WriterProperties::builder().build()),
+    )
+    .unwrap();
+    let mut rg = w.next_row_group().unwrap();
+    let mut i = 0;
+    while let Some(mut col) = rg.next_column().unwrap() {
+        match i {
+            0 => {
+                let v: Vec<i32> = rows.iter().map(|r| r.0).collect();
+                col.typed::<Int32Type>()
+                    .write_batch(&v, None, None)
+                    .unwrap();
+            }
+            1 | 2 => {
+                let v: Vec<f64> = rows
+                    .iter()
+                    .map(|r| if i == 1 { r.1 } else { r.2 })
+                    .collect();
+                col.typed::<DoubleType>()
+                    .write_batch(&v, None, None)
+                    .unwrap();
+            }
+            _ => {
+                let v: Vec<i64> = rows
+                    .iter()
+                    .map(|r| if i == 3 { r.3 } else { r.4 })
+                    .collect();
+                col.typed::<Int64Type>()
+                    .write_batch(&v, None, None)
+                    .unwrap();
+            }
+        }
+        col.close().unwrap();
+        i += 1;
+    }
+    rg.close().unwrap();
+    w.close().unwrap();
+    buf
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coverage_import_and_bad_input() {
+    let dir = scratch("e2e-tiles-cov-");
+    let server = server_on_shared(dir.path(), 5_000).await;
+    let api = server.api();
+    let ckpt = synth_ckpt(dir.path());
+
+    // Unknown dataset, before it exists.
+    let (s, v) = api
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/rois",
+            Some(roi("x", [10.0, 10.0, 10.5, 10.5])),
+        )
+        .await;
+    assert!((400..500).contains(&s), "{s} {v}");
+    assert!(v.to_string().contains("unknown dataset"), "{v}");
+
+    register_dataset(&server, &ckpt).await;
+    // A 1°×1° box: 100 tiles. The manifest says 30 of them exist in 2024
+    // (one listed twice), 5 more only in another year, 5 more with size 0.
+    let mut rows = Vec::new();
+    for k in 0..30 {
+        let (ix, iy) = (100 + k % 10, 100 + k / 10);
+        rows.push((
+            YEAR,
+            ix as f64 / 10.0 + 0.05,
+            iy as f64 / 10.0 + 0.05,
+            1000,
+            10,
+        ));
+    }
+    rows.push(rows[0]);
+    for k in 0..5 {
+        rows.push((2023, 10.05 + k as f64 / 10.0, 10.55, 1000, 10));
+        rows.push((YEAR, 10.05 + k as f64 / 10.0, 10.65, 0, 10));
+    }
+    // And one outside the box.
+    rows.push((YEAR, -3.05, 40.05, 1000, 10));
+    let resp = api
+        .http
+        .post(format!(
+            "{}/api/v1/coverage/import?dataset={DATASET}",
+            api.base
+        ))
+        .bearer_auth(&api.token)
+        .body(manifest(&rows))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let imported: Value = resp.json().await.unwrap();
+    assert_eq!(imported["rows"], rows.len(), "{imported}");
+    assert_eq!(imported["tiles"], rows.len() - 5, "{imported}");
+
+    let bbox = [10.0, 10.0, 11.0, 11.0];
+    let plan = api.post("/api/v1/rois/plan", roi("box", bbox)).await;
+    assert_eq!(plan["total"], 100, "{plan}");
+    assert_eq!(plan["present"], 30, "{plan}");
+    assert_eq!(plan["missing"], 70, "{plan}");
+    let made = api.post("/api/v1/rois", roi("box", bbox)).await;
+    assert_eq!(made["submitted"], 70, "{made}");
+    let again = api.post("/api/v1/rois", roi("box", bbox)).await;
+    assert_eq!(again["submitted"], 0, "{again}");
+    assert_eq!(again["in_flight"], 70, "{again}");
+    let jobs = api.get("/api/v1/jobs?limit=1000").await;
+    assert_eq!(jobs["jobs"].as_array().unwrap().len(), 70);
+
+    // A manifest that is not parquet.
+    let resp = api
+        .http
+        .post(format!(
+            "{}/api/v1/coverage/import?dataset={DATASET}",
+            api.base
+        ))
+        .bearer_auth(&api.token)
+        .body("year,lon,lat\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 422);
+
+    // Bad regions and years, each a 4xx naming the problem.
+    let cases = [
+        (
+            json!({"name": "g", "year": YEAR, "dataset": DATASET, "geojson": {"type": "Polygon"}}),
+            "coordinates",
+        ),
+        (
+            json!({"name": "g", "year": YEAR, "dataset": DATASET, "geojson": {"type": "Point", "coordinates": [0, 0]}}),
+            "unsupported GeoJSON type",
+        ),
+        (
+            json!({"name": "bowtie", "year": YEAR, "dataset": DATASET, "geojson": {"type": "Polygon",
+                "coordinates": [[[0, 0], [1, 1], [1, 0], [0, 1], [0, 0]]]}}),
+            "crosses",
+        ),
+        (
+            json!({"name": "empty", "year": YEAR, "dataset": DATASET, "geojson": {"type": "Polygon", "coordinates": []}}),
+            "no rings",
+        ),
+        (
+            json!({"name": "empty", "year": YEAR, "dataset": DATASET, "geojson": {"type": "MultiPolygon", "coordinates": []}}),
+            "no polygons",
+        ),
+        (
+            json!({"name": "y", "year": 1990, "dataset": DATASET, "bbox": bbox}),
+            "year",
+        ),
+        (
+            json!({"name": "d", "year": YEAR, "dataset": "nope", "bbox": bbox}),
+            "unknown dataset `nope`",
+        ),
+        (
+            json!({"name": "b", "year": YEAR, "dataset": DATASET, "bbox": [1, 1, 0, 2]}),
+            "min_lon",
+        ),
+    ];
+    for (body, needle) in cases {
+        let (s, v) = api
+            .raw(reqwest::Method::POST, "/api/v1/rois", Some(body.clone()))
+            .await;
+        assert!((400..500).contains(&s), "{body}: {s} {v}");
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains(needle),
+            "{body}: message {msg:?} lacks {needle:?}"
+        );
+    }
+    // Nothing was added by the bad ones.
+    let jobs = api.get("/api/v1/jobs?limit=1000").await;
+    assert_eq!(jobs["jobs"].as_array().unwrap().len(), 70);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_mid_tile_leaves_no_half_result_and_the_tile_is_redone() {
+    let dir = scratch("e2e-tiles-kill-");
+    let server = server_on_shared(dir.path(), 2_000).await;
+    let api = server.api();
+    // A bigger model and tile, so the encode takes a few seconds.
+    let ckpt = dir.path().join("ckpt.safetensors");
+    tessera(&[
+        "synth-ckpt",
+        "--out",
+        ckpt.to_str().unwrap(),
+        "--latent-dim",
+        "64",
+        "--num-layers",
+        "2",
+        "--nhead",
+        "4",
+        "--dim-feedforward",
+        "512",
+    ]);
+    register_dataset(&server, &ckpt).await;
+    let tile = "grid_0.05_52.05";
+    synth_inputs(&server, tile, 200, 3);
+    let made = api
+        .post("/api/v1/rois", roi("one", [0.01, 52.01, 0.09, 52.09]))
+        .await;
+    assert_eq!(made["submitted"], 1, "{made}");
+    let jobs = api.get("/api/v1/jobs?limit=10").await;
+    let job = jobs["jobs"][0]["id"].as_str().unwrap().to_string();
+
+    let mut a = Agent::start(&server, "doomed", 1, &[]).await;
+    // Kill it once it is part way through the pixels.
+    let start = std::time::Instant::now();
+    loop {
+        let j = api.get(&format!("/api/v1/jobs/{job}")).await;
+        if j["progress"]["done"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(
+            j["state"] != "succeeded",
+            "the tile finished before the kill: {j}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no progress: {j}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.kill().await;
+    let final_dir = server
+        .dir
+        .join("store")
+        .join(DATASET)
+        .join(YEAR.to_string())
+        .join(tile);
+    assert!(
+        !final_dir.exists(),
+        "nothing may sit at the final key of an unfinished tile"
+    );
+
+    let _b = Agent::start(&server, "rescuer", 1, &[]).await;
+    let j = api.wait_final(&job, Duration::from_secs(240)).await;
+    assert_eq!(j.state, flotilla_core::job::JobState::Succeeded);
+    assert_eq!(j.agent.as_deref(), Some("rescuer"));
+    assert!(j.attempt >= 2);
+    let grid = std::fs::read(final_dir.join(format!("{tile}.npy"))).unwrap();
+    assert_eq!(npy_header(&grid).1, vec![200, 200, 128]);
+    let (_, shape) = npy_header(&grid);
+    let header_len = grid.len() - shape.iter().product::<usize>();
+    assert!(header_len < 256, "the stored object is whole");
+}
