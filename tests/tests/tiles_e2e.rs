@@ -171,7 +171,10 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
     assert_eq!(done["jobs"]["succeeded"], 3, "{done}");
     // Tiles this small finish between heartbeats, so progress may never
     // have been reported; the kill test below watches it move.
-    assert!(done["pixels_done"].as_i64() <= done["pixels_total"].as_i64(), "{done}");
+    assert!(
+        done["pixels_done"].as_i64() <= done["pixels_total"].as_i64(),
+        "{done}"
+    );
 
     let expected = dir.path().join("expected");
     for (t, inputs) in TILES.iter().zip(&local) {
