@@ -62,3 +62,113 @@ async fn roi_plan_and_insert_times() {
         );
     }
 }
+
+/// One 200×200-pixel tile: wall time of bare `tessera-encode` against the
+/// same tile as a job (submit to finished, and the job's own started→finished).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn tile_job_overhead_against_bare_tessera_encode() {
+    use std::process::Command;
+    let dir = scratch("e2e-tiles-overhead-");
+    let server = server_on_shared(dir.path(), 10_000).await;
+    let api = server.api();
+    let bin = flotilla_e2e::binary("tessera-encode");
+    let ckpt = dir.path().join("ckpt.safetensors");
+    let tile = "grid_0.05_52.05";
+    let local = dir.path().join(tile);
+    let run = |args: &[&str]| {
+        let out = Command::new(&bin).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "synth-ckpt",
+        "--out",
+        ckpt.to_str().unwrap(),
+        "--latent-dim",
+        "64",
+        "--num-layers",
+        "2",
+        "--nhead",
+        "4",
+        "--dim-feedforward",
+        "512",
+    ]);
+    run(&[
+        "synth-tile",
+        "--out",
+        local.to_str().unwrap(),
+        "--height",
+        "200",
+        "--width",
+        "200",
+        "--s2-frames",
+        "24",
+        "--s1-asc-frames",
+        "12",
+        "--s1-desc-frames",
+        "12",
+    ]);
+    let in_store = server.dir.join("store/inputs/2024").join(tile);
+    std::fs::create_dir_all(&in_store).unwrap();
+    for f in std::fs::read_dir(&local).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), in_store.join(f.file_name())).unwrap();
+    }
+    let out = dir.path().join("bare");
+    let t = Instant::now();
+    run(&[
+        "--ckpt",
+        ckpt.to_str().unwrap(),
+        "--tile",
+        local.to_str().unwrap(),
+        "--out-dir",
+        out.to_str().unwrap(),
+        "--int8",
+    ]);
+    let bare = t.elapsed().as_secs_f64();
+
+    api.post(
+        "/api/v1/datasets",
+        json!({ "name": "oh", "input_prefix": "inputs" }),
+    )
+    .await;
+    let resp = api
+        .http
+        .put(format!("{}/api/v1/datasets/oh/checkpoint", api.base))
+        .bearer_auth(&api.token)
+        .body(std::fs::read(&ckpt).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let _agent = flotilla_e2e::procs::Agent::start(&server, "oh-a", 1, &[]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = Instant::now();
+    let made = api
+        .post(
+            "/api/v1/rois",
+            json!({ "name": "oh", "year": 2024, "dataset": "oh",
+        "bbox": [0.01, 52.01, 0.09, 52.09] }),
+        )
+        .await;
+    let id = made["id"].as_str().unwrap().to_string();
+    loop {
+        let v = api.get(&format!("/api/v1/rois/{id}")).await;
+        if v["finished"] == json!(true) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let job_wall = t.elapsed().as_secs_f64();
+    let jobs = api.get("/api/v1/jobs?limit=1").await;
+    let j = &jobs["jobs"][0];
+    println!(
+        "bare tessera-encode {bare:.2} s; tile job submit→finished {job_wall:.2} s \
+              ({:+.1} %); job {j}",
+        (job_wall / bare - 1.0) * 100.0
+    );
+}
