@@ -2,6 +2,9 @@
 //! `api_tokens`; extractors that turn `Authorization: Bearer …` into a
 //! caller with a role.
 
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use flotilla_core::api::TokenRole;
@@ -112,24 +115,84 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
         .ok_or_else(|| ApiError::Unauthorized("Authorization must be `Bearer TOKEN`".into()))
 }
 
+/// Recently seen tokens and agent ids, so that the hot agent calls (lease,
+/// complete) do not pay two extra queries each. Rebuilt from the database on
+/// a miss; an entry lives [`CACHE_TTL`], which bounds how long a revoked
+/// token keeps working.
+#[derive(Default)]
+pub struct AuthCache {
+    tokens: std::sync::Mutex<HashMap<Vec<u8>, (Caller, Instant)>>,
+    agents: std::sync::Mutex<HashMap<String, Uuid>>,
+}
+
+pub const CACHE_TTL: Duration = Duration::from_secs(10);
+/// Past this many entries the token cache is cleared rather than grown.
+const CACHE_MAX: usize = 10_000;
+
+impl AuthCache {
+    fn get(&self, hash: &[u8]) -> Option<Caller> {
+        let map = self
+            .tokens
+            .lock()
+            .expect("auth cache lock is never poisoned");
+        map.get(hash)
+            .filter(|(_, at)| at.elapsed() < CACHE_TTL)
+            .map(|(c, _)| c.clone())
+    }
+
+    fn put(&self, hash: Vec<u8>, caller: Caller) {
+        let mut map = self
+            .tokens
+            .lock()
+            .expect("auth cache lock is never poisoned");
+        if map.len() >= CACHE_MAX {
+            map.clear();
+        }
+        map.insert(hash, (caller, Instant::now()));
+    }
+
+    /// The id of a registered agent (agents are never deleted, and a name
+    /// keeps its id across re-registration).
+    pub fn agent_id(&self, name: &str) -> Option<Uuid> {
+        self.agents
+            .lock()
+            .expect("auth cache lock is never poisoned")
+            .get(name)
+            .copied()
+    }
+
+    pub fn remember_agent(&self, name: &str, id: Uuid) {
+        self.agents
+            .lock()
+            .expect("auth cache lock is never poisoned")
+            .insert(name.to_string(), id);
+    }
+}
+
 pub(crate) async fn lookup(state: &AppState, token: &str) -> Result<Caller, ApiError> {
+    let hash = hash_token(token);
+    if let Some(c) = state.auth_cache.get(&hash) {
+        return Ok(c);
+    }
     let row: Option<(Uuid, String, Option<String>, Option<String>)> = sqlx::query_as(
         "SELECT id, role, agent_name, description FROM api_tokens
          WHERE token_hash = $1 AND revoked_at IS NULL",
     )
-    .bind(hash_token(token))
+    .bind(&hash)
     .fetch_optional(&state.db)
     .await?;
     let (token_id, role, agent_name, description) =
         row.ok_or_else(|| ApiError::Unauthorized("unknown or revoked token".into()))?;
     let role = TokenRole::parse(&role)
         .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("bad role {role} in api_tokens")))?;
-    Ok(Caller {
+    let caller = Caller {
         token_id,
         role,
         agent_name,
         description,
-    })
+    };
+    state.auth_cache.put(hash, caller.clone());
+    Ok(caller)
 }
 
 /// Any valid admin or client token (agents may not use the client API).

@@ -61,6 +61,7 @@ pub async fn run(
         job_signal: Arc::new(Notify::new()),
         settings: Arc::new(settings),
         shutdown: shutdown.clone(),
+        auth_cache: Arc::default(),
     };
     let extended = crate::queue::reaper::grace_after_start(&db, state.settings.lease_ttl)
         .await

@@ -18,6 +18,7 @@ pub struct AppState {
     pub job_signal: Arc<Notify>,
     pub settings: Arc<Settings>,
     pub shutdown: CancellationToken,
+    pub auth_cache: Arc<crate::auth::AuthCache>,
 }
 
 /// Queue timings. Defaults suit a fleet; tests shorten them.

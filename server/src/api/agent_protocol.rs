@@ -43,11 +43,16 @@ impl From<LeaseRefused> for ApiError {
 
 /// The registered agent behind the token.
 async fn agent_id(state: &AppState, name: &str) -> ApiResult<Uuid> {
-    agents::id_of(&state.db, name).await?.ok_or_else(|| {
+    if let Some(id) = state.auth_cache.agent_id(name) {
+        return Ok(id);
+    }
+    let id = agents::id_of(&state.db, name).await?.ok_or_else(|| {
         ApiError::Conflict(format!(
             "agent `{name}` is not registered; call register first"
         ))
-    })
+    })?;
+    state.auth_cache.remember_agent(name, id);
+    Ok(id)
 }
 
 pub async fn register(
@@ -68,6 +73,7 @@ pub async fn register(
         return Err(ApiError::invalid("`capacity` must be between 1 and 4096"));
     }
     let (agent_id, st) = agents::register(&state.db, &reg).await?;
+    state.auth_cache.remember_agent(&reg.name, agent_id);
     let held_leases = agents::held_leases(&state.db, agent_id).await?;
     tracing::info!(agent = %reg.name, capacity = reg.capacity, kinds = ?reg.kinds, "agent registered");
     Ok(Json(Registered {

@@ -230,8 +230,9 @@ pub async fn record_output(
     Ok(())
 }
 
-/// Marks the job succeeded if `token` is still its lease. The outputs named
-/// must all have been stored under this attempt.
+/// Marks the job succeeded if `token` is still its lease and every output
+/// named was stored under this attempt: one statement, so a crash leaves
+/// either the lease or the success, never half of each.
 pub async fn complete(
     db: &PgPool,
     agent: Uuid,
@@ -241,16 +242,58 @@ pub async fn complete(
     outputs: &[String],
     result: Option<&serde_json::Value>,
 ) -> Result<(), LeaseRefused> {
-    let mut tx = db.begin().await?;
-    complete_in(db, &mut tx, agent, job, token, exit_code, outputs, result).await?;
-    tx.commit().await?;
-    Ok(())
+    let attempt: Option<i32> = sqlx::query_scalar(
+        "WITH j AS (
+             UPDATE jobs SET state = 'succeeded', finished_at = now(), exit_code = $4,
+                             result = $5, lease_token = NULL, lease_expires_at = NULL,
+                             error = NULL, progress_done = COALESCE(progress_total, progress_done)
+             WHERE id = $1 AND lease_token = $2 AND agent_id = $3
+               AND state IN ('leased', 'running')
+               AND NOT EXISTS (
+                   SELECT 1 FROM unnest($6::text[]) AS o(name)
+                   WHERE NOT EXISTS (SELECT 1 FROM job_outputs jo
+                                     WHERE jo.job_id = $1 AND jo.attempt = jobs.attempt
+                                       AND jo.name = o.name))
+             RETURNING id, attempt)
+         UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded', exit_code = $4
+         FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt
+         RETURNING j.attempt",
+    )
+    .bind(job)
+    .bind(token)
+    .bind(agent)
+    .bind(exit_code)
+    .bind(result)
+    .bind(outputs)
+    .fetch_optional(db)
+    .await?;
+    if attempt.is_some() {
+        return Ok(());
+    }
+    // Nothing changed: either the lease is not current, or an output is
+    // missing.
+    let attempt = current_attempt(db, agent, job, token).await?;
+    let stored: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM job_outputs WHERE job_id = $1 AND attempt = $2")
+            .bind(job)
+            .bind(attempt)
+            .fetch_all(db)
+            .await?;
+    let missing = outputs
+        .iter()
+        .find(|o| !stored.contains(o))
+        .cloned()
+        .unwrap_or_default();
+    Err(LeaseRefused::Invalid(format!(
+        "output `{missing}` was not uploaded for attempt {attempt}; upload it before completing"
+    )))
 }
 
-/// [`complete`] inside the caller's transaction, which must commit for it to
-/// count: work that has to appear together with the success (a tile's
-/// results at their final keys, its coverage) goes in the same transaction.
-/// Returns the attempt that succeeded.
+/// [`complete`] inside the caller's transaction, for work that must appear
+/// together with the success (a tile's results at their final keys and its
+/// coverage): the job row stays locked until the caller commits, and
+/// nothing counts until then. Returns the attempt that succeeded. The
+/// statement is [`complete`]'s.
 #[allow(clippy::too_many_arguments)]
 pub async fn complete_in(
     db: &PgPool,
@@ -263,43 +306,37 @@ pub async fn complete_in(
     result: Option<&serde_json::Value>,
 ) -> Result<i32, LeaseRefused> {
     let attempt: Option<i32> = sqlx::query_scalar(
-        "UPDATE jobs SET state = 'succeeded', finished_at = now(), exit_code = $4, result = $5,
-                         lease_token = NULL, lease_expires_at = NULL, error = NULL,
-                         progress_done = COALESCE(progress_total, progress_done)
-         WHERE id = $1 AND lease_token = $2 AND agent_id = $3 AND state IN ('leased', 'running')
-         RETURNING attempt",
+        "WITH j AS (
+             UPDATE jobs SET state = 'succeeded', finished_at = now(), exit_code = $4,
+                             result = $5, lease_token = NULL, lease_expires_at = NULL,
+                             error = NULL, progress_done = COALESCE(progress_total, progress_done)
+             WHERE id = $1 AND lease_token = $2 AND agent_id = $3
+               AND state IN ('leased', 'running')
+               AND NOT EXISTS (
+                   SELECT 1 FROM unnest($6::text[]) AS o(name)
+                   WHERE NOT EXISTS (SELECT 1 FROM job_outputs jo
+                                     WHERE jo.job_id = $1 AND jo.attempt = jobs.attempt
+                                       AND jo.name = o.name))
+             RETURNING id, attempt)
+         UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded', exit_code = $4
+         FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt
+         RETURNING j.attempt",
     )
     .bind(job)
     .bind(token)
     .bind(agent)
     .bind(exit_code)
     .bind(result)
+    .bind(outputs)
     .fetch_optional(&mut *tx)
     .await?;
-    let Some(attempt) = attempt else {
-        return Err(refusal(db, job, token, agent).await);
-    };
-    let stored: Vec<String> =
-        sqlx::query_scalar("SELECT name FROM job_outputs WHERE job_id = $1 AND attempt = $2")
-            .bind(job)
-            .bind(attempt)
-            .fetch_all(&mut *tx)
-            .await?;
-    if let Some(missing) = outputs.iter().find(|o| !stored.contains(o)) {
-        return Err(LeaseRefused::Invalid(format!(
-            "output `{missing}` was not uploaded for attempt {attempt}; upload it before completing"
-        )));
+    if let Some(attempt) = attempt {
+        return Ok(attempt);
     }
-    sqlx::query(
-        "UPDATE job_attempts SET finished_at = now(), outcome = 'succeeded', exit_code = $3
-         WHERE job_id = $1 AND attempt = $2",
-    )
-    .bind(job)
-    .bind(attempt)
-    .bind(exit_code)
-    .execute(&mut *tx)
-    .await?;
-    Ok(attempt)
+    let attempt = current_attempt(db, agent, job, token).await?;
+    Err(LeaseRefused::Invalid(format!(
+        "an output of attempt {attempt} was not uploaded; upload every output before completing"
+    )))
 }
 
 /// Ends the attempt as failed. Retryable failures (and timeouts) queue the
