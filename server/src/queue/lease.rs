@@ -230,19 +230,20 @@ pub async fn record_output(
     Ok(())
 }
 
-/// Marks the job succeeded if `token` is still its lease and every output
-/// named was stored under this attempt: one statement, so a crash leaves
-/// either the lease or the success, never half of each.
-pub async fn complete(
-    db: &PgPool,
+/// The one statement that records success: guarded by lease, agent and
+/// state, and by every named output having been stored under the attempt.
+/// Returns the attempt, or `None` when it changed nothing.
+#[allow(clippy::too_many_arguments)]
+async fn succeed_statement<'e, E: sqlx::PgExecutor<'e>>(
+    conn: E,
     agent: Uuid,
     job: Uuid,
     token: Uuid,
     exit_code: Option<i32>,
     outputs: &[String],
     result: Option<&serde_json::Value>,
-) -> Result<(), LeaseRefused> {
-    let attempt: Option<i32> = sqlx::query_scalar(
+) -> Result<Option<i32>, sqlx::Error> {
+    sqlx::query_scalar(
         "WITH j AS (
              UPDATE jobs SET state = 'succeeded', finished_at = now(), exit_code = $4,
                              result = $5, lease_token = NULL, lease_expires_at = NULL,
@@ -265,8 +266,23 @@ pub async fn complete(
     .bind(exit_code)
     .bind(result)
     .bind(outputs)
-    .fetch_optional(db)
-    .await?;
+    .fetch_optional(conn)
+    .await
+}
+
+/// Marks the job succeeded if `token` is still its lease and every output
+/// named was stored under this attempt: one statement, so a crash leaves
+/// either the lease or the success, never half of each.
+pub async fn complete(
+    db: &PgPool,
+    agent: Uuid,
+    job: Uuid,
+    token: Uuid,
+    exit_code: Option<i32>,
+    outputs: &[String],
+    result: Option<&serde_json::Value>,
+) -> Result<(), LeaseRefused> {
+    let attempt = succeed_statement(db, agent, job, token, exit_code, outputs, result).await?;
     if attempt.is_some() {
         return Ok(());
     }
@@ -292,8 +308,7 @@ pub async fn complete(
 /// [`complete`] inside the caller's transaction, for work that must appear
 /// together with the success (a tile's results at their final keys and its
 /// coverage): the job row stays locked until the caller commits, and
-/// nothing counts until then. Returns the attempt that succeeded. The
-/// statement is [`complete`]'s.
+/// nothing counts until then. Returns the attempt that succeeded.
 #[allow(clippy::too_many_arguments)]
 pub async fn complete_in(
     db: &PgPool,
@@ -305,31 +320,8 @@ pub async fn complete_in(
     outputs: &[String],
     result: Option<&serde_json::Value>,
 ) -> Result<i32, LeaseRefused> {
-    let attempt: Option<i32> = sqlx::query_scalar(
-        "WITH j AS (
-             UPDATE jobs SET state = 'succeeded', finished_at = now(), exit_code = $4,
-                             result = $5, lease_token = NULL, lease_expires_at = NULL,
-                             error = NULL, progress_done = COALESCE(progress_total, progress_done)
-             WHERE id = $1 AND lease_token = $2 AND agent_id = $3
-               AND state IN ('leased', 'running')
-               AND NOT EXISTS (
-                   SELECT 1 FROM unnest($6::text[]) AS o(name)
-                   WHERE NOT EXISTS (SELECT 1 FROM job_outputs jo
-                                     WHERE jo.job_id = $1 AND jo.attempt = jobs.attempt
-                                       AND jo.name = o.name))
-             RETURNING id, attempt)
-         UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded', exit_code = $4
-         FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt
-         RETURNING j.attempt",
-    )
-    .bind(job)
-    .bind(token)
-    .bind(agent)
-    .bind(exit_code)
-    .bind(result)
-    .bind(outputs)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let attempt =
+        succeed_statement(&mut *tx, agent, job, token, exit_code, outputs, result).await?;
     if let Some(attempt) = attempt {
         return Ok(attempt);
     }
