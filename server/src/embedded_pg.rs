@@ -26,6 +26,12 @@ pub enum EmbeddedPgError {
         log: PathBuf,
         tail: String,
     },
+    #[error("PostgreSQL is running but did not accept connections within {seconds} s ({last_error}); see {log}")]
+    NotReady {
+        seconds: u64,
+        log: PathBuf,
+        last_error: String,
+    },
     #[error("I/O on {path}: {source}")]
     Io {
         path: PathBuf,
@@ -86,6 +92,10 @@ pub fn find_bin_dir() -> Result<PathBuf, EmbeddedPgError> {
 
 const UNPRIVILEGED_USER: &str = "postgres";
 
+/// How long start-up may take: crash recovery of a large cluster on a slow
+/// disk takes minutes (a data-directory fsync alone took 50 s here).
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 impl EmbeddedPostgres {
     /// Makes the cluster if `dir/pg` holds none, then starts it unless it is
     /// already running.
@@ -133,6 +143,10 @@ impl EmbeddedPostgres {
             pg.pg_ctl_start().await?;
             pg.started_here = true;
         }
+        // Running is not ready: after a host crash the cluster first syncs
+        // its data directory and replays WAL, refusing connections ("not yet
+        // accepting connections") for as long as that takes.
+        pg.wait_ready(READY_TIMEOUT).await?;
         Ok(pg)
     }
 
@@ -197,13 +211,47 @@ impl EmbeddedPostgres {
             .arg(&self.data_dir)
             .arg("-l")
             .arg(&self.log_file)
-            .args(["-w", "-t", "60", "-o", &opts, "start"]);
+            .args(["-w", "-t", &READY_TIMEOUT.as_secs().to_string(), "-o", &opts, "start"]);
         // pg_ctl leaves the server running after it exits; it must not be
         // killed with the process that started it.
         cmd.kill_on_drop(false)
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         self.run("pg_ctl start", cmd).await
+    }
+
+    /// Waits until the cluster accepts a connection, logging while it recovers.
+    async fn wait_ready(&self, timeout: std::time::Duration) -> Result<(), EmbeddedPgError> {
+        use sqlx::Connection;
+        let started = std::time::Instant::now();
+        let mut last_note = started;
+        loop {
+            let last_error =
+                match sqlx::PgConnection::connect_with(&self.connect_options("postgres")).await {
+                    Ok(conn) => {
+                        let _ = conn.close().await;
+                        return Ok(());
+                    }
+                    Err(e) => e.to_string(),
+                };
+            if started.elapsed() > timeout {
+                return Err(EmbeddedPgError::NotReady {
+                    seconds: timeout.as_secs(),
+                    log: self.log_file.clone(),
+                    last_error,
+                });
+            }
+            if last_note.elapsed() > std::time::Duration::from_secs(10) {
+                tracing::info!(
+                    waited_s = started.elapsed().as_secs(),
+                    log = %self.log_file.display(),
+                    error = %last_error,
+                    "PostgreSQL is running but not accepting connections yet (recovering?)"
+                );
+                last_note = std::time::Instant::now();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
     }
 
     async fn is_running(&self) -> bool {
@@ -235,7 +283,8 @@ impl EmbeddedPostgres {
     /// Restarts the cluster (used by tests of reconnection).
     pub async fn restart(&self) -> Result<(), EmbeddedPgError> {
         self.stop_now().await?;
-        self.pg_ctl_start().await
+        self.pg_ctl_start().await?;
+        self.wait_ready(READY_TIMEOUT).await
     }
 
     pub fn socket_dir(&self) -> &Path {

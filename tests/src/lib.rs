@@ -20,9 +20,13 @@ pub mod procs;
 
 use std::path::PathBuf;
 
-/// The directory holding the built binaries (`target/debug`), found from
-/// this test executable (`target/debug/deps/NAME-HASH`).
+/// The directory holding the built binaries: `FLOTILLA_BIN_DIR` when set
+/// (benchmarks point it at `target/release`), else `target/debug`, found
+/// from this test executable (`target/debug/deps/NAME-HASH`).
 pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("FLOTILLA_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
     let exe = std::env::current_exe().expect("the test knows its own path");
     let deps = exe
         .parent()

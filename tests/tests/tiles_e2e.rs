@@ -215,6 +215,100 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
         );
     }
 
+    // Each succeeded tile job lists its two outputs, with the sizes stored.
+    let jobs = api.get("/api/v1/jobs?state=succeeded&limit=100").await;
+    let tile_jobs: Vec<&Value> = jobs["jobs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no job list: {jobs}"))
+        .iter()
+        .filter(|j| j["kind"] == "tile")
+        .collect();
+    assert_eq!(tile_jobs.len(), 3, "{jobs}");
+    for j in tile_jobs {
+        let view = api
+            .get(&format!("/api/v1/jobs/{}", j["id"].as_str().unwrap()))
+            .await;
+        let tile = view["spec"]["tile"].as_str().unwrap().to_string();
+        let outputs = view["outputs"].as_array().unwrap();
+        let names: Vec<&str> = outputs.iter().map(|o| o["name"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            [format!("{tile}.npy"), format!("{tile}_scales.npy")],
+            "{view}"
+        );
+        for o in outputs {
+            let stored = server
+                .dir
+                .join("store")
+                .join(DATASET)
+                .join(YEAR.to_string())
+                .join(&tile)
+                .join(o["name"].as_str().unwrap());
+            assert_eq!(
+                o["size"].as_u64().unwrap(),
+                std::fs::metadata(&stored).unwrap().len(),
+                "{view}"
+            );
+        }
+    }
+
+    // A dataset whose inputs come from a fetch command on the agent.
+    let fetch_tile = "grid_0.35_52.05";
+    let fetch_src = synth_inputs(&server, fetch_tile, 24, 9);
+    let fetch_cmd = format!(
+        "cp \"{}\"/*.npy \"$FLOTILLA_OUT\"/ && test \"$FLOTILLA_TILE\" = {fetch_tile} \
+         && test \"$FLOTILLA_YEAR\" = {YEAR}",
+        fetch_src.display()
+    );
+    let (s, v) = api
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/datasets",
+            Some(json!({ "name": "synth-fetch", "fetch_command": fetch_cmd })),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let resp = api
+        .http
+        .put(format!("{}/api/v1/datasets/synth-fetch/checkpoint", api.base))
+        .bearer_auth(&api.token)
+        .body(std::fs::read(&ckpt).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let fetched = api
+        .post(
+            "/api/v1/rois",
+            json!({ "name": "fetched", "year": YEAR, "dataset": "synth-fetch",
+                    "bbox": [0.31, 52.01, 0.39, 52.09] }),
+        )
+        .await;
+    assert_eq!(fetched["submitted"], 1, "{fetched}");
+    let done = wait_roi(&server, fetched["id"].as_str().unwrap(), Duration::from_secs(120)).await;
+    assert_eq!(done["jobs"]["succeeded"], 1, "{done}");
+    tessera(&[
+        "--ckpt",
+        ckpt.to_str().unwrap(),
+        "--tile",
+        fetch_src.to_str().unwrap(),
+        "--out-dir",
+        expected.to_str().unwrap(),
+        "--int8",
+    ]);
+    let stored = server
+        .dir
+        .join("store/synth-fetch")
+        .join(YEAR.to_string())
+        .join(fetch_tile);
+    for name in [format!("{fetch_tile}.npy"), format!("{fetch_tile}_scales.npy")] {
+        assert!(
+            std::fs::read(stored.join(&name)).unwrap()
+                == std::fs::read(expected.join(&name)).unwrap(),
+            "{name}: fetched-input output differs from tessera-encode's"
+        );
+    }
+
     // Done tiles are present: a re-submission adds nothing.
     let again = api.post("/api/v1/rois", roi("three, later", bbox)).await;
     assert_eq!(again["present"], 3, "{again}");
@@ -225,7 +319,7 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
     assert!(agents.to_string().contains("\"encoder\""), "{agents}");
     let stats = api.get("/api/v1/tiles/stats").await;
     assert_eq!(stats[0]["agent"], "tiles-a", "{stats}");
-    assert_eq!(stats[0]["tiles_total"], 3, "{stats}");
+    assert_eq!(stats[0]["tiles_total"], 4, "{stats}");
     assert!(
         stats[0]["tiles_per_hour"].as_f64().unwrap() > 0.0,
         "{stats}"
