@@ -186,10 +186,15 @@ async fn run_in(
     std::fs::create_dir_all(&inputs).map_err(|e| retry("making the work directory", e))?;
     std::fs::create_dir_all(&out).map_err(|e| retry("making the work directory", e))?;
 
+    // Where the time goes, reported in the job's result: the tile-job
+    // overhead benchmark compares `encode_s` with the whole job.
+    let phase = std::time::Instant::now();
     let encoder = tokio::select! {
         _ = stop.cancelled() => return Err((FailureClass::Cancelled, "stopped".into())),
         e = cache.encoder(api, lease, &spec.checkpoint_sha256) => e?,
     };
+    let checkpoint_s = phase.elapsed().as_secs_f64();
+    let phase = std::time::Instant::now();
 
     let fetched = async {
         match &spec.fetch_command {
@@ -208,16 +213,18 @@ async fn run_in(
         _ = stop.cancelled() => return Err((FailureClass::Cancelled, "stopped".into())),
         r = fetched => r?,
     }
+    let fetch_s = phase.elapsed().as_secs_f64();
 
     let cancel = Arc::new(AtomicBool::new(false));
     let name = spec.tile.name();
     let work = {
         let cancel = cancel.clone();
         let (inputs, out, name) = (inputs.clone(), out.clone(), name.clone());
-        tokio::task::spawn_blocking(move || -> Result<(), (FailureClass, String)> {
+        tokio::task::spawn_blocking(move || -> Result<f64, (FailureClass, String)> {
             let tile = TileInputs::read(&inputs)
                 .map_err(|e| (FailureClass::Fatal, format!("reading inputs: {e}")))?;
             let report = |done: usize, total: usize| progress(done as u64, total as u64);
+            let encoding = std::time::Instant::now();
             let emb = encoder
                 .encode_tile(&tile, &report, &cancel)
                 .map_err(|e| match e {
@@ -226,6 +233,7 @@ async fn run_in(
                     }
                     e => (FailureClass::Fatal, format!("encoding: {e}")),
                 })?;
+            let encode_s = encoding.elapsed().as_secs_f64();
             emb.write_outputs(
                 &out,
                 &name,
@@ -235,7 +243,7 @@ async fn run_in(
                 },
             )
             .map_err(|e| (FailureClass::Retryable, format!("writing outputs: {e}")))?;
-            Ok(())
+            Ok(encode_s)
         })
     };
     tokio::pin!(work);
@@ -248,12 +256,13 @@ async fn run_in(
             return Err((FailureClass::Cancelled, "stopped".into()));
         }
     };
-    encoded.map_err(|e| {
+    let encode_s = encoded.map_err(|e| {
         (
             FailureClass::Retryable,
             format!("the encoder panicked: {e}"),
         )
     })??;
+    let phase = std::time::Instant::now();
 
     let names = [format!("{name}.npy"), format!("{name}_scales.npy")];
     for n in &names {
@@ -265,7 +274,12 @@ async fn run_in(
         lease_token: lease.lease_token,
         exit_code: None,
         outputs: names.to_vec(),
-        result: None,
+        result: Some(serde_json::json!({
+            "checkpoint_s": checkpoint_s,
+            "fetch_s": fetch_s,
+            "encode_s": encode_s,
+            "upload_s": phase.elapsed().as_secs_f64(),
+        })),
     })
 }
 

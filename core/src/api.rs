@@ -83,6 +83,10 @@ pub struct JobView {
     pub progress: Option<Progress>,
     pub outputs: Vec<OutputView>,
     pub spec: serde_json::Value,
+    /// What the agent reported with its success, if anything (a tile job:
+    /// seconds spent on the checkpoint, fetching, encoding and uploading).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
 }
 
 /// Work done of work total, in the job's own unit (pixels for tiles).

@@ -229,6 +229,10 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
             .get(&format!("/api/v1/jobs/{}", j["id"].as_str().unwrap()))
             .await;
         let tile = view["spec"]["tile"].as_str().unwrap().to_string();
+        // The agent's split of the job's time rides on its result.
+        for phase in ["checkpoint_s", "fetch_s", "encode_s", "upload_s"] {
+            assert!(view["result"][phase].as_f64().is_some(), "{phase}: {view}");
+        }
         let outputs = view["outputs"].as_array().unwrap();
         let names: Vec<&str> = outputs.iter().map(|o| o["name"].as_str().unwrap()).collect();
         assert_eq!(

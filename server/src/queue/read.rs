@@ -30,11 +30,13 @@ struct JobRow {
     progress_done: Option<i64>,
     progress_total: Option<i64>,
     spec: serde_json::Value,
+    result: Option<serde_json::Value>,
 }
 
 const SELECT_JOB: &str = "SELECT j.id, j.kind, j.state, j.attempt, j.max_attempts, a.name AS agent,
         j.priority, j.submitter, j.labels, j.created_at, j.started_at, j.finished_at,
-        j.exit_code, j.error, j.cancel_requested, j.progress_done, j.progress_total, j.spec
+        j.exit_code, j.error, j.cancel_requested, j.progress_done, j.progress_total, j.spec,
+        j.result
  FROM jobs j LEFT JOIN agents a ON a.id = j.agent_id";
 
 fn view(row: JobRow, outputs: Vec<OutputView>) -> Result<JobView, sqlx::Error> {
@@ -62,6 +64,7 @@ fn view(row: JobRow, outputs: Vec<OutputView>) -> Result<JobView, sqlx::Error> {
         progress: progress_of(row.progress_done, row.progress_total),
         outputs,
         spec: row.spec,
+        result: row.result,
     })
 }
 
