@@ -8,11 +8,15 @@ cd "$(dirname "$0")/.."
 scripts/setup-debian.sh
 echo "quickstart: building (release; the first build takes several minutes)"
 cargo build --release --bins
-bin=target/release
+bin="${CARGO_TARGET_DIR:-target}/release"
 data=./flotilla-data
 
-"$bin/flotilla" up --data "$data" --listen "${FLOTILLA_LISTEN:-127.0.0.1:8470}" &
+# The server's and agent's logs go to a file, so the demo's output stays readable.
+mkdir -p "$data"
+log="$data/flotilla-up.log"
+"$bin/flotilla" up --data "$data" --listen "${FLOTILLA_LISTEN:-127.0.0.1:8470}" 2>"$log" &
 up=$!
+echo "quickstart: server and agent logs: $log (tail -f it to watch)"
 trap 'kill -TERM $up 2>/dev/null; wait $up' INT TERM
 
 for _ in $(seq 1 120); do
@@ -24,7 +28,7 @@ for _ in $(seq 1 120); do
 done
 
 echo
-echo "quickstart: demo — three command jobs, one with an output file"
+echo "quickstart: demo — two command jobs, one with an output file"
 flotilla() { "$bin/flotilla" "$@"; }
 flotilla jobs submit --wait -- 'echo "hello from $(hostname), attempt $FLOTILLA_ATTEMPT"'
 id=$(flotilla jobs submit --output primes.txt -- 'seq 2 2000 | factor | awk "NF==2{print \$2}" > primes.txt; wc -l < primes.txt')
@@ -54,6 +58,7 @@ flotilla roi plan --name demo --year 2024 --dataset demo --bbox 0.01,52.01,0.29,
 flotilla roi submit --wait --name demo --year 2024 --dataset demo --bbox 0.01,52.01,0.29,52.19 >/dev/null
 echo "quickstart: tile embeddings are in $data/store/demo/2024/grid_*/ (grid_X_Y.npy int8 (H,W,128), grid_X_Y_scales.npy f32 (H,W))"
 ls "$data/store/demo/2024"
+echo "quickstart: load one in numpy: python3 -c \"import numpy; print(numpy.load('$data/store/demo/2024/grid_0.05_52.05/grid_0.05_52.05.npy').shape)\""
 echo
 echo "quickstart: results are in $data/store (object keys above); the server is at $(cat "$data/server.url")"
 echo "quickstart: try \`$bin/flotilla jobs submit --wait -- uname -a\`; Ctrl-C stops everything"

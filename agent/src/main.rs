@@ -79,6 +79,8 @@ fn real_main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal, not for a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let token = match (&args.token, &args.token_file) {
         (Some(t), _) => t.clone(),

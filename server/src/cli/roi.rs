@@ -128,6 +128,26 @@ fn print(v: &Value) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One line of an ROI's progress: tiles by state, and pixels when agents
+/// have reported them (small tiles finish between two heartbeats).
+fn roi_progress(r: &Value) -> String {
+    let count = |state: &str| r["jobs"][state].as_i64().unwrap_or(0);
+    let done = count("succeeded");
+    let running = count("leased") + count("running");
+    let waiting = count("queued") + count("retrying");
+    let failed = count("failed") + count("cancelled");
+    let total = r["submitted"].as_i64().unwrap_or(done + running + waiting + failed);
+    let mut line = format!(
+        "tiles {done}/{total} done, {running} running, {waiting} waiting, {failed} failed"
+    );
+    if let (Some(p), Some(t)) = (r["pixels_done"].as_i64(), r["pixels_total"].as_i64()) {
+        if t > 0 {
+            line.push_str(&format!("; pixels {p}/{t} ({:.0} %)", 100.0 * p as f64 / t as f64));
+        }
+    }
+    line
+}
+
 pub async fn roi(cmd: RoiCommand) -> anyhow::Result<()> {
     match cmd {
         RoiCommand::Plan { region, conn } => {
@@ -144,12 +164,14 @@ pub async fn roi(cmd: RoiCommand) -> anyhow::Result<()> {
             print(&v)?;
             if wait {
                 let id = v["id"].as_str().context("the server gave no ROI id")?;
+                let mut last = String::new();
                 loop {
                     let r: Value = c.get(&format!("/api/v1/rois/{id}")).await?;
-                    eprintln!(
-                        "jobs {}  pixels {}/{}",
-                        r["jobs"], r["pixels_done"], r["pixels_total"]
-                    );
+                    let line = roi_progress(&r);
+                    if line != last {
+                        eprintln!("{line}");
+                        last = line;
+                    }
                     if r["finished"] == json!(true) {
                         print(&r)?;
                         break;
