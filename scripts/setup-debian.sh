@@ -37,3 +37,8 @@ if [ "$want_test" = 1 ] && ! python3 -c 'import moto.server' 2>/dev/null; then
     python3 -m pip install -q 'moto[server]>=5,<6' 2>/dev/null \
         || python3 -m pip install -q --break-system-packages 'moto[server]>=5,<6'
 fi
+if [ "$want_test" = 1 ] && ! python3 -c 'import numpy' 2>/dev/null; then
+    echo "setup: installing numpy (the tests load tile outputs with it)"
+    python3 -m pip install -q numpy 2>/dev/null \
+        || python3 -m pip install -q --break-system-packages numpy
+fi

@@ -1,0 +1,203 @@
+//! The embedded default end to end: `flotilla up` (its own PostgreSQL cluster, the local object store, one local agent) encodes an ROI of a few tiles submitted with the CLI; the outputs load in numpy as int8 (H,W,128) and f32 (H,W) and equal what `tessera-encode` writes for the same inputs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flotilla_e2e::{binary, scratch};
+
+const TILES: [&str; 2] = ["grid_0.05_52.05", "grid_0.15_52.05"];
+
+/// `flotilla up`, stopped with SIGTERM (which also stops its PostgreSQL) when dropped.
+struct Up {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+    }
+}
+
+fn run(program: &Path, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}{}",
+        program.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn an_roi_on_flotilla_up_is_encoded_and_loads_in_numpy() {
+    let dir = scratch("e2e-up-");
+    let data = dir.path().join("data");
+    let log = dir.path().join("up.log");
+    let child = Command::new(binary("flotilla"))
+        .args(["up", "--data", data.to_str().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--agents", "1", "--capacity", "2"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("starting flotilla up");
+    let mut up = Up { child, log };
+
+    // Ready when it has written its URL and answers /healthz.
+    let started = Instant::now();
+    let url = loop {
+        if let Ok(url) = std::fs::read_to_string(data.join("server.url")) {
+            let healthy = Command::new("curl")
+                .args(["-fs", &format!("{}/healthz", url.trim())])
+                .stdout(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if healthy {
+                break url.trim().to_string();
+            }
+        }
+        if let Ok(Some(status)) = up.child.try_wait() {
+            panic!(
+                "flotilla up exited ({status}): {}",
+                std::fs::read_to_string(&up.log).unwrap_or_default()
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "flotilla up not ready after 120 s: {}",
+            std::fs::read_to_string(&up.log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+
+    // A tiny model and inputs written into the local store under the dataset's prefix.
+    let tessera = binary("tessera-encode");
+    let ckpt = dir.path().join("model.safetensors");
+    run(
+        &tessera,
+        &[
+            "synth-ckpt",
+            "--out",
+            ckpt.to_str().unwrap(),
+            "--latent-dim",
+            "16",
+            "--num-layers",
+            "1",
+            "--nhead",
+            "4",
+            "--dim-feedforward",
+            "64",
+            "--seed",
+            "3",
+        ],
+    );
+    for (seed, tile) in TILES.iter().enumerate() {
+        let inputs = data.join("store/inputs/2024").join(tile);
+        run(
+            &tessera,
+            &[
+                "synth-tile",
+                "--out",
+                inputs.to_str().unwrap(),
+                "--height",
+                "30",
+                "--width",
+                "20",
+                "--s2-frames",
+                "16",
+                "--s1-asc-frames",
+                "8",
+                "--s1-desc-frames",
+                "8",
+                "--seed",
+                &seed.to_string(),
+            ],
+        );
+    }
+
+    // The operator's commands, against the server `up` started.
+    let flotilla = binary("flotilla");
+    let token_file = data.join("admin.token");
+    let conn = [
+        "--server",
+        url.as_str(),
+        "--token-file",
+        token_file.to_str().unwrap(),
+    ];
+    let mut args = vec!["datasets", "add", "demo", "--ckpt", ckpt.to_str().unwrap()];
+    args.extend(["--inputs", "inputs"]);
+    args.extend(conn);
+    run(&flotilla, &args);
+    let mut args = vec!["roi", "plan", "--name", "two", "--year", "2024"];
+    args.extend(["--dataset", "demo", "--bbox", "0.01,52.01,0.19,52.09"]);
+    args.extend(conn);
+    let plan = run(&flotilla, &args);
+    assert!(plan.contains("total 2") && plan.contains("missing 2"), "{plan}");
+    let mut args = vec!["roi", "submit", "--name", "two", "--year", "2024", "--wait"];
+    args.extend(["--dataset", "demo", "--bbox", "0.01,52.01,0.19,52.09"]);
+    args.extend(conn);
+    let done = run(&flotilla, &args);
+    assert!(done.contains("\"succeeded\": 2"), "{done}");
+
+    let expected = dir.path().join("expected");
+    for tile in TILES {
+        run(
+            &tessera,
+            &[
+                "--ckpt",
+                ckpt.to_str().unwrap(),
+                "--tile",
+                data.join("store/inputs/2024").join(tile).to_str().unwrap(),
+                "--out-dir",
+                expected.to_str().unwrap(),
+                "--int8",
+            ],
+        );
+        let stored = data.join("store/demo/2024").join(tile);
+        for name in [format!("{tile}.npy"), format!("{tile}_scales.npy")] {
+            assert!(
+                std::fs::read(stored.join(&name)).unwrap()
+                    == std::fs::read(expected.join(&name)).unwrap(),
+                "{name}: differs from tessera-encode's"
+            );
+        }
+        // numpy itself reads them (setup-debian.sh --test installs it).
+        let script = format!(
+            "import numpy as np\n\
+             e = np.load('{0}/{1}.npy'); s = np.load('{0}/{1}_scales.npy')\n\
+             print(e.dtype, e.shape, s.dtype, s.shape)",
+            stored.display(),
+            tile
+        );
+        let out = Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .expect("running python3");
+        assert!(
+            out.status.success(),
+            "numpy could not load the outputs (is numpy installed? `pip install numpy`): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "int8 (30, 20, 128) float32 (30, 20)"
+        );
+    }
+}
