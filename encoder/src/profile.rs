@@ -127,7 +127,14 @@ impl ProfileSet {
 }
 
 /// The name profiles are keyed by: the CPU model for CPU backends.
-pub fn device_name(_backend: &str) -> String {
+pub fn device_name(backend: &str) -> String {
+    #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
+    if backend == "cuda" {
+        if let Some(gpu) = crate::backend::cuda::device_name() {
+            return gpu;
+        }
+    }
+    let _ = backend;
     cpu_model().unwrap_or_else(|| format!("{} cpu", std::env::consts::ARCH))
 }
 

@@ -263,3 +263,34 @@ fn windowing_case(dir: &Path, tile: &TileInputs, b: BackendChoice) {
         );
     }
 }
+
+/// The CUDA backend runs the fixture tests above wherever a GPU answers
+/// (`BackendChoice::available()` lists it then). Without one, asking for it
+/// is a clear error, not a crash, and `auto` falls back to a CPU backend.
+#[test]
+fn cuda_is_used_where_a_gpu_answers_and_refused_clearly_elsewhere() {
+    let dir = case("small");
+    let usable = tessera_encoder::backend::cuda_usable();
+    assert_eq!(
+        BackendChoice::available().contains(&BackendChoice::Cuda),
+        usable
+    );
+    if usable {
+        assert_eq!(BackendChoice::Auto.resolve(), BackendChoice::Cuda);
+        return; // small_matches_upstream and long_matches_upstream cover it.
+    }
+    eprintln!("no usable GPU here: the CUDA backend's numerical tests are skipped");
+    assert_ne!(BackendChoice::Auto.resolve(), BackendChoice::Cuda);
+    let err = match Encoder::load(
+        &dir.join("ckpt.safetensors"),
+        BackendChoice::Cuda,
+        profile(BackendChoice::Cuda, 1, 16, 4),
+    ) {
+        Ok(_) => panic!("the CUDA backend loaded without a usable GPU"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("cuda") && (err.contains("GPU") || err.contains("not available")),
+        "{err}"
+    );
+}

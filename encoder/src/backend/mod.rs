@@ -9,6 +9,8 @@
 
 mod block;
 pub mod cpu;
+#[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
+pub mod cuda;
 #[cfg(all(feature = "onednn", target_os = "linux"))]
 pub mod onednn;
 pub mod reference;
@@ -71,11 +73,11 @@ impl BackendChoice {
         })
     }
 
-    /// The concrete backend `Auto` resolves to in this build.
+    /// The concrete backend `Auto` resolves to in this build on this machine.
     pub fn resolve(self) -> BackendChoice {
         match self {
             BackendChoice::Auto => {
-                if cfg!(feature = "cuda") {
+                if cuda_usable() {
                     BackendChoice::Cuda
                 } else if cfg!(all(feature = "onednn", target_os = "linux")) {
                     BackendChoice::Onednn
@@ -103,10 +105,24 @@ impl BackendChoice {
         if cfg!(all(feature = "onednn", target_os = "linux")) {
             v.push(BackendChoice::Onednn);
         }
-        if cfg!(feature = "cuda") {
+        if cuda_usable() {
             v.push(BackendChoice::Cuda);
         }
         v
+    }
+}
+
+/// The CUDA backend is compiled in and this machine has a GPU it can use
+/// (checked once: loading the libraries and asking the driver).
+pub fn cuda_usable() -> bool {
+    #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
+    {
+        static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *USABLE.get_or_init(cuda::available)
+    }
+    #[cfg(not(all(feature = "cuda", any(target_os = "linux", target_os = "windows"))))]
+    {
+        false
     }
 }
 
@@ -126,12 +142,16 @@ pub fn create(
         BackendChoice::Onednn => Ok(Box::new(onednn::OnednnBackend::new(weights, profile)?)),
         #[cfg(not(all(feature = "onednn", target_os = "linux")))]
         BackendChoice::Onednn => Err(not_built(BackendChoice::Onednn)),
-        // Seam: `backend/cuda.rs` plugs in here behind its feature.
+        #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
+        BackendChoice::Cuda => Ok(Box::new(cuda::CudaBackend::new(weights)?)),
+        #[cfg(not(all(feature = "cuda", any(target_os = "linux", target_os = "windows"))))]
         BackendChoice::Cuda => Err(not_built(BackendChoice::Cuda)),
         BackendChoice::Auto => unreachable!("resolve() never returns Auto"),
     }
 }
 
+// Unused in builds that have every backend compiled in.
+#[allow(dead_code)]
 fn not_built(c: BackendChoice) -> EncodeError {
     EncodeError::backend(
         c.name(),
@@ -147,8 +167,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_prefers_onednn_when_compiled_in() {
-        let want = if cfg!(feature = "cuda") {
+    fn auto_prefers_cuda_then_onednn() {
+        let want = if cuda_usable() {
             BackendChoice::Cuda
         } else if cfg!(all(feature = "onednn", target_os = "linux")) {
             BackendChoice::Onednn
