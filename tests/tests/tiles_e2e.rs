@@ -526,49 +526,11 @@ async fn an_agent_killed_mid_tile_leaves_no_half_result_and_the_tile_is_redone()
     let dir = scratch("e2e-tiles-kill-");
     let server = server_on_shared(dir.path(), 2_000).await;
     let api = server.api();
-    // A bigger model and tile, so the encode takes a few seconds.
-    let ckpt = dir.path().join("ckpt.safetensors");
-    tessera(&[
-        "synth-ckpt",
-        "--out",
-        ckpt.to_str().unwrap(),
-        "--latent-dim",
-        "64",
-        "--num-layers",
-        "2",
-        "--nhead",
-        "4",
-        "--dim-feedforward",
-        "512",
-    ]);
-    register_dataset(&server, &ckpt).await;
-    let tile = "grid_0.05_52.05";
-    synth_inputs(&server, tile, 200, 3);
-    let made = api
-        .post("/api/v1/rois", roi("one", [0.01, 52.01, 0.09, 52.09]))
-        .await;
-    assert_eq!(made["submitted"], 1, "{made}");
-    let jobs = api.get("/api/v1/jobs?limit=10").await;
-    let job = jobs["jobs"][0]["id"].as_str().unwrap().to_string();
+    let (job, tile) = one_big_tile(&server, dir.path()).await;
 
     let mut a = Agent::start(&server, "doomed", 1, &[]).await;
     // Kill it once it is part way through the pixels.
-    let start = std::time::Instant::now();
-    loop {
-        let j = api.get(&format!("/api/v1/jobs/{job}")).await;
-        if j["progress"]["done"].as_u64().unwrap_or(0) > 0 {
-            break;
-        }
-        assert!(
-            j["state"] != "succeeded",
-            "the tile finished before the kill: {j}"
-        );
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "no progress: {j}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_part_way(&server, &job).await;
     a.kill().await;
     let final_dir = server
         .dir
@@ -591,4 +553,100 @@ async fn an_agent_killed_mid_tile_leaves_no_half_result_and_the_tile_is_redone()
     let (_, shape) = npy_header(&grid);
     let header_len = grid.len() - shape.iter().product::<usize>();
     assert!(header_len < 256, "the stored object is whole");
+}
+
+/// A model and a 200×200 tile big enough that encoding takes seconds, and
+/// an ROI of that one tile: (its job, the tile).
+async fn one_big_tile(server: &Server, dir: &Path) -> (String, &'static str) {
+    let api = server.api();
+    let ckpt = dir.join("ckpt.safetensors");
+    tessera(&[
+        "synth-ckpt",
+        "--out",
+        ckpt.to_str().unwrap(),
+        "--latent-dim",
+        "64",
+        "--num-layers",
+        "2",
+        "--nhead",
+        "4",
+        "--dim-feedforward",
+        "512",
+    ]);
+    register_dataset(server, &ckpt).await;
+    let tile = "grid_0.05_52.05";
+    synth_inputs(server, tile, 200, 3);
+    let made = api
+        .post("/api/v1/rois", roi("one", [0.01, 52.01, 0.09, 52.09]))
+        .await;
+    assert_eq!(made["submitted"], 1, "{made}");
+    let jobs = api.get("/api/v1/jobs?limit=10").await;
+    (jobs["jobs"][0]["id"].as_str().unwrap().to_string(), tile)
+}
+
+/// Waits until the job's heartbeats report some pixels done, not all.
+async fn wait_part_way(server: &Server, job: &str) {
+    let api = server.api();
+    let start = std::time::Instant::now();
+    loop {
+        let j = api.get(&format!("/api/v1/jobs/{job}")).await;
+        if j["progress"]["done"].as_u64().unwrap_or(0) > 0 {
+            assert!(j["state"] != "succeeded", "the tile finished already: {j}");
+            return;
+        }
+        assert!(j["state"] != "succeeded", "the tile finished already: {j}");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no progress: {j}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_the_encoder_mid_tile() {
+    let dir = scratch("e2e-tiles-cancel-");
+    let server = server_on_shared(dir.path(), 5_000).await;
+    let api = server.api();
+    let (job, tile) = one_big_tile(&server, dir.path()).await;
+    // One slot: while the tile is encoding, nothing else can run here.
+    let _a = Agent::start(&server, "busy", 1, &[]).await;
+    wait_part_way(&server, &job).await;
+    let (status, v) = api
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/v1/jobs/{job}/cancel"),
+            None,
+        )
+        .await;
+    assert!(status == 200 || status == 202, "{status} {v}");
+    let cancelled_at = std::time::Instant::now();
+    let j = api.wait_final(&job, Duration::from_secs(60)).await;
+    assert_eq!(j.state, flotilla_core::job::JobState::Cancelled, "{j:?}");
+    let p = j.progress.expect("progress was reported");
+    assert!(p.done < p.total, "the tile ran to the end: {p:?}");
+    // The slot is free again: a quick job gets it at once, so the encoder
+    // stopped rather than finishing the tile in the background.
+    let quick = api
+        .post(
+            "/api/v1/jobs",
+            serde_json::json!({ "kind": "command", "command": "true" }),
+        )
+        .await;
+    let q = api
+        .wait_final(quick["id"].as_str().unwrap(), Duration::from_secs(30))
+        .await;
+    assert_eq!(q.state, flotilla_core::job::JobState::Succeeded);
+    assert_eq!(q.agent.as_deref(), Some("busy"));
+    println!(
+        "cancel → final and a new job done in {:.1} s",
+        cancelled_at.elapsed().as_secs_f64()
+    );
+    let final_dir = server
+        .dir
+        .join("store")
+        .join(DATASET)
+        .join(YEAR.to_string())
+        .join(tile);
+    assert!(!final_dir.exists(), "a cancelled tile left output behind");
 }
