@@ -45,3 +45,53 @@ pub fn open(spec: &str) -> anyhow::Result<Arc<dyn ObjectStore>> {
         .with_context(|| format!("opening store directory {}", dir.display()))?;
     Ok(Arc::new(store))
 }
+
+/// Why a streamed upload ([`stream_body`]) did not complete. In every case
+/// the multipart upload was aborted, so nothing is left at the key.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("the upload was cut off after {after} bytes: {reason}")]
+    CutOff { after: u64, reason: String },
+    #[error("the upload is larger than the limit of {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("the object store failed: {0}")]
+    Store(#[from] object_store::Error),
+}
+
+/// Streams an HTTP request body into `store` at `path` as a multipart upload
+/// while hashing it; returns (size, sha256 hex). An error part way, or more
+/// than `max_bytes`, aborts the upload so no partial object remains.
+pub async fn stream_body(
+    store: &dyn ObjectStore,
+    path: &object_store::path::Path,
+    body: axum::body::Body,
+    max_bytes: u64,
+) -> Result<(u64, String), StreamError> {
+    use futures::StreamExt;
+    use sha2::{Digest, Sha256};
+    let mut writer = object_store::WriteMultipart::new(store.put_multipart(path).await?);
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = writer.abort().await;
+                return Err(StreamError::CutOff {
+                    after: size,
+                    reason: e.to_string(),
+                });
+            }
+        };
+        size += chunk.len() as u64;
+        if size > max_bytes {
+            let _ = writer.abort().await;
+            return Err(StreamError::TooLarge { limit: max_bytes });
+        }
+        hasher.update(&chunk);
+        writer.write(&chunk);
+    }
+    writer.finish().await?;
+    Ok((size, hex::encode(hasher.finalize())))
+}

@@ -406,6 +406,27 @@ async fn coverage_import_and_bad_input() {
     assert!(v.to_string().contains("unknown dataset"), "{v}");
 
     register_dataset(&server, &ckpt).await;
+    // An empty checkpoint upload is refused and changes nothing.
+    let before = api.get("/api/v1/datasets").await;
+    let resp = api
+        .http
+        .put(format!("{}/api/v1/datasets/{DATASET}/checkpoint", api.base))
+        .bearer_auth(&api.token)
+        .body(Vec::<u8>::new())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 422);
+    assert!(resp.text().await.unwrap().contains("empty"));
+    assert_eq!(api.get("/api/v1/datasets").await, before);
+    let staged: Vec<_> = std::fs::read_dir(server.dir.join("store/datasets").join(DATASET))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        staged.iter().all(|n| n.starts_with("checkpoint-")),
+        "a refused upload left {staged:?}"
+    );
     // A 1°×1° box: 100 tiles. The manifest says 30 of them exist in 2024
     // (one listed twice), 5 more only in another year, 5 more with size 0.
     let mut rows = Vec::new();

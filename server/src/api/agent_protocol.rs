@@ -13,10 +13,7 @@ use flotilla_core::protocol::{
     Complete, Fail, Heartbeat, HeartbeatReply, LeaseRef, LeaseReply, LeaseRequest, LogBatch,
     Register, Registered,
 };
-use futures::StreamExt;
-use object_store::WriteMultipart;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::body::JsonBody;
@@ -241,34 +238,10 @@ pub async fn upload_output(
     let attempt = lease::current_attempt(&state.db, agent, id, q.lease).await?;
     let key = format!("jobs/{id}/{attempt}/{name}");
     let path = object_store::path::Path::from(key.as_str());
-    let upload = state
-        .store
-        .put_multipart(&path)
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))?;
-    let mut writer = WriteMultipart::new(upload);
-    let mut hasher = Sha256::new();
-    let mut size = 0u64;
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = match chunk {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = writer.abort().await;
-                return Err(ApiError::BadRequest(format!(
-                    "upload of `{name}` was cut off after {size} bytes: {e}"
-                )));
-            }
-        };
-        hasher.update(&chunk);
-        size += chunk.len() as u64;
-        writer.write(&chunk);
-    }
-    writer
-        .finish()
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))?;
-    let sha256 = hex::encode(hasher.finalize());
+    let (size, sha256) =
+        crate::store::stream_body(state.store.as_ref(), &path, body, MAX_OUTPUT_BYTES)
+            .await
+            .map_err(|e| upload_error(&format!("output `{name}`"), e))?;
     lease::record_output(&state.db, id, attempt, &name, &key, size, &sha256).await?;
     Ok(Json(OutputView {
         name,
@@ -276,6 +249,20 @@ pub async fn upload_output(
         size,
         sha256,
     }))
+}
+
+/// The largest output one job may upload (a tile's int8 embedding is about
+/// 160 MB; this leaves room for command jobs' archives).
+pub const MAX_OUTPUT_BYTES: u64 = 64 << 30;
+
+/// The API error for a streamed upload that did not complete.
+pub fn upload_error(what: &str, e: crate::store::StreamError) -> ApiError {
+    use crate::store::StreamError;
+    match e {
+        StreamError::CutOff { .. } => ApiError::BadRequest(format!("{what}: {e}")),
+        StreamError::TooLarge { .. } => ApiError::PayloadTooLarge(format!("{what}: {e}")),
+        StreamError::Store(e) => ApiError::Internal(e.into()),
+    }
 }
 
 /// Whether an agent in this state should be given work.

@@ -3,10 +3,7 @@
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::Json;
-use futures::StreamExt;
-use object_store::WriteMultipart;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use super::body::JsonBody;
 use crate::auth::ClientAuth;
@@ -57,44 +54,18 @@ pub async fn put_checkpoint(
     known(&state, &name).await?;
     let staging = format!("datasets/{name}/upload-{}", uuid::Uuid::new_v4());
     let staging_path = object_store::path::Path::from(staging.as_str());
-    let upload = state
-        .store
-        .put_multipart(&staging_path)
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))?;
-    let mut writer = WriteMultipart::new(upload);
-    let mut hasher = Sha256::new();
-    let mut size = 0u64;
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = match chunk {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = writer.abort().await;
-                return Err(ApiError::BadRequest(format!(
-                    "checkpoint upload was cut off after {size} bytes: {e}"
-                )));
-            }
-        };
-        size += chunk.len() as u64;
-        if size > MAX_CHECKPOINT_BYTES {
-            let _ = writer.abort().await;
-            return Err(ApiError::PayloadTooLarge(format!(
-                "a checkpoint may be at most {MAX_CHECKPOINT_BYTES} bytes"
-            )));
-        }
-        hasher.update(&chunk);
-        writer.write(&chunk);
-    }
+    let (size, sha) = crate::store::stream_body(
+        state.store.as_ref(),
+        &staging_path,
+        body,
+        MAX_CHECKPOINT_BYTES,
+    )
+    .await
+    .map_err(|e| super::agent_protocol::upload_error("checkpoint", e))?;
     if size == 0 {
-        let _ = writer.abort().await;
+        let _ = state.store.delete(&staging_path).await;
         return Err(ApiError::invalid("the checkpoint is empty"));
     }
-    writer
-        .finish()
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))?;
-    let sha = hex::encode(hasher.finalize());
     let key = format!("datasets/{name}/checkpoint-{sha}");
     state
         .store
