@@ -13,10 +13,12 @@
 //!   under `target/e2e-pg`) and fresh databases per test.
 //! - [`procs`]: server and agent processes.
 //! - [`api`]: a small client for the REST API.
+//! - [`tiles`]: random models, tiles and datasets for the tile tests.
 
 pub mod api;
 pub mod pg;
 pub mod procs;
+pub mod tiles;
 
 use std::path::PathBuf;
 

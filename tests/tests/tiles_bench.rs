@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_e2e::procs::server_on_shared;
 use flotilla_e2e::scratch;
+use flotilla_e2e::tiles;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,81 +69,22 @@ async fn roi_plan_and_insert_times() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn tile_job_overhead_against_bare_tessera_encode() {
-    use std::process::Command;
     let dir = scratch("e2e-tiles-overhead-");
     let server = server_on_shared(dir.path(), 10_000).await;
     let api = server.api();
-    let bin = flotilla_e2e::binary("tessera-encode");
-    let ckpt = dir.path().join("ckpt.safetensors");
+    let ckpt = tiles::synth_ckpt(dir.path(), tiles::SLOW, 0);
     let tile = "grid_0.05_52.05";
-    let local = dir.path().join(tile);
-    let run = |args: &[&str]| {
-        let out = Command::new(&bin).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    run(&[
-        "synth-ckpt",
-        "--out",
-        ckpt.to_str().unwrap(),
-        "--latent-dim",
-        "64",
-        "--num-layers",
-        "2",
-        "--nhead",
-        "4",
-        "--dim-feedforward",
-        "512",
-    ]);
-    run(&[
-        "synth-tile",
-        "--out",
-        local.to_str().unwrap(),
-        "--height",
-        "200",
-        "--width",
-        "200",
-        "--s2-frames",
-        "24",
-        "--s1-asc-frames",
-        "12",
-        "--s1-desc-frames",
-        "12",
-    ]);
     // The same inputs under two years: two rounds, each a bare run then a
     // job, so that a slow minute of the machine shows up as a round apart.
-    for year in [2024, 2025] {
-        let in_store = server.dir.join(format!("store/inputs/{year}")).join(tile);
-        std::fs::create_dir_all(&in_store).unwrap();
-        for f in std::fs::read_dir(&local).unwrap() {
-            let f = f.unwrap();
-            std::fs::copy(f.path(), in_store.join(f.file_name())).unwrap();
-        }
-    }
-    api.post(
-        "/api/v1/datasets",
-        json!({ "name": "oh", "input_prefix": "inputs" }),
-    )
-    .await;
-    let resp = api
-        .http
-        .put(format!("{}/api/v1/datasets/oh/checkpoint", api.base))
-        .bearer_auth(&api.token)
-        .body(std::fs::read(&ckpt).unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
+    let local = tiles::synth_inputs(&server, tile, 200, 0, &[2024, 2025]);
+    tiles::register_dataset(&server, "oh", &ckpt).await;
     let _agent = flotilla_e2e::procs::Agent::start(&server, "oh-a", 1, &[]).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     for year in [2024, 2025] {
         let out = dir.path().join(format!("bare-{year}"));
         let t = Instant::now();
-        run(&[
+        tiles::tessera(&[
             "--ckpt",
             ckpt.to_str().unwrap(),
             "--tile",

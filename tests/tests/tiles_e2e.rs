@@ -1,109 +1,24 @@
 //! Tiles end to end: a dataset with a tiny synthetic model, an ROI of a few tiles encoded by a real agent, outputs equal to `tessera-encode`'s, coverage import from a parquet manifest, re-submission, an agent killed mid-tile, and bad input.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_e2e::procs::{server_on_shared, Agent, Server};
 use flotilla_e2e::scratch;
+use flotilla_e2e::tiles::{self, tessera};
 use serde_json::{json, Value};
 
 const YEAR: i32 = 2024;
 const DATASET: &str = "synth";
 
-fn tessera(args: &[&str]) {
-    let out = Command::new(flotilla_e2e::binary("tessera-encode"))
-        .args(args)
-        .output()
-        .expect("running tessera-encode");
-    assert!(
-        out.status.success(),
-        "tessera-encode {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A tiny random model.
-fn synth_ckpt(dir: &Path) -> PathBuf {
-    let ckpt = dir.join("ckpt.safetensors");
-    tessera(&[
-        "synth-ckpt",
-        "--out",
-        ckpt.to_str().unwrap(),
-        "--latent-dim",
-        "16",
-        "--num-layers",
-        "1",
-        "--nhead",
-        "4",
-        "--dim-feedforward",
-        "64",
-        "--seed",
-        "7",
-    ]);
-    ckpt
-}
-
-/// Synthetic inputs for `tile`, written straight into the server's local
-/// store under `inputs/{year}/{tile}/` (the dataset's input prefix), and a
-/// copy named by the tile for `tessera-encode`.
+/// Synthetic inputs for `tile`, in the store for [`YEAR`].
 fn synth_inputs(server: &Server, tile: &str, side: usize, seed: u64) -> PathBuf {
-    let dir = server.dir.join("tiles").join(tile);
-    tessera(&[
-        "synth-tile",
-        "--out",
-        dir.to_str().unwrap(),
-        "--height",
-        &side.to_string(),
-        "--width",
-        &side.to_string(),
-        "--s2-frames",
-        "24",
-        "--s1-asc-frames",
-        "12",
-        "--s1-desc-frames",
-        "12",
-        "--seed",
-        &seed.to_string(),
-    ]);
-    let in_store = server
-        .dir
-        .join("store/inputs")
-        .join(YEAR.to_string())
-        .join(tile);
-    std::fs::create_dir_all(&in_store).unwrap();
-    for f in std::fs::read_dir(&dir).unwrap() {
-        let f = f.unwrap();
-        std::fs::copy(f.path(), in_store.join(f.file_name())).unwrap();
-    }
-    dir
+    tiles::synth_inputs(server, tile, side, seed, &[YEAR])
 }
 
 async fn register_dataset(server: &Server, ckpt: &Path) {
-    let api = server.api();
-    let (s, v) = api
-        .raw(
-            reqwest::Method::POST,
-            "/api/v1/datasets",
-            Some(json!({ "name": DATASET, "input_prefix": "inputs" })),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
-    let resp = api
-        .http
-        .put(format!("{}/api/v1/datasets/{DATASET}/checkpoint", api.base))
-        .bearer_auth(&api.token)
-        .body(std::fs::read(ckpt).unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        resp.status().as_u16(),
-        200,
-        "{}",
-        resp.text().await.unwrap()
-    );
+    tiles::register_dataset(server, DATASET, ckpt).await
 }
 
 /// (descr, shape) from a .npy header.
@@ -147,7 +62,7 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
     let dir = scratch("e2e-tiles-");
     let server = server_on_shared(dir.path(), 5_000).await;
     let api = server.api();
-    let ckpt = synth_ckpt(dir.path());
+    let ckpt = tiles::synth_ckpt(dir.path(), tiles::TINY, 7);
     register_dataset(&server, &ckpt).await;
     let mut local = Vec::new();
     for (i, t) in TILES.iter().enumerate() {
@@ -392,7 +307,7 @@ async fn coverage_import_and_bad_input() {
     let dir = scratch("e2e-tiles-cov-");
     let server = server_on_shared(dir.path(), 5_000).await;
     let api = server.api();
-    let ckpt = synth_ckpt(dir.path());
+    let ckpt = tiles::synth_ckpt(dir.path(), tiles::TINY, 7);
 
     // Unknown dataset, before it exists.
     let (s, v) = api
@@ -580,20 +495,7 @@ async fn an_agent_killed_mid_tile_leaves_no_half_result_and_the_tile_is_redone()
 /// an ROI of that one tile: (its job, the tile).
 async fn one_big_tile(server: &Server, dir: &Path) -> (String, &'static str) {
     let api = server.api();
-    let ckpt = dir.join("ckpt.safetensors");
-    tessera(&[
-        "synth-ckpt",
-        "--out",
-        ckpt.to_str().unwrap(),
-        "--latent-dim",
-        "64",
-        "--num-layers",
-        "2",
-        "--nhead",
-        "4",
-        "--dim-feedforward",
-        "512",
-    ]);
+    let ckpt = tiles::synth_ckpt(dir, tiles::SLOW, 0);
     register_dataset(server, &ckpt).await;
     let tile = "grid_0.05_52.05";
     synth_inputs(server, tile, 200, 3);
