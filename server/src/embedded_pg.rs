@@ -211,7 +211,14 @@ impl EmbeddedPostgres {
             .arg(&self.data_dir)
             .arg("-l")
             .arg(&self.log_file)
-            .args(["-w", "-t", &READY_TIMEOUT.as_secs().to_string(), "-o", &opts, "start"]);
+            .args([
+                "-w",
+                "-t",
+                &READY_TIMEOUT.as_secs().to_string(),
+                "-o",
+                &opts,
+                "start",
+            ]);
         // pg_ctl leaves the server running after it exits; it must not be
         // killed with the process that started it.
         cmd.kill_on_drop(false)

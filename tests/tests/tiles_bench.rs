@@ -116,9 +116,13 @@ async fn tile_job_overhead_against_bare_tessera_encode() {
         let job_wall = t.elapsed().as_secs_f64();
         let jobs = api.get("/api/v1/jobs?limit=1").await;
         let j = api
-            .get(&format!("/api/v1/jobs/{}", jobs["jobs"][0]["id"].as_str().unwrap()))
+            .get(&format!(
+                "/api/v1/jobs/{}",
+                jobs["jobs"][0]["id"].as_str().unwrap()
+            ))
             .await;
-        let started = chrono::DateTime::parse_from_rfc3339(j["started_at"].as_str().unwrap()).unwrap();
+        let started =
+            chrono::DateTime::parse_from_rfc3339(j["started_at"].as_str().unwrap()).unwrap();
         let finished =
             chrono::DateTime::parse_from_rfc3339(j["finished_at"].as_str().unwrap()).unwrap();
         let on_agent = (finished - started).num_milliseconds() as f64 / 1e3;
@@ -127,7 +131,9 @@ async fn tile_job_overhead_against_bare_tessera_encode() {
         // rest of the job, so (job − encode) / encode is the overhead even
         // when the machine's speed moves between runs.
         let r = &j["result"];
-        let encode_s = r["encode_s"].as_f64().unwrap_or_else(|| panic!("no encode_s: {j}"));
+        let encode_s = r["encode_s"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no encode_s: {j}"));
         println!(
             "year {year}: bare tessera-encode {bare:.2} s; tile job submit→finished {job_wall:.2} s \
              (leased→finished {on_agent:.2} s; agent: checkpoint {:.2} s, fetch {:.2} s, \

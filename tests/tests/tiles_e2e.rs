@@ -149,7 +149,10 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
             assert!(view["result"][phase].as_f64().is_some(), "{phase}: {view}");
         }
         let outputs = view["outputs"].as_array().unwrap();
-        let names: Vec<&str> = outputs.iter().map(|o| o["name"].as_str().unwrap()).collect();
+        let names: Vec<&str> = outputs
+            .iter()
+            .map(|o| o["name"].as_str().unwrap())
+            .collect();
         assert_eq!(
             names,
             [format!("{tile}.npy"), format!("{tile}_scales.npy")],
@@ -189,7 +192,10 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
     assert_eq!(s, 201, "{v}");
     let resp = api
         .http
-        .put(format!("{}/api/v1/datasets/synth-fetch/checkpoint", api.base))
+        .put(format!(
+            "{}/api/v1/datasets/synth-fetch/checkpoint",
+            api.base
+        ))
         .bearer_auth(&api.token)
         .body(std::fs::read(&ckpt).unwrap())
         .send()
@@ -204,7 +210,12 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
         )
         .await;
     assert_eq!(fetched["submitted"], 1, "{fetched}");
-    let done = wait_roi(&server, fetched["id"].as_str().unwrap(), Duration::from_secs(120)).await;
+    let done = wait_roi(
+        &server,
+        fetched["id"].as_str().unwrap(),
+        Duration::from_secs(120),
+    )
+    .await;
     assert_eq!(done["jobs"]["succeeded"], 1, "{done}");
     tessera(&[
         "--ckpt",
@@ -220,7 +231,10 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
         .join("store/synth-fetch")
         .join(YEAR.to_string())
         .join(fetch_tile);
-    for name in [format!("{fetch_tile}.npy"), format!("{fetch_tile}_scales.npy")] {
+    for name in [
+        format!("{fetch_tile}.npy"),
+        format!("{fetch_tile}_scales.npy"),
+    ] {
         assert!(
             std::fs::read(stored.join(&name)).unwrap()
                 == std::fs::read(expected.join(&name)).unwrap(),

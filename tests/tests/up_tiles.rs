@@ -52,7 +52,14 @@ fn an_roi_on_flotilla_up_is_encoded_and_loads_in_numpy() {
     let log = dir.path().join("up.log");
     let child = Command::new(binary("flotilla"))
         .args(["up", "--data", data.to_str().unwrap()])
-        .args(["--listen", "127.0.0.1:0", "--agents", "1", "--capacity", "2"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--agents",
+            "1",
+            "--capacity",
+            "2",
+        ])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -149,7 +156,10 @@ fn an_roi_on_flotilla_up_is_encoded_and_loads_in_numpy() {
     args.extend(["--dataset", "demo", "--bbox", "0.01,52.01,0.19,52.09"]);
     args.extend(conn);
     let plan = run(&flotilla, &args);
-    assert!(plan.contains("total 2") && plan.contains("missing 2"), "{plan}");
+    assert!(
+        plan.contains("total 2") && plan.contains("missing 2"),
+        "{plan}"
+    );
     let mut args = vec!["roi", "submit", "--name", "two", "--year", "2024", "--wait"];
     args.extend(["--dataset", "demo", "--bbox", "0.01,52.01,0.19,52.09"]);
     args.extend(conn);

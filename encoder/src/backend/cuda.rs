@@ -239,9 +239,12 @@ impl CudaBackend {
         }
         let ctx = CudaContext::new(0).map_err(|e| err("opening GPU 0", e))?;
         let stream = ctx.default_stream();
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| err("creating the cuBLAS handle", e))?;
+        let blas =
+            CudaBlas::new(stream.clone()).map_err(|e| err("creating the cuBLAS handle", e))?;
         let ptx = cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| err("compiling kernels", e))?;
-        let module = ctx.load_module(ptx).map_err(|e| err("loading kernels", e))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| err("loading kernels", e))?;
         let f = |name: &str| module.load_function(name).map_err(|e| err(name, e));
         let k = Kernels {
             bias_epilogue: f("bias_epilogue")?,
@@ -276,7 +279,9 @@ struct Upload<'a> {
 
 impl Upload<'_> {
     fn slice(&self, v: &[f32]) -> Result<CudaSlice<f32>> {
-        self.stream.clone_htod(v).map_err(|e| err("uploading weights", e))
+        self.stream
+            .clone_htod(v)
+            .map_err(|e| err("uploading weights", e))
     }
     fn linear(&self, l: &Linear) -> Result<DeviceLinear> {
         Ok(DeviceLinear {

@@ -136,13 +136,17 @@ fn roi_progress(r: &Value) -> String {
     let running = count("leased") + count("running");
     let waiting = count("queued") + count("retrying");
     let failed = count("failed") + count("cancelled");
-    let total = r["submitted"].as_i64().unwrap_or(done + running + waiting + failed);
-    let mut line = format!(
-        "tiles {done}/{total} done, {running} running, {waiting} waiting, {failed} failed"
-    );
+    let total = r["submitted"]
+        .as_i64()
+        .unwrap_or(done + running + waiting + failed);
+    let mut line =
+        format!("tiles {done}/{total} done, {running} running, {waiting} waiting, {failed} failed");
     if let (Some(p), Some(t)) = (r["pixels_done"].as_i64(), r["pixels_total"].as_i64()) {
         if t > 0 {
-            line.push_str(&format!("; pixels {p}/{t} ({:.0} %)", 100.0 * p as f64 / t as f64));
+            line.push_str(&format!(
+                "; pixels {p}/{t} ({:.0} %)",
+                100.0 * p as f64 / t as f64
+            ));
         }
     }
     line
