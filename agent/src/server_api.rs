@@ -205,7 +205,7 @@ impl ServerApi {
             reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(f, 1 << 20));
         let encoded: String = name
             .split('/')
-            .map(|p| url_escape(p))
+            .map(url_escape)
             .collect::<Vec<_>>()
             .join("/");
         let mut req = self

@@ -214,7 +214,9 @@ async fn bad_input_is_refused_and_changes_nothing() {
         }
     };
     let admin = server.admin_token.clone();
-    let cases: Vec<(&str, Vec<u8>, Option<&str>, u16, &str)> = vec![
+    // (what, body, token, expected status, words the error must contain)
+    type Case<'a> = (&'a str, Vec<u8>, Option<&'a str>, u16, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "malformed JSON",
             b"{\"kind\": \"command\", ".to_vec(),

@@ -30,9 +30,12 @@ pub enum LeaseRefused {
     Db(#[from] sqlx::Error),
 }
 
+/// (agent_id, lease_token, state, attempt) of a job.
+type LeaseRow = (Option<Uuid>, Option<Uuid>, String, i32);
+
 /// Works out why a guarded statement touched no row.
 async fn refusal(db: &PgPool, job: Uuid, token: Uuid, agent: Uuid) -> LeaseRefused {
-    let row: Result<Option<(Option<Uuid>, Option<Uuid>, String, i32)>, _> =
+    let row: Result<Option<LeaseRow>, _> =
         sqlx::query_as("SELECT agent_id, lease_token, state, attempt FROM jobs WHERE id = $1")
             .bind(job)
             .fetch_optional(db)
@@ -53,9 +56,9 @@ async fn refusal(db: &PgPool, job: Uuid, token: Uuid, agent: Uuid) -> LeaseRefus
             .fetch_one(db)
             .await
             .unwrap_or(false);
-            if held_by_other && !ours_ever {
-                LeaseRefused::NotYours(job)
-            } else if !ours_ever && current != Some(token) {
+            // Never ours, and someone else's or not this token: not yours.
+            // Ours once: a stale lease.
+            if !ours_ever && (held_by_other || current != Some(token)) {
                 LeaseRefused::NotYours(job)
             } else {
                 LeaseRefused::Stale {
