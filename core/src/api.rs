@@ -211,6 +211,23 @@ pub struct TokenCreated {
     pub token: String,
 }
 
+/// One token as `GET /api/v1/tokens` lists it: never its secret.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenView {
+    pub id: Uuid,
+    pub role: TokenRole,
+    pub agent_name: Option<String>,
+    pub description: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// `GET /api/v1/tokens`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenList {
+    pub tokens: Vec<TokenView>,
+}
+
 /// Body of every error answer: `{"error":{"code","message","detail"}}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ErrorBody {

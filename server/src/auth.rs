@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use flotilla_core::api::TokenRole;
+use flotilla_core::api::{TokenRole, TokenView};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
@@ -50,6 +50,55 @@ pub async fn create_token(
     .execute(db)
     .await?;
     Ok((id, secret))
+}
+
+type TokenRow = (
+    Uuid,
+    String,
+    Option<String>,
+    Option<String>,
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+);
+
+fn token_view(row: TokenRow) -> Result<TokenView, sqlx::Error> {
+    let (id, role, agent_name, description, created_at, revoked_at) = row;
+    let role = TokenRole::parse(&role).ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: "role".into(),
+        source: format!("unknown role `{role}`").into(),
+    })?;
+    Ok(TokenView {
+        id,
+        role,
+        agent_name,
+        description,
+        created_at,
+        revoked_at,
+    })
+}
+
+/// Every token, newest first (hashes and secrets are never shown).
+pub async fn list_tokens(db: &PgPool) -> Result<Vec<TokenView>, sqlx::Error> {
+    let rows: Vec<TokenRow> = sqlx::query_as(
+        "SELECT id, role, agent_name, description, created_at, revoked_at
+         FROM api_tokens ORDER BY created_at DESC",
+    )
+    .fetch_all(db)
+    .await?;
+    rows.into_iter().map(token_view).collect()
+}
+
+/// Revokes token `id` (again is a no-op); `None` if there is no such token.
+/// The caller must also [`AuthCache::forget_tokens`].
+pub async fn revoke_token(db: &PgPool, id: Uuid) -> Result<Option<TokenView>, sqlx::Error> {
+    let row: Option<TokenRow> = sqlx::query_as(
+        "UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1
+         RETURNING id, role, agent_name, description, created_at, revoked_at",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    row.map(token_view).transpose()
 }
 
 /// Makes sure `secret` is a valid token of `role` (used for the admin token
@@ -117,8 +166,9 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
 
 /// Recently seen tokens and agent ids, so that the hot agent calls (lease,
 /// complete) do not pay two extra queries each. Rebuilt from the database on
-/// a miss; an entry lives [`CACHE_TTL`], which bounds how long a revoked
-/// token keeps working.
+/// a miss; an entry lives [`CACHE_TTL`]. A revocation empties this server's
+/// token cache at once; on other servers sharing the database a revoked
+/// token keeps working for at most [`CACHE_TTL`].
 #[derive(Default)]
 pub struct AuthCache {
     tokens: std::sync::Mutex<HashMap<Vec<u8>, (Caller, Instant)>>,
@@ -149,6 +199,14 @@ impl AuthCache {
             map.clear();
         }
         map.insert(hash, (caller, Instant::now()));
+    }
+
+    /// Drops every cached token (after a revocation).
+    pub fn forget_tokens(&self) {
+        self.tokens
+            .lock()
+            .expect("auth cache lock is never poisoned")
+            .clear();
     }
 
     /// The id of a registered agent (agents are never deleted, and a name

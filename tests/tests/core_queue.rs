@@ -423,3 +423,64 @@ async fn pause_drain_resume_are_persisted() {
         "a drained agent takes nothing"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_tokens_stop_working_at_once() {
+    let dir = scratch("e2e-revoke-");
+    let server = server_on_shared(dir.path(), 3_000).await;
+    let admin = server.api();
+    let made = admin
+        .post(
+            "/api/v1/tokens",
+            json!({ "role": "client", "description": "ci bot" }),
+        )
+        .await;
+    let client = flotilla_e2e::api::Api {
+        token: made["token"].as_str().unwrap().to_string(),
+        ..admin.clone()
+    };
+    // Used once, so it sits in the server's token cache.
+    let (s, v) = client.raw(reqwest::Method::GET, "/api/v1/jobs", None).await;
+    assert_eq!(s, 200, "{v}");
+    // Listed without its secret; a client may not list or revoke.
+    let list = admin.get("/api/v1/tokens").await;
+    let listed = list["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == made["id"])
+        .unwrap_or_else(|| panic!("new token not listed: {list}"));
+    assert_eq!(listed["description"], "ci bot");
+    assert!(!list.to_string().contains(made["token"].as_str().unwrap()));
+    let (s, _) = client
+        .raw(reqwest::Method::GET, "/api/v1/tokens", None)
+        .await;
+    assert_eq!(s, 403);
+    let id = made["id"].as_str().unwrap();
+    let (s, _) = client
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/v1/tokens/{id}/revoke"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, 403);
+
+    let revoked = admin
+        .post(&format!("/api/v1/tokens/{id}/revoke"), json!({}))
+        .await;
+    assert!(revoked["revoked_at"].is_string(), "{revoked}");
+    // Refused at once, not after the cache's lifetime.
+    let (s, v) = client.raw(reqwest::Method::GET, "/api/v1/jobs", None).await;
+    assert_eq!(s, 401, "{v}");
+    assert!(v.to_string().contains("revoked"), "{v}");
+    // The admin's own token still works; an unknown id is a 404.
+    let (s, v) = admin
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/v1/tokens/{}/revoke", uuid::Uuid::new_v4()),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, 404, "{v}");
+}

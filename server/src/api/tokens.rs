@@ -1,8 +1,9 @@
-//! `/api/v1/tokens`: an admin makes client, admin and agent tokens.
+//! `/api/v1/tokens`: an admin makes, lists and revokes client, admin and agent tokens.
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::response::IntoResponse;
-use flotilla_core::api::{CreateToken, TokenCreated, TokenRole};
+use axum::Json;
+use flotilla_core::api::{CreateToken, TokenCreated, TokenList, TokenRole, TokenView};
 
 use super::body::JsonBody;
 use super::created;
@@ -37,6 +38,33 @@ pub async fn create(
     )
     .await?;
     Ok(created(TokenCreated { id, token }))
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    AdminAuth(_): AdminAuth,
+) -> ApiResult<Json<TokenList>> {
+    Ok(Json(TokenList {
+        tokens: auth::list_tokens(&state.db).await?,
+    }))
+}
+
+/// Revokes a token: it stops working on this server at once (on other
+/// servers sharing the database within `auth::CACHE_TTL`).
+pub async fn revoke(
+    State(state): State<AppState>,
+    AdminAuth(caller): AdminAuth,
+    Path(id): Path<String>,
+) -> ApiResult<Json<TokenView>> {
+    let id: uuid::Uuid = id
+        .parse()
+        .map_err(|_| ApiError::BadRequest(format!("`{id}` is not a token id (a UUID)")))?;
+    let revoked = auth::revoke_token(&state.db, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no token {id}")))?;
+    state.auth_cache.forget_tokens();
+    tracing::info!(token = %id, by = %caller.token_id, "token revoked");
+    Ok(Json(revoked))
 }
 
 pub fn valid_agent_name(n: &str) -> bool {

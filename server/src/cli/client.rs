@@ -455,10 +455,53 @@ pub enum TokensCommand {
         #[command(flatten)]
         conn: Conn,
     },
+    /// List tokens (id, role, agent, description, created, revoked); never their secrets.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Revoke a token by id: it stops working at once.
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
 }
 
 pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
     match cmd {
+        TokensCommand::List { conn } => {
+            let list: flotilla_core::api::TokenList = conn.client()?.get("/api/v1/tokens").await?;
+            println!(
+                "{:<36}  {:<6}  {:<16}  {:<20}  {:<20}  DESCRIPTION",
+                "ID", "ROLE", "AGENT", "CREATED", "REVOKED"
+            );
+            for t in list.tokens {
+                println!(
+                    "{:<36}  {:<6}  {:<16}  {:<20}  {:<20}  {}",
+                    t.id,
+                    t.role.as_str(),
+                    t.agent_name.as_deref().unwrap_or("-"),
+                    t.created_at.format("%Y-%m-%d %H:%M:%S"),
+                    t.revoked_at
+                        .map(|r| r.format("%Y-%m-%d %H:%M:%S").to_string())
+                        .unwrap_or_else(|| "-".into()),
+                    t.description.as_deref().unwrap_or("")
+                );
+            }
+            Ok(())
+        }
+        TokensCommand::Revoke { id, conn } => {
+            let t: flotilla_core::api::TokenView = conn
+                .client()?
+                .post(
+                    &format!("/api/v1/tokens/{id}/revoke"),
+                    &serde_json::json!({}),
+                )
+                .await?;
+            println!("revoked {} ({})", t.id, t.role.as_str());
+            Ok(())
+        }
         TokensCommand::Create {
             role,
             agent,

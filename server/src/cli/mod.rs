@@ -48,7 +48,7 @@ pub enum Command {
     Jobs(client::JobsCommand),
     /// List agents, or pause, drain and resume one.
     Agents(client::AgentsArgs),
-    /// Make API tokens (admin only).
+    /// Make, list and revoke API tokens (admin only).
     #[command(subcommand)]
     Tokens(client::TokensCommand),
     /// opam reverse dependencies of a release, computed on the agents.
