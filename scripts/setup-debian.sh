@@ -2,7 +2,8 @@
 # Installs what flotilla needs on Debian/Ubuntu, skipping what is present:
 # PostgreSQL (the embedded default runs the system's initdb/pg_ctl), oneDNN
 # (the encoder's fast CPU path), a C toolchain. With --test, also what the
-# test suite starts: an S3-compatible server (moto, from PyPI).
+# test suite starts or reads with: an S3-compatible server (moto) and numpy,
+# both from PyPI.
 set -euo pipefail
 
 want_test=0
