@@ -15,7 +15,7 @@ use std::sync::Arc;
 use gemm::Parallelism;
 
 use super::{Backend, SequenceBatch};
-use crate::error::{EncodeError, Result};
+use crate::error::Result;
 use crate::model::{self, Backbone, LayerNorm, Linear, Modality, StudentWeights};
 use crate::profile::DeviceProfile;
 
@@ -411,19 +411,7 @@ impl<L: LinearKernel> Backend for BlockBackend<L> {
             Modality::S1 => &self.s1,
         };
         let (len, bands, d) = (batch.len, batch.bands, bb.d);
-        if batch.values.len() != batch.n * len * bands || batch.doys.len() != batch.n * len {
-            return Err(EncodeError::backend(
-                self.name,
-                format!(
-                    "batch of {} x {} x {} has {} values and {} days",
-                    batch.n,
-                    len,
-                    bands,
-                    batch.values.len(),
-                    batch.doys.len()
-                ),
-            ));
-        }
+        batch.check(self.name)?;
         let mut out = vec![0f32; batch.n * d];
         let rows = self.block_pixels.min(batch.n) * len;
         self.for_blocks(d, &mut out, |start, b, o| {

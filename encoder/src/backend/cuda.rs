@@ -40,12 +40,13 @@ const ROW_THREADS: u32 = 256;
 /// The kernels besides the GEMMs. Reductions are tree reductions in shared
 /// memory over a fixed number of threads, so their order never changes.
 const KERNELS: &str = r#"
+// bias and residual may be null (no add).
 extern "C" __global__ void bias_epilogue(float* y, const float* bias, const float* residual,
                                          int rows, int cols, int relu) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)rows * cols;
     if (i >= total) return;
-    float v = y[i] + bias[i % cols];
+    float v = bias ? y[i] + bias[i % cols] : y[i];
     if (relu) v = fmaxf(v, 0.0f);
     if (residual) v += residual[i];
     y[i] = v;
@@ -365,17 +366,34 @@ impl Gpu {
         };
         // SAFETY: x holds m·in, W out·in, y m·out values (allocated so by the callers).
         unsafe { self.blas.gemm(cfg, &l.weight, x, y) }.map_err(|e| err("sgemm", e))?;
-        let total = m * l.out_dim;
-        let rows = to_i32(m, "rows")?;
-        let cols = to_i32(l.out_dim, "out")?;
-        let relu = i32::from(relu);
+        self.epilogue(y, Some(&l.bias), m, l.out_dim, relu, residual)
+    }
+
+    /// In place on the (rows, cols) `y`: add `bias` (per column), then ReLU
+    /// if asked, then add `residual` — one pass of the `bias_epilogue` kernel.
+    fn epilogue(
+        &self,
+        y: &mut CudaSlice<f32>,
+        bias: Option<&CudaSlice<f32>>,
+        rows: usize,
+        cols: usize,
+        relu: bool,
+        residual: Option<&CudaSlice<f32>>,
+    ) -> Result<()> {
+        let total = rows * cols;
         let launch = LaunchConfig::for_num_elems(u32::try_from(total).map_err(|_| {
             EncodeError::backend(NAME, format!("{total} activations exceed one launch"))
         })?);
-        let mut b = self.stream.launch_builder(&self.k.bias_epilogue);
-        b.arg(y).arg(&l.bias);
-        // A null residual pointer: the kernel skips the add.
+        let (rows, cols) = (to_i32(rows, "rows")?, to_i32(cols, "cols")?);
+        let relu = i32::from(relu);
+        // A null pointer for an absent bias or residual: the kernel skips the add.
         let null: u64 = 0;
+        let mut b = self.stream.launch_builder(&self.k.bias_epilogue);
+        b.arg(y);
+        match bias {
+            Some(bias) => b.arg(bias),
+            None => b.arg(&null),
+        };
         match residual {
             Some(r) => b.arg(r),
             None => b.arg(&null),
@@ -562,25 +580,8 @@ impl Gpu {
         let mut y = self.alloc(n * self.fc1.out_dim)?;
         self.linear(&self.fc1, &z, n, &mut y, false, None)?;
         self.layer_norm(&self.norm1, &mut y, n)?;
-        // ReLU after the norm: the epilogue kernel with a zero bias.
-        let zero_bias = self.alloc(self.fc1.out_dim)?;
-        let total = n * self.fc1.out_dim;
-        let launch = LaunchConfig::for_num_elems(u32::try_from(total).unwrap_or(u32::MAX));
-        let (rows, cols, relu, null) = (
-            to_i32(n, "rows")?,
-            to_i32(self.fc1.out_dim, "cols")?,
-            1i32,
-            0u64,
-        );
-        let mut b = self.stream.launch_builder(&self.k.bias_epilogue);
-        b.arg(&mut y)
-            .arg(&zero_bias)
-            .arg(&null)
-            .arg(&rows)
-            .arg(&cols)
-            .arg(&relu);
-        // SAFETY: arguments match the kernel.
-        unsafe { b.launch(launch) }.map_err(|e| err("relu", e))?;
+        // ReLU after the norm.
+        self.epilogue(&mut y, None, n, self.fc1.out_dim, true, None)?;
         let mut out = self.alloc(n * self.fc2.out_dim)?;
         self.linear(&self.fc2, &y, n, &mut out, false, None)?;
         self.layer_norm(&self.out_norm, &mut out, n)?;
@@ -596,21 +597,7 @@ impl Backend for CudaBackend {
     }
 
     fn backbone(&self, modality: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
-        if batch.values.len() != batch.n * batch.len * batch.bands
-            || batch.doys.len() != batch.n * batch.len
-        {
-            return Err(EncodeError::backend(
-                NAME,
-                format!(
-                    "batch of {} x {} x {} has {} values and {} days",
-                    batch.n,
-                    batch.len,
-                    batch.bands,
-                    batch.values.len(),
-                    batch.doys.len()
-                ),
-            ));
-        }
+        batch.check(NAME)?;
         let gpu = self
             .gpu
             .lock()

@@ -33,6 +33,28 @@ pub struct SequenceBatch<'a> {
     pub doys: &'a [f32],
 }
 
+impl SequenceBatch<'_> {
+    /// The value and day arrays hold exactly n × len (× bands) entries.
+    pub fn check(&self, backend: &str) -> Result<()> {
+        if self.values.len() != self.n * self.len * self.bands
+            || self.doys.len() != self.n * self.len
+        {
+            return Err(EncodeError::backend(
+                backend,
+                format!(
+                    "batch of {} x {} x {} has {} values and {} days",
+                    self.n,
+                    self.len,
+                    self.bands,
+                    self.values.len(),
+                    self.doys.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A compute backend. Implementations must be deterministic: the same batch
 /// gives the same bits whatever the thread count, so the reduction order may
 /// depend on the profile's block size but never on the number of threads.
