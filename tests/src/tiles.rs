@@ -126,3 +126,50 @@ pub async fn register_dataset(server: &Server, name: &str, ckpt: &Path) {
     let status = resp.status().as_u16();
     assert_eq!(status, 200, "{}", resp.text().await.unwrap_or_default());
 }
+
+/// Encodes the tile directory `inputs` with bare `tessera-encode --int8`
+/// into `out_dir` (`NAME.npy`, `NAME_scales.npy`, NAME = the directory's name).
+pub fn encode_int8(ckpt: &Path, inputs: &Path, out_dir: &Path) {
+    let path = |p: &Path| p.to_str().expect("scratch paths are UTF-8").to_string();
+    tessera(&[
+        "--ckpt",
+        &path(ckpt),
+        "--tile",
+        &path(inputs),
+        "--out-dir",
+        &path(out_dir),
+        "--int8",
+    ]);
+}
+
+/// `stored/TILE.npy` and `stored/TILE_scales.npy` are byte-equal to the
+/// files of the same names in `expected` (what `tessera-encode` wrote).
+pub fn assert_same_outputs(stored: &Path, expected: &Path, tile: &str) {
+    for name in [format!("{tile}.npy"), format!("{tile}_scales.npy")] {
+        let got = std::fs::read(stored.join(&name))
+            .unwrap_or_else(|e| panic!("reading the stored {name}: {e}"));
+        let want = std::fs::read(expected.join(&name))
+            .unwrap_or_else(|e| panic!("reading tessera-encode's {name}: {e}"));
+        assert!(got == want, "{name}: differs from tessera-encode's");
+    }
+}
+
+/// Polls `GET /api/v1/rois/{id}` every `poll` until every job of the ROI
+/// has finished; returns that view. Panics after `timeout`.
+pub async fn wait_roi(
+    server: &Server,
+    id: &str,
+    timeout: std::time::Duration,
+    poll: std::time::Duration,
+) -> serde_json::Value {
+    let api = server.api();
+    let start = std::time::Instant::now();
+    loop {
+        let v = api.get(&format!("/api/v1/rois/{id}")).await;
+        if v["finished"] == json!(true) {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "ROI not finished: {v}");
+        tokio::time::sleep(poll).await;
+    }
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use flotilla_e2e::procs::{server_on_shared, Agent, Server};
 use flotilla_e2e::scratch;
-use flotilla_e2e::tiles::{self, tessera};
+use flotilla_e2e::tiles;
 use serde_json::{json, Value};
 
 const YEAR: i32 = 2024;
@@ -39,16 +39,7 @@ fn npy_header(bytes: &[u8]) -> (String, Vec<usize>) {
 }
 
 async fn wait_roi(server: &Server, id: &str, timeout: Duration) -> Value {
-    let api = server.api();
-    let start = std::time::Instant::now();
-    loop {
-        let v = api.get(&format!("/api/v1/rois/{id}")).await;
-        if v["finished"] == json!(true) {
-            return v;
-        }
-        assert!(start.elapsed() < timeout, "ROI not finished: {v}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    tiles::wait_roi(server, id, timeout, Duration::from_millis(200)).await
 }
 
 const TILES: [&str; 3] = ["grid_0.05_52.05", "grid_0.15_52.05", "grid_0.25_52.05"];
@@ -93,15 +84,7 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
 
     let expected = dir.path().join("expected");
     for (t, inputs) in TILES.iter().zip(&local) {
-        tessera(&[
-            "--ckpt",
-            ckpt.to_str().unwrap(),
-            "--tile",
-            inputs.to_str().unwrap(),
-            "--out-dir",
-            expected.to_str().unwrap(),
-            "--int8",
-        ]);
+        tiles::encode_int8(&ckpt, inputs, &expected);
         let stored = server
             .dir
             .join("store")
@@ -120,14 +103,7 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
             ("<f4".to_string(), vec![40, 40]),
             "{t}"
         );
-        assert!(
-            grid == std::fs::read(expected.join(format!("{t}.npy"))).unwrap(),
-            "{t}: codes differ from tessera-encode's"
-        );
-        assert!(
-            scales == std::fs::read(expected.join(format!("{t}_scales.npy"))).unwrap(),
-            "{t}: scales differ from tessera-encode's"
-        );
+        tiles::assert_same_outputs(&stored, &expected, t);
     }
 
     // Each succeeded tile job lists its two outputs, with the sizes stored.
@@ -217,30 +193,13 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
     )
     .await;
     assert_eq!(done["jobs"]["succeeded"], 1, "{done}");
-    tessera(&[
-        "--ckpt",
-        ckpt.to_str().unwrap(),
-        "--tile",
-        fetch_src.to_str().unwrap(),
-        "--out-dir",
-        expected.to_str().unwrap(),
-        "--int8",
-    ]);
+    tiles::encode_int8(&ckpt, &fetch_src, &expected);
     let stored = server
         .dir
         .join("store/synth-fetch")
         .join(YEAR.to_string())
         .join(fetch_tile);
-    for name in [
-        format!("{fetch_tile}.npy"),
-        format!("{fetch_tile}_scales.npy"),
-    ] {
-        assert!(
-            std::fs::read(stored.join(&name)).unwrap()
-                == std::fs::read(expected.join(&name)).unwrap(),
-            "{name}: fetched-input output differs from tessera-encode's"
-        );
-    }
+    tiles::assert_same_outputs(&stored, &expected, fetch_tile);
 
     // Done tiles are present: a re-submission adds nothing.
     let again = api.post("/api/v1/rois", roi("three, later", bbox)).await;

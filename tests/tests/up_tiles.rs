@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flotilla_e2e::{binary, scratch};
+use flotilla_e2e::{binary, scratch, tiles};
 
 const TILES: [&str; 2] = ["grid_0.05_52.05", "grid_0.15_52.05"];
 
@@ -95,48 +95,26 @@ fn an_roi_on_flotilla_up_is_encoded_and_loads_in_numpy() {
     };
 
     // A tiny model and inputs written into the local store under the dataset's prefix.
-    let tessera = binary("tessera-encode");
-    let ckpt = dir.path().join("model.safetensors");
-    run(
-        &tessera,
-        &[
-            "synth-ckpt",
-            "--out",
-            ckpt.to_str().unwrap(),
-            "--latent-dim",
-            "16",
-            "--num-layers",
-            "1",
-            "--nhead",
-            "4",
-            "--dim-feedforward",
-            "64",
-            "--seed",
-            "3",
-        ],
-    );
+    let ckpt = tiles::synth_ckpt(dir.path(), tiles::TINY, 3);
     for (seed, tile) in TILES.iter().enumerate() {
         let inputs = data.join("store/inputs/2024").join(tile);
-        run(
-            &tessera,
-            &[
-                "synth-tile",
-                "--out",
-                inputs.to_str().unwrap(),
-                "--height",
-                "30",
-                "--width",
-                "20",
-                "--s2-frames",
-                "16",
-                "--s1-asc-frames",
-                "8",
-                "--s1-desc-frames",
-                "8",
-                "--seed",
-                &seed.to_string(),
-            ],
-        );
+        tiles::tessera(&[
+            "synth-tile",
+            "--out",
+            inputs.to_str().unwrap(),
+            "--height",
+            "30",
+            "--width",
+            "20",
+            "--s2-frames",
+            "16",
+            "--s1-asc-frames",
+            "8",
+            "--s1-desc-frames",
+            "8",
+            "--seed",
+            &seed.to_string(),
+        ]);
     }
 
     // The operator's commands, against the server `up` started.
@@ -168,26 +146,9 @@ fn an_roi_on_flotilla_up_is_encoded_and_loads_in_numpy() {
 
     let expected = dir.path().join("expected");
     for tile in TILES {
-        run(
-            &tessera,
-            &[
-                "--ckpt",
-                ckpt.to_str().unwrap(),
-                "--tile",
-                data.join("store/inputs/2024").join(tile).to_str().unwrap(),
-                "--out-dir",
-                expected.to_str().unwrap(),
-                "--int8",
-            ],
-        );
+        tiles::encode_int8(&ckpt, &data.join("store/inputs/2024").join(tile), &expected);
         let stored = data.join("store/demo/2024").join(tile);
-        for name in [format!("{tile}.npy"), format!("{tile}_scales.npy")] {
-            assert!(
-                std::fs::read(stored.join(&name)).unwrap()
-                    == std::fs::read(expected.join(&name)).unwrap(),
-                "{name}: differs from tessera-encode's"
-            );
-        }
+        tiles::assert_same_outputs(&stored, &expected, tile);
         // numpy itself reads them (setup-debian.sh --test installs it).
         let script = format!(
             "import numpy as np\n\
