@@ -56,6 +56,21 @@ impl Encoder {
         })
     }
 
+    /// An encoder over a backend built elsewhere (the tests' emulated GPU).
+    #[cfg(test)]
+    pub(crate) fn with_backend(
+        weights: Arc<StudentWeights>,
+        backend: Box<dyn Backend>,
+        profile: DeviceProfile,
+    ) -> Self {
+        Encoder {
+            weights,
+            backend,
+            profile,
+            window_pixels: WINDOW_PIXELS,
+        }
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.weights.config
     }

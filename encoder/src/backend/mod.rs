@@ -5,12 +5,21 @@
 //! head over pooled features. Grouping, gathering and output are shared
 //! (`encode.rs`), so a new backend (`onednn.rs`, `cuda.rs` behind the cargo
 //! features of those names) only implements [`Backend`] and adds itself to
-//! [`create`].
+//! [`create`]. The GPU path is written once in `gpu.rs` over a small device
+//! interface; `cuda.rs` is its real device, and the tests' emulated device
+//! (`gpu_emulator.rs`) runs the same path on the CPU.
 
 mod block;
 pub mod cpu;
 #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
 pub mod cuda;
+#[cfg(any(
+    test,
+    all(feature = "cuda", any(target_os = "linux", target_os = "windows"))
+))]
+mod gpu;
+#[cfg(test)]
+mod gpu_emulator;
 #[cfg(all(feature = "onednn", target_os = "linux"))]
 pub mod onednn;
 pub mod reference;

@@ -1,0 +1,685 @@
+//! The GPU path, written once over a small [`Device`] interface: every
+//! Linear is one SGEMM over the whole chunk, attention's two products are
+//! strided batched SGEMMs (one per head, over all pixels of the chunk), and
+//! the rest (bias and epilogues, LayerNorm, softmax, attention pooling) are
+//! the small kernels in [`KERNELS`].
+//!
+//! Two devices implement [`Device`]: `cuda.rs` (cuBLAS and NVRTC through
+//! cudarc, the real thing) and, in this crate's tests, `gpu_emulator.rs`,
+//! which runs the same kernel source on the CPU and emulates cuBLAS's
+//! column-major SGEMM, so this file's layouts, launches and kernels are
+//! checked against the fixtures on machines without a GPU.
+//!
+//! Layout conventions: every activation is row-major (rows = tokens), and
+//! SGEMM (column-major) sees a row-major (r × c) matrix as its transpose.
+//!
+//! Determinism: one stream, a fixed kernel and GEMM order, and reductions in
+//! a fixed tree order per block, so the same chunk gives the same bits on the
+//! same GPU and library versions; thread counts do not apply.
+
+use std::sync::{Arc, Mutex};
+
+use super::{Backend, SequenceBatch};
+use crate::error::{EncodeError, Result};
+use crate::model::{self, Backbone, LayerNorm, Linear, Modality, StudentWeights};
+
+/// Threads per block of the row kernels (LayerNorm, softmax, pooling); a
+/// power of two for the tree reductions.
+const ROW_THREADS: u32 = 256;
+
+/// Threads per block of the element-wise epilogue.
+const EPILOGUE_THREADS: u32 = 1024;
+
+/// The kernels besides the GEMMs, compiled by NVRTC on a GPU. NVRTC has no
+/// standard headers: only CUDA's built-in device functions are available
+/// (no `INFINITY`, no `<cmath>`), which the emulator's build enforces.
+/// Reductions are tree reductions in shared memory over a fixed number of
+/// threads, so their order never changes.
+pub(crate) const KERNELS: &str = r#"
+// bias and residual may be null (no add).
+extern "C" __global__ void bias_epilogue(float* y, const float* bias, const float* residual,
+                                         int rows, int cols, int relu) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long total = (long long)rows * cols;
+    if (i >= total) return;
+    float v = bias ? y[i] + bias[i % cols] : y[i];
+    if (relu) v = fmaxf(v, 0.0f);
+    if (residual) v += residual[i];
+    y[i] = v;
+}
+
+// One block per row of `cols`; gamma/beta may be null (no affine).
+// Shared memory: blockDim.x doubles.
+extern "C" __global__ void layer_norm(float* x, const float* gamma, const float* beta,
+                                      int cols, float eps) {
+    extern __shared__ double red[];
+    float* row = x + (long long)blockIdx.x * cols;
+    double s = 0.0;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) s += (double)row[j];
+    red[threadIdx.x] = s;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
+        __syncthreads();
+    }
+    double mean = red[0] / cols;
+    __syncthreads();
+    double q = 0.0;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        double c = (double)row[j] - mean;
+        q += c * c;
+    }
+    red[threadIdx.x] = q;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
+        __syncthreads();
+    }
+    double inv = 1.0 / sqrt(red[0] / cols + (double)eps);
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        float v = (float)(((double)row[j] - mean) * inv);
+        if (gamma) v = v * gamma[j] + beta[j];
+        row[j] = v;
+    }
+}
+
+// One block per row of `cols`; in place. Shared memory: blockDim.x floats.
+extern "C" __global__ void softmax_rows(float* x, int cols) {
+    extern __shared__ float fred[];
+    float* row = x + (long long)blockIdx.x * cols;
+    float m = __int_as_float(0xff800000);  // -inf; NVRTC has no INFINITY
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, row[j]);
+    fred[threadIdx.x] = m;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) fred[threadIdx.x] = fmaxf(fred[threadIdx.x], fred[threadIdx.x + k]);
+        __syncthreads();
+    }
+    m = fred[0];
+    __syncthreads();
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        float e = expf(row[j] - m);
+        row[j] = e;
+        s += e;
+    }
+    fred[threadIdx.x] = s;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) fred[threadIdx.x] += fred[threadIdx.x + k];
+        __syncthreads();
+    }
+    float inv = 1.0f / fred[0];
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) row[j] *= inv;
+}
+
+// Attention pooling: one block per pixel; h is (pixels, len, d), out (pixels, d).
+// Shared memory: len floats of weights.
+extern "C" __global__ void attention_pool(const float* h, const float* w, float b,
+                                          float* out, int len, int d) {
+    extern __shared__ float weights[];
+    const float* hp = h + (long long)blockIdx.x * len * d;
+    for (int t = threadIdx.x; t < len; t += blockDim.x) {
+        float s = b;
+        for (int j = 0; j < d; ++j) s += hp[(long long)t * d + j] * w[j];
+        weights[t] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = __int_as_float(0xff800000);
+        for (int t = 0; t < len; ++t) m = fmaxf(m, weights[t]);
+        float s = 0.0f;
+        for (int t = 0; t < len; ++t) { weights[t] = expf(weights[t] - m); s += weights[t]; }
+        float inv = 1.0f / s;
+        for (int t = 0; t < len; ++t) weights[t] *= inv;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = 0; t < len; ++t) acc += weights[t] * hp[(long long)t * d + j];
+        out[(long long)blockIdx.x * d + j] = acc;
+    }
+}
+"#;
+
+/// The kernels of [`KERNELS`], by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    BiasEpilogue,
+    LayerNorm,
+    SoftmaxRows,
+    AttentionPool,
+}
+
+impl Kernel {
+    pub(crate) const ALL: [Kernel; 4] = [
+        Kernel::BiasEpilogue,
+        Kernel::LayerNorm,
+        Kernel::SoftmaxRows,
+        Kernel::AttentionPool,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kernel::BiasEpilogue => "bias_epilogue",
+            Kernel::LayerNorm => "layer_norm",
+            Kernel::SoftmaxRows => "softmax_rows",
+            Kernel::AttentionPool => "attention_pool",
+        }
+    }
+}
+
+/// A column-major SGEMM, cuBLAS's `cublasSgemmStridedBatched` contract:
+/// for each of `batch` problems, `C = alpha · op(A) · op(B) + beta · C` with
+/// op(A) m × k, op(B) k × n, C m × n; `trans_*` transposes; the p-th
+/// problem's matrices start `p · stride_*` floats after the first's. When
+/// beta is 0, C is not read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gemm {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub alpha: f32,
+    pub lda: usize,
+    pub ldb: usize,
+    pub beta: f32,
+    pub ldc: usize,
+    pub batch: usize,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
+}
+
+impl Gemm {
+    /// Check the leading dimensions as cuBLAS does, and that every problem's
+    /// matrices lie inside buffers of `a`, `b` and `c` floats (counted from
+    /// the matrices' start); a GPU would read or write past them silently.
+    pub(crate) fn check(&self, a: usize, b: usize, c: usize) -> Result<()> {
+        let extent = |rows: usize, cols: usize, ld: usize, stride: usize| {
+            if rows == 0 || cols == 0 || self.batch == 0 {
+                0
+            } else {
+                (self.batch - 1) * stride + (cols - 1) * ld + rows
+            }
+        };
+        let (a_rows, a_cols) = if self.trans_a {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        };
+        let (b_rows, b_cols) = if self.trans_b {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
+        let fail = |what: String| {
+            Err(EncodeError::backend(
+                "gpu",
+                format!("SGEMM {self:?}: {what}"),
+            ))
+        };
+        for (name, ld, rows) in [
+            ("lda", self.lda, a_rows),
+            ("ldb", self.ldb, b_rows),
+            ("ldc", self.ldc, self.m),
+        ] {
+            if ld < rows.max(1) {
+                return fail(format!("{name} {ld} is below {}", rows.max(1)));
+            }
+        }
+        for (name, need, have) in [
+            ("A", extent(a_rows, a_cols, self.lda, self.stride_a), a),
+            ("B", extent(b_rows, b_cols, self.ldb, self.stride_b), b),
+            ("C", extent(self.m, self.n, self.ldc, self.stride_c), c),
+        ] {
+            if need > have {
+                return fail(format!("{name} needs {need} floats, its buffer has {have}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A one-dimensional launch: `grid` blocks of `block` threads, with
+/// `shared_bytes` of dynamic shared memory per block.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Launch {
+    pub grid: u32,
+    pub block: u32,
+    pub shared_bytes: u32,
+}
+
+/// A kernel argument, in the kernel signature's order.
+pub(crate) enum Arg<'a, B> {
+    /// A buffer the kernel reads.
+    In(&'a B),
+    /// A buffer the kernel writes.
+    Out(&'a mut B),
+    /// A null pointer (an absent optional buffer).
+    Null,
+    I32(i32),
+    F32(f32),
+}
+
+/// What the GPU path needs from a device: buffers of f32, SGEMM and kernel
+/// launches, all on one in-order stream.
+pub(crate) trait Device {
+    type Buf;
+    fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
+    fn zeros(&self, n: usize) -> Result<Self::Buf>;
+    fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
+    /// `gemm` over A, B and C starting `a.1`, `b.1`, `c.1` floats into
+    /// their buffers.
+    fn gemm(
+        &self,
+        g: &Gemm,
+        a: (&Self::Buf, usize),
+        b: (&Self::Buf, usize),
+        c: (&mut Self::Buf, usize),
+    ) -> Result<()>;
+    fn launch(&self, kernel: Kernel, launch: Launch, args: &mut [Arg<'_, Self::Buf>])
+        -> Result<()>;
+}
+
+struct DeviceLinear<B> {
+    in_dim: usize,
+    out_dim: usize,
+    /// (out, in) row-major, as in the checkpoint.
+    weight: B,
+    bias: B,
+}
+
+struct DeviceNorm<B> {
+    dim: usize,
+    affine: Option<(B, B)>,
+    eps: f32,
+}
+
+struct DeviceLayer<B> {
+    in_proj: DeviceLinear<B>,
+    out_proj: DeviceLinear<B>,
+    linear1: DeviceLinear<B>,
+    linear2: DeviceLinear<B>,
+    norm1: DeviceNorm<B>,
+    norm2: DeviceNorm<B>,
+}
+
+struct DeviceBackbone<B> {
+    d: usize,
+    nhead: usize,
+    ffn: usize,
+    embed0: DeviceLinear<B>,
+    embed2: DeviceLinear<B>,
+    layers: Vec<DeviceLayer<B>>,
+    pool_w: B,
+    pool_b: f32,
+    doy: model::DoyEncoding,
+}
+
+/// The model's weights on a device, and the device; one caller at a time.
+struct GpuModel<D: Device> {
+    dev: D,
+    s2: DeviceBackbone<D::Buf>,
+    s1: DeviceBackbone<D::Buf>,
+    fc1: DeviceLinear<D::Buf>,
+    norm1: DeviceNorm<D::Buf>,
+    fc2: DeviceLinear<D::Buf>,
+    out_norm: DeviceNorm<D::Buf>,
+}
+
+/// A [`Backend`] on any [`Device`]; `name` is what errors and `--backend`
+/// call it.
+pub(crate) struct GpuBackend<D: Device> {
+    name: &'static str,
+    model: Mutex<GpuModel<D>>,
+    d: usize,
+    repr_dim: usize,
+}
+
+impl<D: Device> GpuBackend<D> {
+    /// Upload the weights once.
+    pub(crate) fn create(name: &'static str, dev: D, weights: Arc<StudentWeights>) -> Result<Self> {
+        let ffn = weights.config.dim_feedforward;
+        let model = GpuModel {
+            s2: backbone(&dev, &weights.s2, ffn)?,
+            s1: backbone(&dev, &weights.s1, ffn)?,
+            fc1: linear(&dev, &weights.head.fc1)?,
+            norm1: norm(&dev, &weights.head.norm1)?,
+            fc2: linear(&dev, &weights.head.fc2)?,
+            out_norm: norm(&dev, &weights.head.out_norm)?,
+            dev,
+        };
+        Ok(GpuBackend {
+            name,
+            model: Mutex::new(model),
+            d: weights.config.d_model(),
+            repr_dim: weights.config.repr_dim,
+        })
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, GpuModel<D>>> {
+        self.model
+            .lock()
+            .map_err(|_| EncodeError::backend(self.name, "a previous device call panicked"))
+    }
+}
+
+fn linear<D: Device>(dev: &D, l: &Linear) -> Result<DeviceLinear<D::Buf>> {
+    Ok(DeviceLinear {
+        in_dim: l.in_dim,
+        out_dim: l.out_dim,
+        weight: dev.upload(&l.weight)?,
+        bias: dev.upload(&l.bias)?,
+    })
+}
+
+fn norm<D: Device>(dev: &D, n: &LayerNorm) -> Result<DeviceNorm<D::Buf>> {
+    Ok(DeviceNorm {
+        dim: n.dim,
+        affine: match &n.affine {
+            Some((w, b)) => Some((dev.upload(w)?, dev.upload(b)?)),
+            None => None,
+        },
+        eps: n.eps,
+    })
+}
+
+fn backbone<D: Device>(dev: &D, b: &Backbone, ffn: usize) -> Result<DeviceBackbone<D::Buf>> {
+    let mut layers = Vec::with_capacity(b.layers.len());
+    for l in &b.layers {
+        layers.push(DeviceLayer {
+            in_proj: linear(dev, &l.in_proj)?,
+            out_proj: linear(dev, &l.out_proj)?,
+            linear1: linear(dev, &l.linear1)?,
+            linear2: linear(dev, &l.linear2)?,
+            norm1: norm(dev, &l.norm1)?,
+            norm2: norm(dev, &l.norm2)?,
+        });
+    }
+    Ok(DeviceBackbone {
+        d: b.d_model,
+        nhead: b.nhead,
+        ffn,
+        embed0: linear(dev, &b.embed0)?,
+        embed2: linear(dev, &b.embed2)?,
+        layers,
+        pool_w: dev.upload(&b.pool.weight)?,
+        pool_b: b.pool.bias[0],
+        doy: model::DoyEncoding::new(b.d_model),
+    })
+}
+
+/// A size as a kernel's `int`.
+fn int(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| EncodeError::backend("gpu", format!("{what} {v} exceeds a kernel's int")))
+}
+
+fn grid(blocks: usize, what: &str) -> Result<u32> {
+    u32::try_from(blocks)
+        .ok()
+        .filter(|&g| g < 1 << 31)
+        .ok_or_else(|| EncodeError::backend("gpu", format!("{blocks} {what} exceed one launch")))
+}
+
+impl<D: Device> GpuModel<D> {
+    /// `y (m, out) = epilogue(x (m, in) · Wᵀ + b)`, all row-major. SGEMM
+    /// computes the column-major `yᵀ (out, m) = W · xᵀ`: W's row-major
+    /// storage is Wᵀ column-major (so `trans_a`, lda = in), x's is xᵀ
+    /// (no `trans_b`, ldb = in).
+    fn linear(
+        &self,
+        l: &DeviceLinear<D::Buf>,
+        x: &D::Buf,
+        m: usize,
+        y: &mut D::Buf,
+        relu: bool,
+        residual: Option<&D::Buf>,
+    ) -> Result<()> {
+        let g = Gemm {
+            trans_a: true,
+            trans_b: false,
+            m: l.out_dim,
+            n: m,
+            k: l.in_dim,
+            alpha: 1.0,
+            lda: l.in_dim,
+            ldb: l.in_dim,
+            beta: 0.0,
+            ldc: l.out_dim,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+        };
+        self.dev.gemm(&g, (&l.weight, 0), (x, 0), (&mut *y, 0))?;
+        self.epilogue(y, Some(&l.bias), m, l.out_dim, relu, residual)
+    }
+
+    /// In place on the (rows, cols) `y`: add `bias` (per column), then ReLU
+    /// if asked, then add `residual` — one pass of `bias_epilogue`.
+    fn epilogue(
+        &self,
+        y: &mut D::Buf,
+        bias: Option<&D::Buf>,
+        rows: usize,
+        cols: usize,
+        relu: bool,
+        residual: Option<&D::Buf>,
+    ) -> Result<()> {
+        let total = rows * cols;
+        let launch = Launch {
+            grid: grid(total.div_ceil(EPILOGUE_THREADS as usize), "epilogue blocks")?,
+            block: EPILOGUE_THREADS,
+            shared_bytes: 0,
+        };
+        let mut args = [
+            Arg::Out(y),
+            bias.map_or(Arg::Null, Arg::In),
+            residual.map_or(Arg::Null, Arg::In),
+            Arg::I32(int(rows, "rows")?),
+            Arg::I32(int(cols, "cols")?),
+            Arg::I32(i32::from(relu)),
+        ];
+        self.dev.launch(Kernel::BiasEpilogue, launch, &mut args)
+    }
+
+    fn layer_norm(&self, n: &DeviceNorm<D::Buf>, x: &mut D::Buf, rows: usize) -> Result<()> {
+        let launch = Launch {
+            grid: grid(rows, "rows")?,
+            block: ROW_THREADS,
+            shared_bytes: ROW_THREADS * 8,
+        };
+        let (gamma, beta) = match &n.affine {
+            Some((g, b)) => (Arg::In(g), Arg::In(b)),
+            None => (Arg::Null, Arg::Null),
+        };
+        let mut args = [
+            Arg::Out(x),
+            gamma,
+            beta,
+            Arg::I32(int(n.dim, "dim")?),
+            Arg::F32(n.eps),
+        ];
+        self.dev.launch(Kernel::LayerNorm, launch, &mut args)
+    }
+
+    /// Multi-head self-attention of `px` pixels' sequences of `len` over the
+    /// packed (px·len, 3d) `qkv`, into (px·len, d) `attn`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        qkv: &D::Buf,
+        attn: &mut D::Buf,
+        scores: &mut D::Buf,
+        px: usize,
+        len: usize,
+        d: usize,
+        nhead: usize,
+    ) -> Result<()> {
+        let hd = d / nhead;
+        let d3 = 3 * d;
+        for h in 0..nhead {
+            // Scores S (len × len, row-major) = Q Kᵀ / √hd. Column-major:
+            // Sᵀ = K Qᵀ; K's row-major storage (ld 3d) is Kᵀ column-major,
+            // so trans_a; Q's is Qᵀ, no trans_b.
+            let g = Gemm {
+                trans_a: true,
+                trans_b: false,
+                m: len,
+                n: len,
+                k: hd,
+                alpha: 1.0 / (hd as f32).sqrt(),
+                lda: d3,
+                ldb: d3,
+                beta: 0.0,
+                ldc: len,
+                batch: px,
+                stride_a: len * d3,
+                stride_b: len * d3,
+                stride_c: len * len,
+            };
+            self.dev
+                .gemm(&g, (qkv, d + h * hd), (qkv, h * hd), (&mut *scores, 0))?;
+            let launch = Launch {
+                grid: grid(px * len, "score rows")?,
+                block: ROW_THREADS,
+                shared_bytes: ROW_THREADS * 4,
+            };
+            let mut args = [Arg::Out(&mut *scores), Arg::I32(int(len, "len")?)];
+            self.dev.launch(Kernel::SoftmaxRows, launch, &mut args)?;
+            // O (len × hd, row-major, ld d) = P V. Column-major: Oᵀ = Vᵀ Pᵀ;
+            // V's storage (ld 3d) is Vᵀ (no trans_a), P's is Pᵀ (no trans_b).
+            let g = Gemm {
+                trans_a: false,
+                trans_b: false,
+                m: hd,
+                n: len,
+                k: len,
+                alpha: 1.0,
+                lda: d3,
+                ldb: len,
+                beta: 0.0,
+                ldc: d,
+                batch: px,
+                stride_a: len * d3,
+                stride_b: len * len,
+                stride_c: len * d,
+            };
+            self.dev.gemm(
+                &g,
+                (qkv, 2 * d + h * hd),
+                (&*scores, 0),
+                (&mut *attn, h * hd),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn backbone(&self, bb: &DeviceBackbone<D::Buf>, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
+        let (px, len, d) = (batch.n, batch.len, bb.d);
+        let m = px * len;
+        let dev = &self.dev;
+        let values = dev.upload(batch.values)?;
+        // The day-of-year encoding in f64 on the host, as the CPU backends do.
+        let mut pe_host = vec![0f32; m * d];
+        for (row, &doy) in pe_host.chunks_exact_mut(d).zip(batch.doys) {
+            bb.doy.encode(doy, row);
+        }
+        let pe = dev.upload(&pe_host)?;
+        let mut t = dev.zeros(m * d)?;
+        let mut h = dev.zeros(m * d)?;
+        let mut qkv = dev.zeros(m * 3 * d)?;
+        let mut attn = dev.zeros(m * d)?;
+        let mut ff = dev.zeros(m * bb.ffn)?;
+        let mut scores = dev.zeros(px * len * len)?;
+        self.linear(&bb.embed0, &values, m, &mut t, true, None)?;
+        self.linear(&bb.embed2, &t, m, &mut h, false, Some(&pe))?;
+        for l in &bb.layers {
+            self.linear(&l.in_proj, &h, m, &mut qkv, false, None)?;
+            self.attention(&qkv, &mut attn, &mut scores, px, len, d, bb.nhead)?;
+            self.linear(&l.out_proj, &attn, m, &mut t, false, Some(&h))?;
+            self.layer_norm(&l.norm1, &mut t, m)?;
+            std::mem::swap(&mut t, &mut h);
+            self.linear(&l.linear1, &h, m, &mut ff, true, None)?;
+            self.linear(&l.linear2, &ff, m, &mut t, false, Some(&h))?;
+            self.layer_norm(&l.norm2, &mut t, m)?;
+            std::mem::swap(&mut t, &mut h);
+        }
+        let mut pooled = dev.zeros(px * d)?;
+        let launch = Launch {
+            grid: grid(px, "pixels")?,
+            block: ROW_THREADS,
+            shared_bytes: u32::try_from(len * 4)
+                .map_err(|_| EncodeError::backend("gpu", format!("sequence of {len}")))?,
+        };
+        let mut args = [
+            Arg::In(&h),
+            Arg::In(&bb.pool_w),
+            Arg::F32(bb.pool_b),
+            Arg::Out(&mut pooled),
+            Arg::I32(int(len, "len")?),
+            Arg::I32(int(d, "d")?),
+        ];
+        dev.launch(Kernel::AttentionPool, launch, &mut args)?;
+        dev.download(&pooled)
+    }
+
+    fn head(&self, s2: &[f32], s1: &[f32], n: usize, d: usize) -> Result<Vec<f32>> {
+        let mut z = vec![0f32; n * 2 * d];
+        for (i, row) in z.chunks_exact_mut(2 * d).enumerate() {
+            row[..d].copy_from_slice(&s2[i * d..(i + 1) * d]);
+            row[d..].copy_from_slice(&s1[i * d..(i + 1) * d]);
+        }
+        let dev = &self.dev;
+        let z = dev.upload(&z)?;
+        let mut y = dev.zeros(n * self.fc1.out_dim)?;
+        self.linear(&self.fc1, &z, n, &mut y, false, None)?;
+        self.layer_norm(&self.norm1, &mut y, n)?;
+        // ReLU after the norm.
+        self.epilogue(&mut y, None, n, self.fc1.out_dim, true, None)?;
+        let mut out = dev.zeros(n * self.fc2.out_dim)?;
+        self.linear(&self.fc2, &y, n, &mut out, false, None)?;
+        self.layer_norm(&self.out_norm, &mut out, n)?;
+        dev.download(&out)
+    }
+}
+
+impl<D: Device + Send> Backend for GpuBackend<D>
+where
+    D::Buf: Send,
+{
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn backbone(&self, modality: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
+        batch.check(self.name)?;
+        let model = self.lock()?;
+        let bb = match modality {
+            Modality::S2 => &model.s2,
+            Modality::S1 => &model.s1,
+        };
+        model.backbone(bb, batch)
+    }
+
+    fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>> {
+        let d = self.d;
+        if s2.len() != n * d || s1.len() != n * d {
+            return Err(EncodeError::backend(
+                self.name,
+                format!(
+                    "head of {n} pixels got {} and {} features (want {} each)",
+                    s2.len(),
+                    s1.len(),
+                    n * d
+                ),
+            ));
+        }
+        let out = self.lock()?.head(s2, s1, n, d)?;
+        debug_assert_eq!(out.len(), n * self.repr_dim);
+        Ok(out)
+    }
+}

@@ -1,0 +1,728 @@
+//! A stand-in GPU for tests on machines without one (this crate's CI has
+//! none): it runs `gpu.rs` — the same layouts, SGEMM calls, launches and
+//! kernel source as the CUDA device — on the CPU, so the GPU path is checked
+//! against the fixtures everywhere. It is a mock of the GPU, and says so:
+//! it cannot find a bug in `cuda.rs`'s binding to cudarc, in NVRTC itself or
+//! in a real GPU's timing; those need a GPU run.
+//!
+//! - **SGEMM** follows cuBLAS's column-major `cublasSgemmStridedBatched`
+//!   contract (see [`Gemm`]), with its leading-dimension rules, and refuses
+//!   a matrix that would run past its buffer.
+//! - **Kernels**: [`KERNELS`] is compiled by the system C++ compiler as
+//!   C++20, each kernel a coroutine per GPU thread: `__syncthreads()`
+//!   suspends the thread, and a block's threads are resumed in turn until
+//!   all have finished, so shared memory and barriers behave as on a GPU
+//!   (threads that disagree about a barrier are reported). The prelude
+//!   declares only the CUDA built-ins the kernels use, and no standard
+//!   header comes before the kernels, so a name NVRTC would not know (such
+//!   as `INFINITY`) fails here too. Each launch checks the kernel's
+//!   argument count and types (pointer, int, float) against its signature,
+//!   the block size and shared memory against CUDA's limits, and that no
+//!   kernel wrote past a buffer or its shared memory (canaries); shared
+//!   memory starts as NaN, as good as the garbage a GPU leaves there.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use super::gpu::{Arg, Device, Gemm, Kernel, Launch, KERNELS};
+use crate::error::{EncodeError, Result};
+
+const NAME: &str = "gpu-emulator";
+
+/// Floats after every buffer, set to [`CANARY_BITS`] and checked after each
+/// launch.
+const CANARY: usize = 64;
+const CANARY_BITS: u32 = 0x7fc0_dead;
+
+/// Everything the kernels may use, as NVRTC offers it without headers.
+const PRELUDE: &str = r#"
+#include <coroutine>
+struct emu_dim3 { unsigned x, y, z; };
+// Per OS thread: tests launch kernels from several threads at once.
+static thread_local emu_dim3 emu_threadIdx, emu_blockIdx, emu_blockDim, emu_gridDim;
+static thread_local void* emu_shared;
+#define threadIdx emu_threadIdx
+#define blockIdx emu_blockIdx
+#define blockDim emu_blockDim
+#define gridDim emu_gridDim
+extern "C" {
+float expf(float) noexcept;
+float fmaxf(float, float) noexcept;
+float fminf(float, float) noexcept;
+float sqrtf(float) noexcept;
+float fabsf(float) noexcept;
+double sqrt(double) noexcept;
+}
+static inline float __int_as_float(int i) { float f; __builtin_memcpy(&f, &i, 4); return f; }
+struct emu_task {
+    struct promise_type {
+        emu_task get_return_object() {
+            return emu_task{std::coroutine_handle<promise_type>::from_promise(*this)};
+        }
+        std::suspend_always initial_suspend() noexcept { return {}; }
+        std::suspend_always final_suspend() noexcept { return {}; }
+        void return_void() {}
+        void unhandled_exception() { __builtin_trap(); }
+    };
+    std::coroutine_handle<promise_type> h;
+};
+struct emu_sync {
+    bool await_ready() const noexcept { return false; }
+    void await_suspend(std::coroutine_handle<>) const noexcept {}
+    void await_resume() const noexcept {}
+};
+struct emu_start {
+    bool await_ready() const noexcept { return true; }
+    void await_suspend(std::coroutine_handle<>) const noexcept {}
+    void await_resume() const noexcept {}
+};
+// ---- kernels ----
+"#;
+
+/// The launcher, after the kernels.
+const LAUNCHER: &str = r#"
+// ---- launcher ----
+#include <cstdio>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+template <class T> constexpr char emu_tag() {
+    if constexpr (std::is_pointer_v<T>) return 'p';
+    else if constexpr (std::is_same_v<T, int>) return 'i';
+    else if constexpr (std::is_same_v<T, float>) return 'f';
+    else return '?';
+}
+
+template <class... A, std::size_t... I>
+static emu_task emu_invoke(emu_task (*f)(A...), void** args, std::index_sequence<I...>) {
+    return f(*static_cast<A*>(args[I])...);
+}
+
+// Bytes after a block's shared memory that must stay untouched; the
+// allocation has room for the 48 KiB maximum beyond them, so a kernel that
+// overruns is reported rather than crashing the test.
+static const unsigned EMU_SHARED_CANARY = 4096;
+
+template <class... A>
+static int emu_run(const char* name, emu_task (*f)(A...), unsigned grid, unsigned block,
+                   unsigned shared, void** args, const char* tags, int nargs, char* err,
+                   std::size_t errlen) {
+    constexpr int n = sizeof...(A);
+    const char want[n + 1] = {emu_tag<A>()..., 0};
+    if (nargs != n || std::strncmp(want, tags, n) != 0) {
+        std::snprintf(err, errlen, "%s takes (%s), was given (%.*s)", name, want, nargs, tags);
+        return 1;
+    }
+    if (block == 0 || block > 1024 || grid == 0 || grid > 2147483647u) {
+        std::snprintf(err, errlen, "%s: %u blocks of %u threads (CUDA: 1..=1024 threads)",
+                      name, grid, block);
+        return 1;
+    }
+    if (shared > 48 * 1024) {
+        std::snprintf(err, errlen, "%s: %u bytes of dynamic shared memory (48 KiB without opt-in)",
+                      name, shared);
+        return 1;
+    }
+    std::vector<unsigned char> sh(48 * 1024 + EMU_SHARED_CANARY + shared);
+    std::memset(sh.data() + shared, 0xa5, EMU_SHARED_CANARY);
+    std::vector<std::coroutine_handle<emu_task::promise_type>> th(block);
+    std::vector<char> done(block);
+    emu_blockDim = {block, 1, 1};
+    emu_gridDim = {grid, 1, 1};
+    for (unsigned b = 0; b < grid; ++b) {
+        emu_blockIdx = {b, 0, 0};
+        std::memset(sh.data(), 0xff, shared);  // NaN, like uninitialised shared memory
+        emu_shared = sh.data();
+        for (unsigned t = 0; t < block; ++t) {
+            emu_threadIdx = {t, 0, 0};
+            th[t] = emu_invoke(f, args, std::index_sequence_for<A...>{}).h;
+            done[t] = 0;
+        }
+        unsigned left = block;
+        int diverged = 0;
+        while (left > 0) {
+            unsigned finished = 0, waiting = 0;
+            for (unsigned t = 0; t < block; ++t) {
+                if (done[t]) continue;
+                emu_threadIdx = {t, 0, 0};
+                th[t].resume();
+                if (th[t].done()) { done[t] = 1; --left; ++finished; } else { ++waiting; }
+            }
+            if (finished > 0 && waiting > 0) { diverged = 1; break; }
+        }
+        for (unsigned t = 0; t < block; ++t) th[t].destroy();
+        if (diverged) {
+            std::snprintf(err, errlen, "%s, block %u: some threads exited while others wait at __syncthreads()", name, b);
+            return 1;
+        }
+        for (unsigned i = 0; i < EMU_SHARED_CANARY; ++i) {
+            if (sh[shared + i] != 0xa5) {
+                std::snprintf(err, errlen, "%s, block %u: wrote past its %u bytes of shared memory", name, b, shared);
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+"#;
+
+/// `KERNELS` as C++20: each `extern "C" __global__ void` kernel becomes a
+/// coroutine returning `emu_task` (so `__syncthreads()` can suspend it),
+/// `return;` becomes `co_return;`, and `extern __shared__ T name[];` points
+/// at the block's shared memory. Returns the source and the kernel names.
+fn kernels_as_cpp(src: &str) -> std::result::Result<(String, Vec<String>), String> {
+    const GLOBAL: &str = "extern \"C\" __global__ void ";
+    let mut out = String::new();
+    let mut names = Vec::new();
+    let mut rest = src;
+    while let Some(i) = rest.find(GLOBAL) {
+        out.push_str(&rest[..i]);
+        rest = &rest[i + GLOBAL.len()..];
+        let paren = rest.find('(').ok_or("a kernel without a parameter list")?;
+        names.push(rest[..paren].trim().to_string());
+        let body = rest.find('{').ok_or("a kernel without a body")?;
+        out.push_str("emu_task ");
+        out.push_str(&rest[..=body]);
+        out.push_str(" co_await emu_start{};");
+        rest = &rest[body + 1..];
+    }
+    out.push_str(rest);
+    let mut out = out
+        .replace("__syncthreads();", "co_await emu_sync{};")
+        .replace("return;", "co_return;");
+    const SHARED: &str = "extern __shared__ ";
+    while let Some(i) = out.find(SHARED) {
+        let end = i + out[i..]
+            .find(';')
+            .ok_or("unterminated __shared__ declaration")?;
+        let decl = out[i + SHARED.len()..end].trim();
+        let (ty, name) = decl
+            .strip_suffix("[]")
+            .and_then(|d| d.rsplit_once(' '))
+            .ok_or_else(|| format!("unsupported shared declaration `{decl}`"))?;
+        let repl = format!("{ty}* {name} = static_cast<{ty}*>(emu_shared)");
+        out.replace_range(i..end, &repl);
+    }
+    Ok((out, names))
+}
+
+type LaunchFn = unsafe extern "C" fn(
+    *const c_char,
+    u32,
+    u32,
+    u32,
+    *mut *mut c_void,
+    *const c_char,
+    c_int,
+    *mut c_char,
+    usize,
+) -> c_int;
+
+/// The kernels, compiled and loaded.
+struct Kernels {
+    _lib: libloading::Library,
+    launch: LaunchFn,
+}
+
+/// Compile `src` (kernel source in the NVRTC dialect) into a loaded library.
+fn compile(src: &str) -> std::result::Result<Kernels, String> {
+    let (cpp, names) = kernels_as_cpp(src)?;
+    let mut file = String::from(PRELUDE);
+    file.push_str(&cpp);
+    file.push_str(LAUNCHER);
+    file.push_str(
+        "extern \"C\" int emu_launch(const char* name, unsigned grid, unsigned block,\n\
+         unsigned shared, void** args, const char* tags, int nargs, char* err,\n\
+         std::size_t errlen) {\n",
+    );
+    for n in &names {
+        file.push_str(&format!(
+            "    if (!std::strcmp(name, \"{n}\")) return emu_run(name, {n}, grid, block, shared, args, tags, nargs, err, errlen);\n"
+        ));
+    }
+    file.push_str(
+        "    std::snprintf(err, errlen, \"no kernel named %s\", name);\n    return 1;\n}\n",
+    );
+    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let dir: PathBuf = std::env::temp_dir().join(format!(
+        "tessera-gpu-emulator-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let (cpp_path, lib_path) = (dir.join("kernels.cpp"), dir.join("libkernels.so"));
+    std::fs::write(&cpp_path, &file).map_err(|e| e.to_string())?;
+    let out = Command::new("g++")
+        .args(["-std=c++20", "-O2", "-fPIC", "-shared", "-o"])
+        .arg(&lib_path)
+        .arg(&cpp_path)
+        .output()
+        .map_err(|e| format!("running g++ (install build-essential): {e}"))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(format!(
+            "the kernels do not compile:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    // SAFETY: our own library, built just now; emu_launch has LaunchFn's
+    // signature (see the generated source above).
+    let kernels = unsafe {
+        let lib = libloading::Library::new(&lib_path).map_err(|e| e.to_string())?;
+        let launch = *lib
+            .get::<LaunchFn>(b"emu_launch\0")
+            .map_err(|e| e.to_string())?;
+        Kernels { _lib: lib, launch }
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(kernels)
+}
+
+fn kernels() -> &'static Kernels {
+    static K: OnceLock<Kernels> = OnceLock::new();
+    K.get_or_init(|| compile(KERNELS).unwrap_or_else(|e| panic!("GPU emulator: {e}")))
+}
+
+/// A buffer in host memory, followed by [`CANARY`] floats.
+pub(crate) struct EmuBuf {
+    data: Vec<f32>,
+}
+
+impl EmuBuf {
+    fn new(mut data: Vec<f32>) -> Self {
+        data.extend(std::iter::repeat_n(f32::from_bits(CANARY_BITS), CANARY));
+        EmuBuf { data }
+    }
+    fn len(&self) -> usize {
+        self.data.len() - CANARY
+    }
+    fn canary_intact(&self) -> bool {
+        self.data[self.len()..]
+            .iter()
+            .all(|v| v.to_bits() == CANARY_BITS)
+    }
+}
+
+fn err(msg: impl Into<String>) -> EncodeError {
+    EncodeError::backend(NAME, msg.into())
+}
+
+/// The emulated GPU.
+pub(crate) struct EmulatedDevice {
+    kernels: &'static Kernels,
+}
+
+impl EmulatedDevice {
+    pub(crate) fn new() -> Self {
+        EmulatedDevice { kernels: kernels() }
+    }
+}
+
+impl Device for EmulatedDevice {
+    type Buf = EmuBuf;
+
+    fn upload(&self, host: &[f32]) -> Result<EmuBuf> {
+        Ok(EmuBuf::new(host.to_vec()))
+    }
+
+    fn zeros(&self, n: usize) -> Result<EmuBuf> {
+        Ok(EmuBuf::new(vec![0.0; n]))
+    }
+
+    fn download(&self, buf: &EmuBuf) -> Result<Vec<f32>> {
+        Ok(buf.data[..buf.len()].to_vec())
+    }
+
+    fn gemm(
+        &self,
+        g: &Gemm,
+        a: (&EmuBuf, usize),
+        b: (&EmuBuf, usize),
+        c: (&mut EmuBuf, usize),
+    ) -> Result<()> {
+        let rest = |len: usize, off: usize| len.saturating_sub(off);
+        g.check(
+            rest(a.0.len(), a.1),
+            rest(b.0.len(), b.1),
+            rest(c.0.len(), c.1),
+        )?;
+        let (am, bm) = (&a.0.data[a.1..], &b.0.data[b.1..]);
+        let cm = &mut c.0.data[c.1..];
+        // op(A) as m rows of k, op(B) as n columns of k, then dot products.
+        let mut ar = vec![0f32; g.m * g.k];
+        let mut bc = vec![0f32; g.n * g.k];
+        for p in 0..g.batch {
+            let (ao, bo, co) = (p * g.stride_a, p * g.stride_b, p * g.stride_c);
+            for i in 0..g.m {
+                for l in 0..g.k {
+                    ar[i * g.k + l] = if g.trans_a {
+                        am[ao + l + i * g.lda]
+                    } else {
+                        am[ao + i + l * g.lda]
+                    };
+                }
+            }
+            for j in 0..g.n {
+                for l in 0..g.k {
+                    bc[j * g.k + l] = if g.trans_b {
+                        bm[bo + j + l * g.ldb]
+                    } else {
+                        bm[bo + l + j * g.ldb]
+                    };
+                }
+            }
+            for j in 0..g.n {
+                let bj = &bc[j * g.k..(j + 1) * g.k];
+                for i in 0..g.m {
+                    let ai = &ar[i * g.k..(i + 1) * g.k];
+                    let dot: f32 = ai.iter().zip(bj).map(|(x, y)| x * y).sum();
+                    let ci = &mut cm[co + i + j * g.ldc];
+                    *ci = if g.beta == 0.0 {
+                        g.alpha * dot
+                    } else {
+                        g.alpha * dot + g.beta * *ci
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn launch(&self, kernel: Kernel, launch: Launch, args: &mut [Arg<'_, EmuBuf>]) -> Result<()> {
+        let n = args.len();
+        let mut ptrs = vec![std::ptr::null_mut::<f32>(); n];
+        let mut ints = vec![0i32; n];
+        let mut floats = vec![0f32; n];
+        let mut tags = Vec::with_capacity(n + 1);
+        for (i, a) in args.iter_mut().enumerate() {
+            match a {
+                // The kernel only reads an `In` buffer; the pointer is
+                // mutable because C's `const float*` and `float*` share a
+                // representation.
+                Arg::In(b) => ptrs[i] = b.data.as_ptr().cast_mut(),
+                Arg::Out(b) => ptrs[i] = b.data.as_mut_ptr(),
+                Arg::Null => {}
+                Arg::I32(v) => ints[i] = *v,
+                Arg::F32(v) => floats[i] = *v,
+            }
+            tags.push(match a {
+                Arg::In(_) | Arg::Out(_) | Arg::Null => b'p',
+                Arg::I32(_) => b'i',
+                Arg::F32(_) => b'f',
+            });
+        }
+        tags.push(0);
+        let mut slots: Vec<*mut c_void> = (0..n)
+            .map(|i| match tags[i] {
+                b'p' => (&mut ptrs[i]) as *mut *mut f32 as *mut c_void,
+                b'i' => (&mut ints[i]) as *mut i32 as *mut c_void,
+                _ => (&mut floats[i]) as *mut f32 as *mut c_void,
+            })
+            .collect();
+        let name = CString::new(kernel.name()).map_err(|e| err(e.to_string()))?;
+        let mut msg = vec![0 as c_char; 512];
+        // SAFETY: every slot points at a live value of the tagged type; the
+        // launcher checks the tags against the kernel's signature before it
+        // reads them, and the kernels' pointers are the buffers above.
+        let rc = unsafe {
+            (self.kernels.launch)(
+                name.as_ptr(),
+                launch.grid,
+                launch.block,
+                launch.shared_bytes,
+                slots.as_mut_ptr(),
+                tags.as_ptr().cast(),
+                n as c_int,
+                msg.as_mut_ptr(),
+                msg.len(),
+            )
+        };
+        if rc != 0 {
+            // SAFETY: snprintf wrote a NUL-terminated message into msg.
+            let m = unsafe { CStr::from_ptr(msg.as_ptr()) };
+            return Err(err(m.to_string_lossy().into_owned()));
+        }
+        for (i, a) in args.iter().enumerate() {
+            let intact = match a {
+                Arg::In(b) => b.canary_intact(),
+                Arg::Out(b) => b.canary_intact(),
+                _ => true,
+            };
+            if !intact {
+                return Err(err(format!(
+                    "{} wrote past the end of argument {i}",
+                    kernel.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::backend::gpu::GpuBackend;
+    use crate::checkpoint::Checkpoint;
+    use crate::encode::Encoder;
+    use crate::model::StudentWeights;
+    use crate::npy;
+    use crate::profile::DeviceProfile;
+    use crate::tile::TileInputs;
+
+    const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/encoder");
+
+    fn emulated_encoder(ckpt: &Path, chunk: usize) -> Encoder {
+        let weights =
+            Arc::new(StudentWeights::from_checkpoint(&Checkpoint::load(ckpt).unwrap()).unwrap());
+        let backend = GpuBackend::create(NAME, EmulatedDevice::new(), weights.clone()).unwrap();
+        let profile = DeviceProfile {
+            chunk_pixels: chunk,
+            ..DeviceProfile::default_for("cuda")
+        };
+        Encoder::with_backend(weights, Box::new(backend), profile)
+    }
+
+    /// The fixture checks of `tests/fixtures.rs`, on the emulated GPU.
+    fn check_fixture(name: &str, chunk: usize) {
+        let dir = Path::new(FIXTURES).join(name);
+        let tile = TileInputs::read(&dir.join("tile")).unwrap();
+        let enc = emulated_encoder(&dir.join("ckpt.safetensors"), chunk);
+        let emb = enc
+            .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
+            .unwrap();
+        let expected = npy::read(&dir.join("expected/emb_f32.npy"))
+            .unwrap()
+            .to_f32();
+        let nodata: Vec<bool> = npy::read(&dir.join("expected/nodata.npy"))
+            .unwrap()
+            .data
+            .iter()
+            .map(|&b| b != 0)
+            .collect();
+        assert_eq!(emb.nodata, nodata, "{name}: no-data pixels differ");
+        let r = emb.dim;
+        let (mut worst_cos, mut worst_abs) = (1.0f64, 0.0f32);
+        for (p, (a, b)) in emb.values.chunks(r).zip(expected.chunks(r)).enumerate() {
+            if nodata[p] {
+                assert!(
+                    a.iter().all(|v| v.is_nan()),
+                    "{name}: no-data pixel {p} must be NaN"
+                );
+                continue;
+            }
+            let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            worst_cos = worst_cos.min(dot / (na * nb));
+            for (x, y) in a.iter().zip(b) {
+                worst_abs = worst_abs.max((x - y).abs());
+            }
+        }
+        assert!(worst_cos >= 0.99999, "{name}: cosine {worst_cos}");
+        assert!(worst_abs <= 1e-4, "{name}: max abs error {worst_abs}");
+        let (codes, _) = emb.quantize();
+        let exp_codes = npy::read(&dir.join("expected/tile.npy")).unwrap();
+        let mut equal = 0usize;
+        for (&a, &b) in codes.iter().zip(&exp_codes.data) {
+            assert!(
+                (a as i32 - b as i8 as i32).abs() <= 1,
+                "{name}: int8 code {a} vs {}",
+                b as i8
+            );
+            equal += usize::from(a == b as i8);
+        }
+        assert!(
+            equal as f64 >= 0.99 * codes.len() as f64,
+            "{name}: {equal} of {} codes equal",
+            codes.len()
+        );
+    }
+
+    #[test]
+    fn emulated_gpu_matches_upstream_small() {
+        // A chunk of 7 pixels leaves a ragged last chunk in every bin.
+        check_fixture("small", 7);
+    }
+
+    #[test]
+    fn emulated_gpu_matches_upstream_long() {
+        check_fixture("long", 64);
+    }
+
+    fn launch_epilogue(args: &mut [Arg<'_, EmuBuf>], grid: u32) -> Result<()> {
+        let launch = Launch {
+            grid,
+            block: 1024,
+            shared_bytes: 0,
+        };
+        EmulatedDevice::new().launch(Kernel::BiasEpilogue, launch, args)
+    }
+
+    #[test]
+    fn emulator_refuses_wrong_argument_types() {
+        let mut y = EmuBuf::new(vec![1.0; 8]);
+        // `relu` is an int; a float in its place is refused.
+        let e = launch_epilogue(
+            &mut [
+                Arg::Out(&mut y),
+                Arg::Null,
+                Arg::Null,
+                Arg::I32(2),
+                Arg::I32(4),
+                Arg::F32(1.0),
+            ],
+            1,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("takes (pppiii), was given (pppiif)"), "{e}");
+        let e = launch_epilogue(&mut [Arg::Out(&mut y)], 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("was given (p)"), "{e}");
+    }
+
+    #[test]
+    fn emulator_catches_a_kernel_writing_past_a_buffer() {
+        let mut y = EmuBuf::new(vec![-1.0; 8]);
+        let ok = launch_epilogue(
+            &mut [
+                Arg::Out(&mut y),
+                Arg::Null,
+                Arg::Null,
+                Arg::I32(2),
+                Arg::I32(4),
+                Arg::I32(1),
+            ],
+            1,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+        assert_eq!(&y.data[..8], &[0.0; 8], "ReLU of -1 is 0");
+        // Told the buffer holds 3 rows of 4, the kernel writes past its 8
+        // floats (ReLU turns the NaN canary into 0).
+        let e = launch_epilogue(
+            &mut [
+                Arg::Out(&mut y),
+                Arg::Null,
+                Arg::Null,
+                Arg::I32(3),
+                Arg::I32(4),
+                Arg::I32(1),
+            ],
+            1,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("wrote past the end of argument 0"), "{e}");
+    }
+
+    #[test]
+    fn gemm_past_a_buffer_is_refused() {
+        let dev = EmulatedDevice::new();
+        let (a, b) = (EmuBuf::new(vec![1.0; 6]), EmuBuf::new(vec![1.0; 6]));
+        let mut c = EmuBuf::new(vec![0.0; 4]);
+        let g = Gemm {
+            trans_a: false,
+            trans_b: false,
+            m: 2,
+            n: 2,
+            k: 3,
+            alpha: 1.0,
+            lda: 2,
+            ldb: 3,
+            beta: 0.0,
+            ldc: 2,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+        };
+        dev.gemm(&g, (&a, 0), (&b, 0), (&mut c, 0)).unwrap();
+        assert_eq!(&c.data[..4], &[3.0; 4]);
+        let e = dev
+            .gemm(&g, (&a, 1), (&b, 0), (&mut c, 0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("A needs 6 floats, its buffer has 5"), "{e}");
+        let e = dev
+            .gemm(
+                &Gemm {
+                    batch: 2,
+                    stride_c: 4,
+                    ..g
+                },
+                (&a, 0),
+                (&b, 0),
+                (&mut c, 0),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("C needs 8 floats, its buffer has 4"), "{e}");
+        let e = dev
+            .gemm(&Gemm { lda: 1, ..g }, (&a, 0), (&b, 0), (&mut c, 0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lda 1 is below 2"), "{e}");
+    }
+
+    #[test]
+    fn the_kernel_list_matches_the_source() {
+        let (_, names) = kernels_as_cpp(KERNELS).unwrap();
+        let listed: Vec<&str> = Kernel::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names, listed);
+    }
+
+    #[test]
+    fn kernels_that_nvrtc_would_refuse_do_not_build() {
+        // NVRTC has no <math.h>: INFINITY is unknown there, and here.
+        let src = KERNELS.replacen("__int_as_float(0xff800000)", "-INFINITY", 1);
+        assert_ne!(src, KERNELS);
+        let e = compile(&src).err().expect("INFINITY must not compile");
+        assert!(e.contains("INFINITY"), "{e}");
+    }
+
+    #[test]
+    fn barrier_divergence_is_reported() {
+        let src = r#"
+extern "C" __global__ void diverge(float* x) {
+    if (threadIdx.x == 0) return;
+    __syncthreads();
+    x[threadIdx.x] = 1.0f;
+}
+"#;
+        let k = compile(src).unwrap();
+        let mut x = vec![0f32; 4];
+        let mut p = x.as_mut_ptr();
+        let mut slots = [(&mut p) as *mut *mut f32 as *mut c_void];
+        let mut msg = vec![0 as c_char; 256];
+        // SAFETY: one pointer argument to a 4-float buffer, 4 threads.
+        let rc = unsafe {
+            (k.launch)(
+                c"diverge".as_ptr(),
+                1,
+                4,
+                0,
+                slots.as_mut_ptr(),
+                c"p".as_ptr(),
+                1,
+                msg.as_mut_ptr(),
+                msg.len(),
+            )
+        };
+        assert_eq!(rc, 1);
+        // SAFETY: NUL-terminated by snprintf.
+        let m = unsafe { CStr::from_ptr(msg.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        assert!(m.contains("others wait at __syncthreads"), "{m}");
+    }
+}
