@@ -89,6 +89,74 @@ pub fn gemm_rate(threads: usize, seconds: f64) -> f64 {
     counts.iter().sum::<usize>() as f64 * flops / secs / 1e9
 }
 
+/// This machine's f32 FMA ceiling with `threads` threads (GFLOP/s): twelve
+/// independent chains of 8-wide fused multiply-adds per thread, all in
+/// registers, for about `seconds`. No GEMM can beat it; it says how much of
+/// the chip the sgemm roofline already uses. `None` where the CPU has no
+/// AVX2 and FMA (or is not x86-64).
+pub fn fma_peak_rate(threads: usize, seconds: f64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return None;
+        }
+        const ITERS: u64 = 1 << 20;
+        let start = Instant::now();
+        let rounds: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads.max(1))
+                .map(|_| {
+                    s.spawn(move || {
+                        let mut rounds = 0u64;
+                        while rounds == 0 || start.elapsed().as_secs_f64() < seconds {
+                            // SAFETY: AVX2 and FMA were detected above.
+                            std::hint::black_box(unsafe { fma_chains(ITERS) });
+                            rounds += 1;
+                        }
+                        rounds
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("FMA bench thread does not panic"))
+                .sum()
+        });
+        let secs = start.elapsed().as_secs_f64();
+        Some((rounds * ITERS * FMA_FLOPS_PER_ITER) as f64 / secs / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (threads, seconds);
+        None
+    }
+}
+
+/// 12 chains x 8 lanes x 2 FLOPs.
+#[cfg(target_arch = "x86_64")]
+const FMA_FLOPS_PER_ITER: u64 = 12 * 8 * 2;
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_chains(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    // Twelve chains cover the FMA latency (4-5 cycles) on two pipes.
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    let a = _mm256_set1_ps(0.999_999);
+    let b = _mm256_set1_ps(1e-7);
+    for _ in 0..iters {
+        for x in acc.iter_mut() {
+            *x = _mm256_fmadd_ps(*x, a, b);
+        }
+    }
+    let mut lanes = [0f32; 8];
+    let mut sum = _mm256_setzero_ps();
+    for x in acc {
+        sum = _mm256_add_ps(sum, x);
+    }
+    // SAFETY: lanes holds 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
+    lanes.iter().sum()
+}
+
 /// oneDNN's `dnnl_sgemm` rate with `threads` threads (GFLOP/s, best of
 /// several runs on `onednn::RATE_SHAPE`): the roofline the issue measures
 /// every backend against. `None` when the `onednn` feature is off.

@@ -380,6 +380,14 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     for t in dedup {
         let peak = bench::gemm_rate(t, 1.0);
         let dnnl = bench::dnnl_sgemm_rate(t)?;
+        if let Some(fma) = bench::fma_peak_rate(t, 1.0) {
+            let of = |r: f64| format!("{:.0}%", 100.0 * r / fma);
+            println!(
+                "{t} thread(s): FMA ceiling {fma:.1} GFLOP/s; gemm crate at {}, oneDNN sgemm at {} of it",
+                of(peak),
+                dnnl.map_or("-".into(), of)
+            );
+        }
         for b in &backends {
             let run = RunArgs {
                 backend: b.clone(),

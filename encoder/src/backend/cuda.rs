@@ -154,6 +154,12 @@ impl Device for CudaDevice {
             rest(b.0.len(), b.1),
             rest(c.0.len(), c.1),
         )?;
+        // cuBLAS uses the calling thread's current context; the copies and
+        // launches bind it themselves, but a GEMM may come first on a thread.
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| err("binding the GPU context", e))?;
         let cfg = GemmConfig {
             transa: op(g.trans_a),
             transb: op(g.trans_b),
