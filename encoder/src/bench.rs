@@ -34,59 +34,74 @@ pub fn tile_flops(cfg: &ModelConfig, tile: &TileInputs) -> f64 {
     total
 }
 
+/// GFLOP/s of `threads` threads that each build one step with `setup(t)`
+/// and repeat it (at least once) for about `seconds`; a step is
+/// `flops_per_step` FLOPs.
+fn rate_on_threads<S, F>(threads: usize, seconds: f64, flops_per_step: f64, setup: S) -> f64
+where
+    S: Fn(usize) -> F + Sync,
+    F: FnMut(),
+{
+    let start = Instant::now();
+    let steps: usize = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads.max(1))
+            .map(|t| {
+                let setup = &setup;
+                s.spawn(move || {
+                    let mut step = setup(t);
+                    let mut n = 0;
+                    while n == 0 || start.elapsed().as_secs_f64() < seconds {
+                        step();
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("bench thread does not panic"))
+            .sum()
+    });
+    steps as f64 * flops_per_step / start.elapsed().as_secs_f64() / 1e9
+}
+
 /// Sustained single-precision GEMM rate of `threads` threads, each running
 /// its own single-threaded `gemm` of a transformer-FFN shape (512 x 640 x
 /// 2560) for about `seconds`. GFLOP/s.
 pub fn gemm_rate(threads: usize, seconds: f64) -> f64 {
     let (m, k, n) = (512usize, 640usize, 2560usize);
-    let flops = 2.0 * (m * k * n) as f64;
-    let start = Instant::now();
-    let counts: Vec<usize> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads.max(1))
-            .map(|t| {
-                s.spawn(move || {
-                    let a: Vec<f32> = (0..m * k).map(|i| ((i + t) % 7) as f32 * 0.1).collect();
-                    let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
-                    let mut c = vec![0f32; m * n];
-                    let mut reps = 0;
-                    while reps == 0 || start.elapsed().as_secs_f64() < seconds {
-                        // SAFETY: a, b, c hold m*k, k*n, m*n elements, row-major.
-                        unsafe {
-                            gemm::gemm(
-                                m,
-                                n,
-                                k,
-                                c.as_mut_ptr(),
-                                1,
-                                n as isize,
-                                false,
-                                a.as_ptr(),
-                                1,
-                                k as isize,
-                                b.as_ptr(),
-                                1,
-                                n as isize,
-                                0.0f32,
-                                1.0f32,
-                                false,
-                                false,
-                                false,
-                                gemm::Parallelism::None,
-                            );
-                        }
-                        reps += 1;
-                    }
-                    std::hint::black_box(&c);
-                    reps
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("gemm bench thread does not panic"))
-            .collect()
-    });
-    let secs = start.elapsed().as_secs_f64();
-    counts.iter().sum::<usize>() as f64 * flops / secs / 1e9
+    rate_on_threads(threads, seconds, 2.0 * (m * k * n) as f64, |t| {
+        let a: Vec<f32> = (0..m * k).map(|i| ((i + t) % 7) as f32 * 0.1).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
+        let mut c = vec![0f32; m * n];
+        move || {
+            // SAFETY: a, b, c hold m*k, k*n, m*n elements, row-major.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    c.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    1,
+                    k as isize,
+                    b.as_ptr(),
+                    1,
+                    n as isize,
+                    0.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            std::hint::black_box(&c);
+        }
+    })
 }
 
 /// This machine's f32 FMA ceiling with `threads` threads (GFLOP/s): twelve
@@ -101,27 +116,13 @@ pub fn fma_peak_rate(threads: usize, seconds: f64) -> Option<f64> {
             return None;
         }
         const ITERS: u64 = 1 << 20;
-        let start = Instant::now();
-        let rounds: u64 = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..threads.max(1))
-                .map(|_| {
-                    s.spawn(move || {
-                        let mut rounds = 0u64;
-                        while rounds == 0 || start.elapsed().as_secs_f64() < seconds {
-                            // SAFETY: AVX2 and FMA were detected above.
-                            std::hint::black_box(unsafe { fma_chains(ITERS) });
-                            rounds += 1;
-                        }
-                        rounds
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().expect("FMA bench thread does not panic"))
-                .sum()
-        });
-        let secs = start.elapsed().as_secs_f64();
-        Some((rounds * ITERS * FMA_FLOPS_PER_ITER) as f64 / secs / 1e9)
+        let flops = (ITERS * FMA_FLOPS_PER_ITER) as f64;
+        Some(rate_on_threads(threads, seconds, flops, |_| {
+            || {
+                // SAFETY: AVX2 and FMA were detected above.
+                std::hint::black_box(unsafe { fma_chains(ITERS) });
+            }
+        }))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

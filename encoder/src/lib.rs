@@ -44,6 +44,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod encode;
 pub mod error;
+pub mod golden;
 pub mod model;
 pub mod npy;
 pub mod output;

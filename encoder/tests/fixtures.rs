@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use tessera_encoder::npy;
+use tessera_encoder::{golden, npy};
 use tessera_encoder::{
     BackendChoice, DeviceProfile, Encoder, OutputOptions, TileEmbedding, TileInputs,
 };
@@ -46,80 +46,10 @@ fn check_against_upstream(name: &str, backend: BackendChoice) {
         backend,
         profile(backend, 2, 16, 4),
     );
-    let expected = npy::read(&dir.join("expected/emb_f32.npy"))
-        .unwrap()
-        .to_f32();
-    let nodata_exp: Vec<bool> = npy::read(&dir.join("expected/nodata.npy"))
-        .unwrap()
-        .data
-        .iter()
-        .map(|&b| b != 0)
-        .collect();
-    assert_eq!(emb.values.len(), expected.len());
-    assert_eq!(emb.nodata, nodata_exp, "{name}: no-data pixels differ");
-    let r = emb.dim;
-    let (mut worst_cos, mut worst_abs) = (1.0f64, 0.0f32);
-    for (p, (a, b)) in emb.values.chunks(r).zip(expected.chunks(r)).enumerate() {
-        if nodata_exp[p] {
-            assert!(
-                a.iter().all(|v| v.is_nan()),
-                "no-data pixel {p} must be NaN"
-            );
-            continue;
-        }
-        let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
-        let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-        let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-        worst_cos = worst_cos.min(dot / (na * nb));
-        for (x, y) in a.iter().zip(b) {
-            worst_abs = worst_abs.max((x - y).abs());
-        }
-    }
-    assert!(
-        worst_cos >= 0.99999,
-        "{name}/{backend:?}: cosine {worst_cos}"
-    );
-    assert!(
-        worst_abs <= 1e-4,
-        "{name}/{backend:?}: max abs error {worst_abs}"
-    );
-
-    // int8: within ±1 everywhere, equal on >= 99 %; no-data pixels code 0, scale inf.
-    let (codes, scales) = emb.quantize();
-    let exp_codes = npy::read(&dir.join("expected/tile.npy")).unwrap();
-    assert_eq!(exp_codes.dtype, npy::DType::I8);
-    let exp_scales = npy::read(&dir.join("expected/tile_scales.npy"))
-        .unwrap()
-        .to_f32();
-    let (mut equal, mut total) = (0usize, 0usize);
-    for (p, (c, e)) in codes.chunks(r).zip(exp_codes.data.chunks(r)).enumerate() {
-        if nodata_exp[p] {
-            assert!(c.iter().all(|&v| v == 0));
-            assert_eq!(scales[p], f32::INFINITY);
-            continue;
-        }
-        let rel = (scales[p] - exp_scales[p]).abs() / exp_scales[p];
-        assert!(
-            rel < 1e-4,
-            "pixel {p}: scale {} vs {}",
-            scales[p],
-            exp_scales[p]
-        );
-        for (&a, &b) in c.iter().zip(e) {
-            let b = b as i8;
-            assert!(
-                (a as i32 - b as i32).abs() <= 1,
-                "pixel {p}: code {a} vs {b}"
-            );
-            equal += usize::from(a == b);
-            total += 1;
-        }
-    }
-    let frac = equal as f64 / total as f64;
-    assert!(
-        frac >= 0.99,
-        "{name}/{backend:?}: only {frac} of int8 codes equal"
-    );
+    let report = golden::compare(&dir, &emb)
+        .and_then(|r| r.meets_thresholds().map(|()| r))
+        .unwrap_or_else(|e| panic!("{name}/{backend:?}: {e}"));
+    eprintln!("{name}/{backend:?}: {report:?}");
 }
 
 #[test]

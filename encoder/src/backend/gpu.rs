@@ -270,15 +270,34 @@ pub(crate) trait Device {
     fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
     fn zeros(&self, n: usize) -> Result<Self::Buf>;
     fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
-    /// `gemm` over A, B and C starting `a.1`, `b.1`, `c.1` floats into
-    /// their buffers.
-    fn gemm(
+    /// How many floats `buf` holds.
+    fn len(buf: &Self::Buf) -> usize;
+    /// `g` over A, B and C starting `a.1`, `b.1`, `c.1` floats into their
+    /// buffers.
+    ///
+    /// # Safety
+    /// `g.check` passed for these buffers and offsets (what [`Device::gemm`]
+    /// does first): nothing checks again.
+    unsafe fn gemm_unchecked(
         &self,
         g: &Gemm,
         a: (&Self::Buf, usize),
         b: (&Self::Buf, usize),
         c: (&mut Self::Buf, usize),
     ) -> Result<()>;
+    /// [`Device::gemm_unchecked`] after [`Gemm::check`].
+    fn gemm(
+        &self,
+        g: &Gemm,
+        a: (&Self::Buf, usize),
+        b: (&Self::Buf, usize),
+        c: (&mut Self::Buf, usize),
+    ) -> Result<()> {
+        let rest = |buf: &Self::Buf, off: usize| Self::len(buf).saturating_sub(off);
+        g.check(rest(a.0, a.1), rest(b.0, b.1), rest(&*c.0, c.1))?;
+        // SAFETY: checked just above.
+        unsafe { self.gemm_unchecked(g, a, b, c) }
+    }
     fn launch(&self, kernel: Kernel, launch: Launch, args: &mut [Arg<'_, Self::Buf>])
         -> Result<()>;
 }

@@ -1,0 +1,119 @@
+//! Comparing an encoding with the upstream reference outputs kept next to a
+//! fixture tile (`expected/emb_f32.npy`, `nodata.npy`, `tile.npy`,
+//! `tile_scales.npy`, as in `shared/fixtures/encoder`), by the issue's
+//! acceptance figures. The fixture tests of every backend use it, the
+//! emulated GPU's included.
+
+use std::path::Path;
+
+use crate::npy;
+use crate::output::TileEmbedding;
+
+/// How close an encoding came to the reference.
+#[derive(Debug, Clone, Copy)]
+pub struct GoldenReport {
+    /// Lowest per-pixel cosine similarity over pixels with data.
+    pub worst_cosine: f64,
+    /// Largest absolute difference of any f32 value.
+    pub max_abs_error: f32,
+    /// Fraction of int8 codes equal to the reference's (all are within ±1).
+    pub int8_equal: f64,
+}
+
+impl GoldenReport {
+    /// The thresholds: cosine ≥ 0.99999, max abs error ≤ 1e-4,
+    /// ≥ 99 % of int8 codes equal.
+    pub fn meets_thresholds(&self) -> Result<(), String> {
+        if self.worst_cosine < 0.99999 {
+            return Err(format!("cosine {} < 0.99999", self.worst_cosine));
+        }
+        if self.max_abs_error > 1e-4 {
+            return Err(format!("max abs error {} > 1e-4", self.max_abs_error));
+        }
+        if self.int8_equal < 0.99 {
+            return Err(format!("only {} of int8 codes equal", self.int8_equal));
+        }
+        Ok(())
+    }
+}
+
+fn read(dir: &Path, name: &str) -> Result<npy::NpyArray, String> {
+    npy::read(&dir.join(name)).map_err(|e| format!("{name}: {e}"))
+}
+
+/// Compare `emb` with the reference in `fixture/expected`. Errors on what
+/// no threshold excuses: a different no-data mask, a no-data pixel that is
+/// not NaN (f32) or not code 0 with scale +inf (int8), a code more than 1
+/// away, a scale off by 1e-4 relative.
+pub fn compare(fixture: &Path, emb: &TileEmbedding) -> Result<GoldenReport, String> {
+    let dir = fixture.join("expected");
+    let expected = read(&dir, "emb_f32.npy")?.to_f32();
+    let nodata: Vec<bool> = read(&dir, "nodata.npy")?
+        .data
+        .iter()
+        .map(|&b| b != 0)
+        .collect();
+    if emb.values.len() != expected.len() {
+        return Err(format!(
+            "{} values, the reference has {}",
+            emb.values.len(),
+            expected.len()
+        ));
+    }
+    if emb.nodata != nodata {
+        return Err("the no-data pixels differ".into());
+    }
+    let r = emb.dim;
+    let (mut worst_cosine, mut max_abs_error) = (1.0f64, 0.0f32);
+    for (p, (a, b)) in emb.values.chunks(r).zip(expected.chunks(r)).enumerate() {
+        if nodata[p] {
+            if !a.iter().all(|v| v.is_nan()) {
+                return Err(format!("no-data pixel {p} is not NaN"));
+            }
+            continue;
+        }
+        let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        worst_cosine = worst_cosine.min(dot / (na * nb));
+        for (x, y) in a.iter().zip(b) {
+            max_abs_error = max_abs_error.max((x - y).abs());
+        }
+    }
+
+    let (codes, scales) = emb.quantize();
+    let exp_codes = read(&dir, "tile.npy")?;
+    if exp_codes.dtype != npy::DType::I8 {
+        return Err("tile.npy is not int8".into());
+    }
+    let exp_scales = read(&dir, "tile_scales.npy")?.to_f32();
+    let (mut equal, mut total) = (0usize, 0usize);
+    for (p, (c, e)) in codes.chunks(r).zip(exp_codes.data.chunks(r)).enumerate() {
+        if nodata[p] {
+            if !c.iter().all(|&v| v == 0) || scales[p] != f32::INFINITY {
+                return Err(format!("no-data pixel {p} is not code 0 with scale inf"));
+            }
+            continue;
+        }
+        let rel = (scales[p] - exp_scales[p]).abs() / exp_scales[p];
+        if rel >= 1e-4 {
+            return Err(format!(
+                "pixel {p}: scale {} vs {}",
+                scales[p], exp_scales[p]
+            ));
+        }
+        for (&a, &b) in c.iter().zip(e) {
+            let b = b as i8;
+            if (a as i32 - b as i32).abs() > 1 {
+                return Err(format!("pixel {p}: int8 code {a} vs {b}"));
+            }
+            equal += usize::from(a == b);
+            total += 1;
+        }
+    }
+    Ok(GoldenReport {
+        worst_cosine,
+        max_abs_error,
+        int8_equal: equal as f64 / total.max(1) as f64,
+    })
+}
