@@ -32,6 +32,9 @@ enum Cmd {
     SynthCkpt(SynthCkptArgs),
     /// Write a random tile in the geotessera layout.
     SynthTile(SynthTileArgs),
+    /// Which backends this build has, which this machine can run (and why
+    /// not), and what `--backend auto` picks.
+    Backends,
 }
 
 /// Backend and device settings shared by every command that encodes.
@@ -200,6 +203,10 @@ fn main() {
         Some(Cmd::Tune(a)) => run_tune(a),
         Some(Cmd::SynthCkpt(a)) => run_synth_ckpt(a),
         Some(Cmd::SynthTile(a)) => run_synth_tile(a),
+        Some(Cmd::Backends) => {
+            run_backends();
+            Ok(())
+        }
     };
     if let Err(e) = result {
         let cancelled = matches!(
@@ -209,6 +216,25 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(if cancelled { 130 } else { 1 });
     }
+}
+
+fn run_backends() {
+    for b in [
+        BackendChoice::Reference,
+        BackendChoice::Cpu,
+        BackendChoice::Onednn,
+        BackendChoice::Cuda,
+    ] {
+        match tessera_encoder::backend::unavailable_reason(b) {
+            None => println!(
+                "{:<10} usable  device: {}",
+                b.name(),
+                tessera_encoder::profile::device_name(b.name())
+            ),
+            Some(why) => println!("{:<10} not usable: {why}", b.name()),
+        }
+    }
+    println!("auto ->    {}", BackendChoice::Auto.resolve().name());
 }
 
 fn run_encode(a: EncodeArgs) -> Result<()> {

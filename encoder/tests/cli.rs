@@ -138,6 +138,34 @@ fn tune_writes_the_best_into_the_profile() {
 }
 
 #[test]
+fn backends_says_what_runs_here_and_why_not() {
+    let text = run(&["backends"], &[]);
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no line for {name}: {text}"))
+            .to_string()
+    };
+    assert!(line("reference").contains("usable  device:"), "{text}");
+    assert!(line("cpu").contains("usable  device:"), "{text}");
+    let cuda = line("cuda");
+    if tessera_encoder::backend::cuda_usable() {
+        assert!(cuda.contains("usable  device:"), "{text}");
+    } else {
+        // The reason names what is missing.
+        assert!(
+            cuda.contains("not usable: ") && (cuda.contains("lib") || cuda.contains("GPU")),
+            "{text}"
+        );
+    }
+    let auto = tessera_encoder::BackendChoice::Auto.resolve();
+    assert!(
+        text.contains(&format!("auto ->    {}", auto.name())),
+        "{text}"
+    );
+}
+
+#[test]
 fn bench_prints_a_ratio_against_gemm() {
     let text = run(
         &[

@@ -29,13 +29,49 @@ const NAME: &str = "cuda";
 /// Whether this machine can run the CUDA backend: the driver, cuBLAS and
 /// NVRTC libraries load and at least one GPU answers.
 pub fn available() -> bool {
+    probe().is_ok()
+}
+
+/// Why this machine cannot run the CUDA backend, or the number of GPUs.
+///
+/// cudarc looks each library up by its plain and CUDA-12 names
+/// (`libcublas.so`, `libcublas.so.12`, …; the bindings are CUDA 12.6's,
+/// which CUDA 12 and 13 drivers both serve). A CUDA 13 toolkit installs
+/// only `libcublas.so.13` and `libnvrtc.so.13` under those names, hence the
+/// hint in the message.
+pub fn probe() -> std::result::Result<usize, String> {
     // SAFETY: only probes whether the shared libraries can be opened.
-    let libs = unsafe {
-        cudarc::driver::sys::is_culib_present()
-            && cudarc::cublas::sys::is_culib_present()
-            && cudarc::nvrtc::sys::is_culib_present()
+    let (driver, cublas, nvrtc) = unsafe {
+        (
+            cudarc::driver::sys::is_culib_present(),
+            cudarc::cublas::sys::is_culib_present(),
+            cudarc::nvrtc::sys::is_culib_present(),
+        )
     };
-    libs && matches!(CudaContext::device_count(), Ok(n) if n > 0)
+    if !driver {
+        return Err(
+            "the CUDA driver library (libcuda.so.1) did not load: no NVIDIA driver here".into(),
+        );
+    }
+    let missing: Vec<&str> = [("libcublas", cublas), ("libnvrtc", nvrtc)]
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(name, _)| name)
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "{} did not load (looked for the plain .so name and .so.12/.11; a CUDA 13 \
+             install has only .so.13: put a directory with links such as \
+             libcublas.so -> libcublas.so.13 and libnvrtc.so -> libnvrtc.so.13 on \
+             LD_LIBRARY_PATH)",
+            missing.join(" and ")
+        ));
+    }
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(n as usize),
+        Ok(_) => Err("the CUDA driver reports no GPU".into()),
+        Err(e) => Err(format!("the CUDA driver did not answer: {e:?}")),
+    }
 }
 
 /// The name of GPU 0, for device profiles.
@@ -68,12 +104,7 @@ pub(crate) struct CudaDevice {
 
 impl CudaDevice {
     fn open() -> Result<Self> {
-        if !available() {
-            return Err(EncodeError::backend(
-                NAME,
-                "no usable GPU: libcuda, libcublas or libnvrtc did not load, or no device answered",
-            ));
-        }
+        probe().map_err(|why| EncodeError::backend(NAME, format!("no usable GPU: {why}")))?;
         let ctx = CudaContext::new(0).map_err(|e| err("opening GPU 0", e))?;
         let stream = ctx.default_stream();
         let blas =

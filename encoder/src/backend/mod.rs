@@ -157,6 +157,26 @@ pub fn cuda_usable() -> bool {
     }
 }
 
+/// Why this build or machine cannot run `choice` (`None`: it can). For
+/// CUDA, the library or driver that is missing.
+pub fn unavailable_reason(choice: BackendChoice) -> Option<String> {
+    match choice {
+        BackendChoice::Auto | BackendChoice::Reference | BackendChoice::Cpu => None,
+        BackendChoice::Onednn => (!cfg!(all(feature = "onednn", target_os = "linux")))
+            .then(|| not_built(choice).to_string()),
+        BackendChoice::Cuda => {
+            #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
+            {
+                cuda::probe().err()
+            }
+            #[cfg(not(all(feature = "cuda", any(target_os = "linux", target_os = "windows"))))]
+            {
+                Some(not_built(choice).to_string())
+            }
+        }
+    }
+}
+
 /// Build the chosen backend over shared weights.
 pub fn create(
     choice: BackendChoice,
@@ -181,8 +201,6 @@ pub fn create(
     }
 }
 
-// Unused in builds that have every backend compiled in.
-#[allow(dead_code)]
 fn not_built(c: BackendChoice) -> EncodeError {
     EncodeError::backend(
         c.name(),
