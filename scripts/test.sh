@@ -22,6 +22,28 @@ stop_pg() {
 }
 trap stop_pg EXIT
 
+# NVRTC (CUDA 12.6's, from PyPI; no GPU needed) for the test that compiles
+# the encoder's GPU kernels with it. Kept in the target directory.
+nvrtc_dir="$target/nvrtc-12.6"
+if [ ! -e "$nvrtc_dir/libnvrtc.so.12" ]; then
+    echo "test: fetching NVRTC 12.6 (nvidia-cuda-nvrtc-cu12 from PyPI) into $nvrtc_dir"
+    wheels=$(mktemp -d)
+    python3 -m pip download -q --no-deps -d "$wheels" 'nvidia-cuda-nvrtc-cu12==12.6.85'
+    mkdir -p "$nvrtc_dir"
+    python3 - "$wheels" "$nvrtc_dir" <<'PY'
+import glob, os, sys, zipfile
+wheel = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith("nvidia/cuda_nvrtc/lib/lib"):
+            with open(os.path.join(sys.argv[2], os.path.basename(name)), "wb") as out:
+                out.write(z.read(name))
+PY
+    rm -rf "$wheels"
+fi
+export LD_LIBRARY_PATH="$(cd "$nvrtc_dir" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export FLOTILLA_REQUIRE_NVRTC=1
+
 # Binaries first: the end-to-end tests run them as real processes.
 cargo build --workspace --bins --tests
 cargo test --workspace --no-fail-fast -- --test-threads "${FLOTILLA_TEST_THREADS:-2}"

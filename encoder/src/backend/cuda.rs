@@ -251,3 +251,36 @@ impl Device for CudaDevice {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NVRTC needs no GPU, so the kernels are compiled by the real NVRTC
+    /// wherever libnvrtc loads: `scripts/test.sh` fetches CUDA 12.6's from
+    /// PyPI, puts it on `LD_LIBRARY_PATH` and sets `FLOTILLA_REQUIRE_NVRTC`,
+    /// which makes its absence a failure. Every kernel must come out as a
+    /// PTX entry under its plain name, which is what `load_function` asks for.
+    #[test]
+    fn kernels_compile_with_nvrtc() {
+        // SAFETY: only probes whether the shared library can be opened.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            assert!(
+                std::env::var_os("FLOTILLA_REQUIRE_NVRTC").is_none(),
+                "FLOTILLA_REQUIRE_NVRTC is set but libnvrtc did not load"
+            );
+            eprintln!("libnvrtc did not load: kernel compilation not checked");
+            return;
+        }
+        let ptx = cudarc::nvrtc::compile_ptx(KERNELS)
+            .unwrap_or_else(|e| panic!("NVRTC refuses the kernels: {e:?}"));
+        let src = ptx.to_src();
+        for k in Kernel::ALL {
+            assert!(
+                src.contains(&format!(".entry {}(", k.name())),
+                "no PTX entry {}",
+                k.name()
+            );
+        }
+    }
+}
