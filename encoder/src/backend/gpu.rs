@@ -1,8 +1,10 @@
 //! The GPU path, written once over a small [`Device`] interface: every
 //! Linear is one SGEMM over the whole chunk, attention's two products are
 //! strided batched SGEMMs (one per head, over all pixels of the chunk), and
-//! the rest (bias and epilogues, LayerNorm, softmax, attention pooling) are
-//! the small kernels in [`KERNELS`].
+//! the rest (the day-of-year encoding, bias and epilogues, LayerNorm,
+//! softmax, attention pooling) are the small kernels in [`KERNELS`]. Only
+//! the inputs (bands and days) go to the device and only the pooled
+//! features and embeddings come back.
 //!
 //! Two devices implement [`Device`]: `cuda.rs` (cuBLAS and NVRTC through
 //! cudarc, the real thing) and, in this crate's tests, `gpu_emulator.rs`,
@@ -21,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{Backend, SequenceBatch};
 use crate::error::{EncodeError, Result};
-use crate::model::{self, Backbone, LayerNorm, Linear, Modality, StudentWeights};
+use crate::model::{Backbone, LayerNorm, Linear, Modality, StudentWeights};
 
 /// Threads per block of the row kernels (LayerNorm, softmax, pooling); a
 /// power of two for the tree reductions.
@@ -46,6 +48,23 @@ extern "C" __global__ void bias_epilogue(float* y, const float* bias, const floa
     if (relu) v = fmaxf(v, 0.0f);
     if (residual) v += residual[i];
     y[i] = v;
+}
+
+// The day-of-year encoding, as model::DoyEncoding computes it on the host
+// (in double, rounded to float): channel 2i is sin(doy * f_i), 2i + 1 is
+// cos(doy * f_i), f_i = exp(-ln(10000) * 2i / d). One thread per (row, i);
+// d is even.
+extern "C" __global__ void doy_encoding(float* out, const float* doys, int rows, int d) {
+    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    int half = d / 2;
+    if (k >= (long long)rows * half) return;
+    long long row = k / half;
+    int i = (int)(k % half);
+    double f = exp(-log(10000.0) * (double)(2 * i) / (double)d);
+    double s, c;
+    sincos((double)doys[row] * f, &s, &c);
+    out[row * d + 2 * i] = (float)s;
+    out[row * d + 2 * i + 1] = (float)c;
 }
 
 // One block per row of `cols`; gamma/beta may be null (no affine).
@@ -146,14 +165,16 @@ extern "C" __global__ void attention_pool(const float* h, const float* w, float 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kernel {
     BiasEpilogue,
+    DoyEncoding,
     LayerNorm,
     SoftmaxRows,
     AttentionPool,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 4] = [
+    pub(crate) const ALL: [Kernel; 5] = [
         Kernel::BiasEpilogue,
+        Kernel::DoyEncoding,
         Kernel::LayerNorm,
         Kernel::SoftmaxRows,
         Kernel::AttentionPool,
@@ -162,6 +183,7 @@ impl Kernel {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Kernel::BiasEpilogue => "bias_epilogue",
+            Kernel::DoyEncoding => "doy_encoding",
             Kernel::LayerNorm => "layer_norm",
             Kernel::SoftmaxRows => "softmax_rows",
             Kernel::AttentionPool => "attention_pool",
@@ -334,7 +356,6 @@ struct DeviceBackbone<B> {
     layers: Vec<DeviceLayer<B>>,
     pool_w: B,
     pool_b: f32,
-    doy: model::DoyEncoding,
 }
 
 /// The model's weights on a device, and the device; one caller at a time.
@@ -406,6 +427,15 @@ fn norm<D: Device>(dev: &D, n: &LayerNorm) -> Result<DeviceNorm<D::Buf>> {
 }
 
 fn backbone<D: Device>(dev: &D, b: &Backbone, ffn: usize) -> Result<DeviceBackbone<D::Buf>> {
+    if b.d_model % 2 != 0 {
+        return Err(EncodeError::backend(
+            "gpu",
+            format!(
+                "d_model {} is odd; the day-of-year encoding needs pairs",
+                b.d_model
+            ),
+        ));
+    }
     let mut layers = Vec::with_capacity(b.layers.len());
     for l in &b.layers {
         layers.push(DeviceLayer {
@@ -426,7 +456,6 @@ fn backbone<D: Device>(dev: &D, b: &Backbone, ffn: usize) -> Result<DeviceBackbo
         layers,
         pool_w: dev.upload(&b.pool.weight)?,
         pool_b: b.pool.bias[0],
-        doy: model::DoyEncoding::new(b.d_model),
     })
 }
 
@@ -602,12 +631,24 @@ impl<D: Device> GpuModel<D> {
         let m = px * len;
         let dev = &self.dev;
         let values = dev.upload(batch.values)?;
-        // The day-of-year encoding in f64 on the host, as the CPU backends do.
-        let mut pe_host = vec![0f32; m * d];
-        for (row, &doy) in pe_host.chunks_exact_mut(d).zip(batch.doys) {
-            bb.doy.encode(doy, row);
-        }
-        let pe = dev.upload(&pe_host)?;
+        // The day-of-year encoding on the device: on the host it would cost
+        // px·len·d/2 sin/cos and a copy as large as the activations per
+        // chunk, more than the chunk's GEMMs on a GPU.
+        let doys = dev.upload(batch.doys)?;
+        let mut pe = dev.zeros(m * d)?;
+        let pairs = m * (d / 2);
+        let launch = Launch {
+            grid: grid(pairs.div_ceil(EPILOGUE_THREADS as usize), "encoding blocks")?,
+            block: EPILOGUE_THREADS,
+            shared_bytes: 0,
+        };
+        let mut args = [
+            Arg::Out(&mut pe),
+            Arg::In(&doys),
+            Arg::I32(int(m, "rows")?),
+            Arg::I32(int(d, "d")?),
+        ];
+        dev.launch(Kernel::DoyEncoding, launch, &mut args)?;
         let mut t = dev.zeros(m * d)?;
         let mut h = dev.zeros(m * d)?;
         let mut qkv = dev.zeros(m * 3 * d)?;

@@ -54,6 +54,9 @@ float fminf(float, float) noexcept;
 float sqrtf(float) noexcept;
 float fabsf(float) noexcept;
 double sqrt(double) noexcept;
+double exp(double) noexcept;
+double log(double) noexcept;
+void sincos(double, double*, double*) noexcept;
 }
 static inline float __int_as_float(int i) { float f; __builtin_memcpy(&f, &i, 4); return f; }
 struct emu_task {
@@ -616,6 +619,45 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("lda 1 is below 2"), "{e}");
+    }
+
+    #[test]
+    fn doy_encoding_kernel_matches_the_host_encoding() {
+        let d = 64;
+        let doys: Vec<f32> = (0..367)
+            .map(|i| i as f32)
+            .chain([0.5, 365.25, 1e4])
+            .collect();
+        let rows = doys.len();
+        let mut out = EmuBuf::new(vec![0.0; rows * d]);
+        let doys_buf = EmuBuf::new(doys.clone());
+        let launch = Launch {
+            grid: (rows * d / 2).div_ceil(1024) as u32,
+            block: 1024,
+            shared_bytes: 0,
+        };
+        let mut args = [
+            Arg::Out(&mut out),
+            Arg::In(&doys_buf),
+            Arg::I32(rows as i32),
+            Arg::I32(d as i32),
+        ];
+        EmulatedDevice::new()
+            .launch(Kernel::DoyEncoding, launch, &mut args)
+            .unwrap();
+        let host = crate::model::DoyEncoding::new(d);
+        let mut want = vec![0f32; d];
+        for (r, &doy) in doys.iter().enumerate() {
+            host.encode(doy, &mut want);
+            for (j, (&got, &w)) in out.data[r * d..(r + 1) * d].iter().zip(&want).enumerate() {
+                // The same double-precision formula, rounded to float: equal
+                // but for the last bit of a libm that rounds differently.
+                assert!(
+                    (got - w).abs() <= f32::EPSILON * w.abs().max(1e-3),
+                    "doy {doy}, channel {j}: {got} vs {w}"
+                );
+            }
+        }
     }
 
     #[test]
