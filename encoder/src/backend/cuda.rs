@@ -14,15 +14,16 @@
 
 use std::sync::Arc;
 
-use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t, cublasStatus_t};
 use cudarc::cublas::{CudaBlas, Gemm as _, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 
-use super::gpu::{Arg, Device, Gemm, GpuBackend, Kernel, Launch, KERNELS};
+use super::gpu::{Arg, Device, Gemm, GemmMath, GpuBackend, Kernel, Launch, KERNELS};
 use crate::error::{EncodeError, Result};
 use crate::model::StudentWeights;
+use crate::profile::DeviceProfile;
 
 const NAME: &str = "cuda";
 
@@ -90,8 +91,10 @@ fn err(what: &str, e: impl std::fmt::Debug) -> EncodeError {
 pub(crate) type CudaBackend = GpuBackend<CudaDevice>;
 
 impl CudaBackend {
-    pub fn new(weights: Arc<StudentWeights>) -> Result<Self> {
-        GpuBackend::create(NAME, CudaDevice::open()?, weights)
+    /// On GPU 0, with the SGEMM precision of `profile.dtype` (f32 or tf32).
+    pub fn new(weights: Arc<StudentWeights>, profile: &DeviceProfile) -> Result<Self> {
+        let math = GemmMath::from_dtype(&profile.dtype, NAME)?;
+        GpuBackend::create(NAME, CudaDevice::open()?, math, weights)
     }
 }
 
@@ -189,6 +192,15 @@ impl Device for CudaDevice {
             .context()
             .bind_to_thread()
             .map_err(|e| err("binding the GPU context", e))?;
+        let mode = match g.math {
+            GemmMath::F32 => cublasMath_t::CUBLAS_DEFAULT_MATH,
+            GemmMath::Tf32 => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+        };
+        // SAFETY: a live handle; setting its math mode has no other effect.
+        let status = unsafe { cudarc::cublas::sys::cublasSetMathMode(*self.blas.handle(), mode) };
+        if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(err("setting the cuBLAS math mode", status));
+        }
         let cfg = GemmConfig {
             transa: op(g.trans_a),
             transb: op(g.trans_b),

@@ -191,6 +191,30 @@ impl Kernel {
     }
 }
 
+/// How the SGEMMs compute. `F32` is exact f32 (the fixtures' tolerances
+/// hold); `Tf32` lets tensor cores round each input to TF32 (10 mantissa
+/// bits, f32 accumulation), several times the f32 rate on Ampere and later,
+/// at a precision the emulated GPU measures (profile `dtype = "tf32"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GemmMath {
+    F32,
+    Tf32,
+}
+
+impl GemmMath {
+    /// The profile's `dtype` for a GPU backend.
+    pub(crate) fn from_dtype(dtype: &str, backend: &str) -> Result<Self> {
+        match dtype {
+            "f32" => Ok(GemmMath::F32),
+            "tf32" => Ok(GemmMath::Tf32),
+            other => Err(EncodeError::backend(
+                backend,
+                format!("profile dtype `{other}` is not supported here (f32 or tf32)"),
+            )),
+        }
+    }
+}
+
 /// A column-major SGEMM, cuBLAS's `cublasSgemmStridedBatched` contract:
 /// for each of `batch` problems, `C = alpha · op(A) · op(B) + beta · C` with
 /// op(A) m × k, op(B) k × n, C m × n; `trans_*` transposes; the p-th
@@ -198,6 +222,7 @@ impl Kernel {
 /// beta is 0, C is not read.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Gemm {
+    pub math: GemmMath,
     pub trans_a: bool,
     pub trans_b: bool,
     pub m: usize,
@@ -361,6 +386,7 @@ struct DeviceBackbone<B> {
 /// The model's weights on a device, and the device; one caller at a time.
 struct GpuModel<D: Device> {
     dev: D,
+    math: GemmMath,
     s2: DeviceBackbone<D::Buf>,
     s1: DeviceBackbone<D::Buf>,
     fc1: DeviceLinear<D::Buf>,
@@ -380,7 +406,12 @@ pub(crate) struct GpuBackend<D: Device> {
 
 impl<D: Device> GpuBackend<D> {
     /// Upload the weights once.
-    pub(crate) fn create(name: &'static str, dev: D, weights: Arc<StudentWeights>) -> Result<Self> {
+    pub(crate) fn create(
+        name: &'static str,
+        dev: D,
+        math: GemmMath,
+        weights: Arc<StudentWeights>,
+    ) -> Result<Self> {
         let ffn = weights.config.dim_feedforward;
         let model = GpuModel {
             s2: backbone(&dev, &weights.s2, ffn)?,
@@ -390,6 +421,7 @@ impl<D: Device> GpuBackend<D> {
             fc2: linear(&dev, &weights.head.fc2)?,
             out_norm: norm(&dev, &weights.head.out_norm)?,
             dev,
+            math,
         };
         Ok(GpuBackend {
             name,
@@ -487,6 +519,7 @@ impl<D: Device> GpuModel<D> {
         residual: Option<&D::Buf>,
     ) -> Result<()> {
         let g = Gemm {
+            math: self.math,
             trans_a: true,
             trans_b: false,
             m: l.out_dim,
@@ -574,6 +607,7 @@ impl<D: Device> GpuModel<D> {
             // Sᵀ = K Qᵀ; K's row-major storage (ld 3d) is Kᵀ column-major,
             // so trans_a; Q's is Qᵀ, no trans_b.
             let g = Gemm {
+                math: self.math,
                 trans_a: true,
                 trans_b: false,
                 m: len,
@@ -601,6 +635,7 @@ impl<D: Device> GpuModel<D> {
             // O (len × hd, row-major, ld d) = P V. Column-major: Oᵀ = Vᵀ Pᵀ;
             // V's storage (ld 3d) is Vᵀ (no trans_a), P's is Pᵀ (no trans_b).
             let g = Gemm {
+                math: self.math,
                 trans_a: false,
                 trans_b: false,
                 m: hd,

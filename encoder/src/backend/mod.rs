@@ -194,7 +194,7 @@ pub fn create(
         #[cfg(not(all(feature = "onednn", target_os = "linux")))]
         BackendChoice::Onednn => Err(not_built(BackendChoice::Onednn)),
         #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
-        BackendChoice::Cuda => Ok(Box::new(cuda::CudaBackend::new(weights)?)),
+        BackendChoice::Cuda => Ok(Box::new(cuda::CudaBackend::new(weights, profile)?)),
         #[cfg(not(all(feature = "cuda", any(target_os = "linux", target_os = "windows"))))]
         BackendChoice::Cuda => Err(not_built(BackendChoice::Cuda)),
         BackendChoice::Auto => unreachable!("resolve() never returns Auto"),
