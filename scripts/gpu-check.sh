@@ -76,6 +76,9 @@ run)
     echo "== Large model, 64 + 64 observations, CUDA against the CPU"
     timeout 240 "$dest/tessera-encode" bench --backends cuda,cpu --pixels 2048 --threads 16 \
         --batch-pixels 1024 || echo "bench failed or timed out"
+    echo "== the same with TF32 tensor cores (profile dtype tf32)"
+    timeout 90 "$dest/tessera-encode" bench --backends cuda --pixels 8192 --threads 1 \
+        --batch-pixels 1024 --dtype tf32 || echo "tf32 bench failed or timed out"
     echo "== chunk sweep"
     for chunk in 256 1024 4096; do
         timeout 90 "$dest/tessera-encode" bench --backends cuda --pixels 8192 --threads 1 \

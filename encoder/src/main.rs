@@ -55,6 +55,11 @@ struct RunArgs {
     /// Device profile TOML file.
     #[arg(long)]
     profile: Option<PathBuf>,
+    /// Compute precision (default: the profile's, else f32): f32; bf16
+    /// (onednn, where the CPU has AMX or AVX-512 bf16); tf32 (cuda: TF32
+    /// tensor cores, faster and less exact).
+    #[arg(long)]
+    dtype: Option<String>,
 }
 
 impl RunArgs {
@@ -72,6 +77,9 @@ impl RunArgs {
         }
         if let Some(b) = self.block_pixels {
             p.block_pixels = b.max(1);
+        }
+        if let Some(d) = &self.dtype {
+            p.dtype = d.clone();
         }
         Ok((choice, p))
     }
@@ -130,6 +138,9 @@ struct BenchArgs {
     block_pixels: Option<usize>,
     #[arg(long)]
     profile: Option<PathBuf>,
+    /// Compute precision for every backend timed (default: each profile's).
+    #[arg(long)]
+    dtype: Option<String>,
 }
 
 #[derive(Args)]
@@ -421,6 +432,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
                 batch_pixels: a.batch_pixels,
                 block_pixels: a.block_pixels,
                 profile: a.profile.clone(),
+                dtype: a.dtype.clone(),
             };
             let (choice, profile) = run.resolve()?;
             let r = bench::bench_encoder(&ck, choice, profile, &tile, a.reps, false)?;
@@ -463,6 +475,7 @@ fn run_tune(a: TuneArgs) -> Result<()> {
         batch_pixels: None,
         block_pixels: None,
         profile: Some(a.profile.clone()),
+        dtype: None,
     };
     let (choice, base) = run.resolve()?;
     println!(

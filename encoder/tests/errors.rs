@@ -74,6 +74,37 @@ fn cli_writes_output_for_a_good_tile() {
 }
 
 #[test]
+fn a_dtype_the_backend_cannot_run_is_refused_before_any_output() {
+    let d = scratch("dtype");
+    let tile = d.join("grid_0.15_52.05");
+    copy_tile(&tile);
+    let ckpt = Path::new(FIXTURES).join("small/ckpt.pt");
+    for (backend, dtype, says) in [
+        ("cpu", "tf32", "f32 only"),
+        ("reference", "bf16", "f32 only"),
+    ] {
+        let out = d.join(format!("out-{backend}"));
+        let o = Command::new(env!("CARGO_BIN_EXE_tessera-encode"))
+            .args(["--backend", backend, "--dtype", dtype, "--ckpt"])
+            .arg(&ckpt)
+            .arg("--tile")
+            .arg(&tile)
+            .arg("--out-dir")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{backend} ran dtype {dtype}");
+        assert!(
+            err.contains(&format!("`{dtype}`")) && err.contains(says),
+            "{backend}: {err}"
+        );
+        assert_eq!(std::fs::read_dir(&out).map(|r| r.count()).unwrap_or(0), 0);
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
 fn truncated_and_mismatched_inputs_name_the_file_and_write_nothing() {
     let ckpt = Path::new(FIXTURES).join("small/ckpt.safetensors");
     type Damage = Box<dyn Fn(&Path)>;

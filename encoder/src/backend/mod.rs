@@ -184,10 +184,18 @@ pub fn create(
     profile: &DeviceProfile,
 ) -> Result<Box<dyn Backend>> {
     match choice.resolve() {
-        BackendChoice::Reference => Ok(Box::new(reference::ReferenceBackend::new(
-            weights,
-            profile.threads,
-        )?)),
+        BackendChoice::Reference => {
+            if profile.dtype != "f32" {
+                return Err(EncodeError::backend(
+                    "reference",
+                    format!("dtype `{}` is not supported (f32 only)", profile.dtype),
+                ));
+            }
+            Ok(Box::new(reference::ReferenceBackend::new(
+                weights,
+                profile.threads,
+            )?))
+        }
         BackendChoice::Cpu => Ok(Box::new(cpu::CpuBackend::new(weights, profile)?)),
         #[cfg(all(feature = "onednn", target_os = "linux"))]
         BackendChoice::Onednn => Ok(Box::new(onednn::OnednnBackend::new(weights, profile)?)),
