@@ -79,11 +79,9 @@ run)
     echo "== the same with TF32 tensor cores (profile dtype tf32)"
     timeout 90 "$dest/tessera-encode" bench --backends cuda --pixels 8192 --threads 1 \
         --batch-pixels 1024 --dtype tf32 || echo "tf32 bench failed or timed out"
-    echo "== chunk sweep"
-    for chunk in 256 1024 4096; do
-        timeout 90 "$dest/tessera-encode" bench --backends cuda --pixels 8192 --threads 1 \
-            --batch-pixels "$chunk" 2>&1 | grep -E '^cuda' || echo "chunk $chunk failed"
-    done
+    echo "== tune: chunk sweep, best written to ${OUT:-/tmp}/tessera-profiles.toml"
+    timeout 200 "$dest/tessera-encode" tune --backend cuda \
+        --profile "${OUT:-/tmp}/tessera-profiles.toml" || echo "tune failed or timed out"
     ;;
 *)
     echo "usage: $0 prepare|run" >&2

@@ -151,13 +151,17 @@ struct TuneArgs {
     size: String,
     #[arg(long)]
     tile: Option<PathBuf>,
-    #[arg(long, default_value_t = 64)]
-    pixels: usize,
+    /// Pixels of the synthetic tile (default: 64 on CPUs, 16384 on a GPU).
+    #[arg(long)]
+    pixels: Option<usize>,
     #[arg(long, default_value_t = 64)]
     obs: usize,
-    #[arg(long, default_value = "32,64,128,256,512", value_delimiter = ',')]
+    /// Chunk sizes to try (default: 32,64,128,256,512 on CPUs;
+    /// 256,1024,4096,16384 on a GPU, where the best is much larger).
+    #[arg(long, value_delimiter = ',')]
     chunks: Vec<usize>,
-    #[arg(long, default_value = "1,2,4,8,16", value_delimiter = ',')]
+    /// Block sizes to try (default: 1,2,4,8,16 on CPUs; a GPU has no blocks).
+    #[arg(long, value_delimiter = ',')]
     blocks: Vec<usize>,
     /// Profile file to update.
     #[arg(long, default_value = "tessera-profiles.toml")]
@@ -468,7 +472,24 @@ fn load_average() -> String {
 }
 
 fn run_tune(a: TuneArgs) -> Result<()> {
-    let (ck, tile) = bench_inputs(&a.ckpt, &a.size, &a.tile, a.pixels, a.obs)?;
+    let gpu = BackendChoice::parse(&a.backend)?.resolve() == BackendChoice::Cuda;
+    let or = |given: &[usize], cpu: &[usize], gpu_default: &[usize]| -> Vec<usize> {
+        if !given.is_empty() {
+            given.to_vec()
+        } else if gpu {
+            gpu_default.to_vec()
+        } else {
+            cpu.to_vec()
+        }
+    };
+    let chunks = or(
+        &a.chunks,
+        &[32, 64, 128, 256, 512],
+        &[256, 1024, 4096, 16384],
+    );
+    let blocks = or(&a.blocks, &[1, 2, 4, 8, 16], &[1]);
+    let pixels = a.pixels.unwrap_or(if gpu { 16384 } else { 64 });
+    let (ck, tile) = bench_inputs(&a.ckpt, &a.size, &a.tile, pixels, a.obs)?;
     let run = RunArgs {
         backend: a.backend.clone(),
         threads: a.threads,
@@ -486,7 +507,7 @@ fn run_tune(a: TuneArgs) -> Result<()> {
         "{:>6} {:>6} {:>10} {:>9}",
         "chunk", "block", "pixels/s", "GFLOP/s"
     );
-    let results = bench::tune(&ck, choice, &base, &tile, &a.chunks, &a.blocks, &mut |r| {
+    let results = bench::tune(&ck, choice, &base, &tile, &chunks, &blocks, &mut |r| {
         println!(
             "{:>6} {:>6} {:>10.2} {:>9.1}",
             r.chunk_pixels, r.block_pixels, r.pixels_per_s, r.gflops

@@ -41,6 +41,10 @@ impl DeviceProfile {
             // candle batches a whole chunk: keep it small enough that
             // (chunk x 256 tokens x FFN) activations fit in memory.
             "reference" => (32, 32),
+            // One GEMM over the whole chunk: a GPU wants tens of thousands
+            // of rows (1024 pixels x 64 observations), and 1024 pixels at
+            // 256 observations still fit in ~6 GB. Blocks do not apply.
+            "cuda" => (1024, 1),
             // Blocks of 8 pixels (512 tokens at 64 observations) measured
             // fastest for the Large model on a 2-core AMD EPYC (`tune`,
             // 1 thread: 2 -> 4.0, 8 -> 4.4, 32 -> 2.7 pixels/s).
