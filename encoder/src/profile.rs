@@ -42,8 +42,9 @@ impl DeviceProfile {
             // (chunk x 256 tokens x FFN) activations fit in memory.
             "reference" => (32, 32),
             // One GEMM over the whole chunk: a GPU wants tens of thousands
-            // of rows (1024 pixels x 64 observations), and 1024 pixels at
-            // 256 observations still fit in ~6 GB. Blocks do not apply.
+            // of rows (1024 pixels x 64 observations); 1024 pixels at 256
+            // observations take ~7 GB of activations with the Large model
+            // (smaller cards: tune, or a smaller chunk). Blocks do not apply.
             "cuda" => (1024, 1),
             // Blocks of 8 pixels (512 tokens at 64 observations) measured
             // fastest for the Large model on a 2-core AMD EPYC (`tune`,

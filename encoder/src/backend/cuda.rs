@@ -12,13 +12,14 @@
 //! NVRTC, has NOT yet run on a GPU. The fixture tests (`tests/fixtures.rs`)
 //! include this backend and skip it where [`available`] is false.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t, cublasStatus_t};
 use cudarc::cublas::{CudaBlas, Gemm as _, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
+use cudarc::nvrtc::{CompileError, Ptx};
 
 use super::gpu::{Arg, Device, Gemm, GemmMath, GpuBackend, Kernel, Launch, KERNELS};
 use crate::error::{EncodeError, Result};
@@ -27,13 +28,17 @@ use crate::profile::DeviceProfile;
 
 const NAME: &str = "cuda";
 
-/// Whether this machine can run the CUDA backend: the driver, cuBLAS and
-/// NVRTC libraries load and at least one GPU answers.
+/// Whether this machine can run the CUDA backend (see [`probe`]).
 pub fn available() -> bool {
     probe().is_ok()
 }
 
 /// Why this machine cannot run the CUDA backend, or the number of GPUs.
+/// Checked once per process, in order: the libraries load, the driver
+/// reports a GPU, and a trial device builds on GPU 0 (context, cuBLAS
+/// handle, kernels compiled by NVRTC and loaded). The last step keeps
+/// `auto` from picking a GPU the backend would then fail on, such as one
+/// whose driver is older than the NVRTC that compiled the kernels.
 ///
 /// cudarc looks each library up by its plain and CUDA-12 names
 /// (`libcublas.so`, `libcublas.so.12`, …; the bindings are CUDA 12.6's,
@@ -41,6 +46,11 @@ pub fn available() -> bool {
 /// only `libcublas.so.13` and `libnvrtc.so.13` under those names, hence the
 /// hint in the message.
 pub fn probe() -> std::result::Result<usize, String> {
+    static PROBE: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
+    PROBE.get_or_init(probe_once).clone()
+}
+
+fn probe_once() -> std::result::Result<usize, String> {
     // SAFETY: only probes whether the shared libraries can be opened.
     let (driver, cublas, nvrtc) = unsafe {
         (
@@ -68,11 +78,35 @@ pub fn probe() -> std::result::Result<usize, String> {
             missing.join(" and ")
         ));
     }
-    match CudaContext::device_count() {
-        Ok(n) if n > 0 => Ok(n as usize),
-        Ok(_) => Err("the CUDA driver reports no GPU".into()),
-        Err(e) => Err(format!("the CUDA driver did not answer: {e:?}")),
-    }
+    let n = match CudaContext::device_count() {
+        Ok(n) if n > 0 => n as usize,
+        Ok(_) => return Err("the CUDA driver reports no GPU".into()),
+        Err(e) => return Err(format!("the CUDA driver did not answer: {e:?}")),
+    };
+    CudaDevice::build().map(|_| n)
+}
+
+/// GPU 0's primary context, held for the whole process: the device-name
+/// lookup, the probe and every backend (a `tune` sweep builds one per
+/// setting) share it instead of creating and tearing it down each time.
+fn context() -> std::result::Result<Arc<CudaContext>, String> {
+    static CTX: OnceLock<std::result::Result<Arc<CudaContext>, String>> = OnceLock::new();
+    CTX.get_or_init(|| CudaContext::new(0).map_err(|e| format!("opening GPU 0: {e:?}")))
+        .clone()
+}
+
+/// The kernels as PTX, compiled once per process.
+fn kernels_ptx() -> std::result::Result<Ptx, String> {
+    static PTX: OnceLock<std::result::Result<Ptx, String>> = OnceLock::new();
+    PTX.get_or_init(|| {
+        cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| match e {
+            CompileError::CompileError { log, .. } => {
+                format!("NVRTC refused the kernels:\n{}", log.to_string_lossy())
+            }
+            other => format!("NVRTC: {other:?}"),
+        })
+    })
+    .clone()
 }
 
 /// The name of GPU 0, for device profiles.
@@ -80,7 +114,7 @@ pub fn device_name() -> Option<String> {
     if !available() {
         return None;
     }
-    CudaContext::new(0).ok()?.name().ok()
+    context().ok()?.name().ok()
 }
 
 fn err(what: &str, e: impl std::fmt::Debug) -> EncodeError {
@@ -108,19 +142,23 @@ pub(crate) struct CudaDevice {
 impl CudaDevice {
     fn open() -> Result<Self> {
         probe().map_err(|why| EncodeError::backend(NAME, format!("no usable GPU: {why}")))?;
-        let ctx = CudaContext::new(0).map_err(|e| err("opening GPU 0", e))?;
+        Self::build().map_err(|e| EncodeError::backend(NAME, e))
+    }
+
+    /// The stream, cuBLAS handle and loaded kernels on GPU 0 (no probe).
+    fn build() -> std::result::Result<Self, String> {
+        let ctx = context()?;
         let stream = ctx.default_stream();
-        let blas =
-            CudaBlas::new(stream.clone()).map_err(|e| err("creating the cuBLAS handle", e))?;
-        let ptx = cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| err("compiling kernels", e))?;
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| format!("creating the cuBLAS handle: {e:?}"))?;
         let module = ctx
-            .load_module(ptx)
-            .map_err(|e| err("loading kernels", e))?;
+            .load_module(kernels_ptx()?)
+            .map_err(|e| format!("loading the kernels (is the driver older than NVRTC?): {e:?}"))?;
         let mut kernels = Vec::new();
         for k in Kernel::ALL {
             let f = module
                 .load_function(k.name())
-                .map_err(|e| err(k.name(), e))?;
+                .map_err(|e| format!("kernel {}: {e:?}", k.name()))?;
             kernels.push((k, f));
         }
         Ok(CudaDevice {

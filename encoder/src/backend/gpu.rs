@@ -29,8 +29,10 @@ use crate::model::{Backbone, LayerNorm, Linear, Modality, StudentWeights};
 /// power of two for the tree reductions.
 const ROW_THREADS: u32 = 256;
 
-/// Threads per block of the element-wise epilogue.
-const EPILOGUE_THREADS: u32 = 1024;
+/// Threads per block of the element-wise kernels (epilogue, day-of-year
+/// encoding): 256 can always launch, whatever registers the compiler gives
+/// the double-precision `sincos` (1024 would fail past 64 per thread).
+const ELEMENT_THREADS: u32 = 256;
 
 /// The kernels besides the GEMMs, compiled by NVRTC on a GPU. NVRTC has no
 /// standard headers: only CUDA's built-in device functions are available
@@ -552,8 +554,8 @@ impl<D: Device> GpuModel<D> {
     ) -> Result<()> {
         let total = rows * cols;
         let launch = Launch {
-            grid: grid(total.div_ceil(EPILOGUE_THREADS as usize), "epilogue blocks")?,
-            block: EPILOGUE_THREADS,
+            grid: grid(total.div_ceil(ELEMENT_THREADS as usize), "epilogue blocks")?,
+            block: ELEMENT_THREADS,
             shared_bytes: 0,
         };
         let mut args = [
@@ -670,28 +672,29 @@ impl<D: Device> GpuModel<D> {
         // px·len·d/2 sin/cos and a copy as large as the activations per
         // chunk, more than the chunk's GEMMs on a GPU.
         let doys = dev.upload(batch.doys)?;
-        let mut pe = dev.zeros(m * d)?;
-        let pairs = m * (d / 2);
-        let launch = Launch {
-            grid: grid(pairs.div_ceil(EPILOGUE_THREADS as usize), "encoding blocks")?,
-            block: EPILOGUE_THREADS,
-            shared_bytes: 0,
-        };
-        let mut args = [
-            Arg::Out(&mut pe),
-            Arg::In(&doys),
-            Arg::I32(int(m, "rows")?),
-            Arg::I32(int(d, "d")?),
-        ];
-        dev.launch(Kernel::DoyEncoding, launch, &mut args)?;
         let mut t = dev.zeros(m * d)?;
         let mut h = dev.zeros(m * d)?;
         let mut qkv = dev.zeros(m * 3 * d)?;
         let mut attn = dev.zeros(m * d)?;
         let mut ff = dev.zeros(m * bb.ffn)?;
         let mut scores = dev.zeros(px * len * len)?;
+        // The encoding lives in `attn` until the first attention needs it.
+        let pe = &mut attn;
+        let pairs = m * (d / 2);
+        let launch = Launch {
+            grid: grid(pairs.div_ceil(ELEMENT_THREADS as usize), "encoding blocks")?,
+            block: ELEMENT_THREADS,
+            shared_bytes: 0,
+        };
+        let mut args = [
+            Arg::Out(pe),
+            Arg::In(&doys),
+            Arg::I32(int(m, "rows")?),
+            Arg::I32(int(d, "d")?),
+        ];
+        dev.launch(Kernel::DoyEncoding, launch, &mut args)?;
         self.linear(&bb.embed0, &values, m, &mut t, true, None)?;
-        self.linear(&bb.embed2, &t, m, &mut h, false, Some(&pe))?;
+        self.linear(&bb.embed2, &t, m, &mut h, false, Some(&attn))?;
         for l in &bb.layers {
             self.linear(&l.in_proj, &h, m, &mut qkv, false, None)?;
             self.attention(&qkv, &mut attn, &mut scores, px, len, d, bb.nhead)?;

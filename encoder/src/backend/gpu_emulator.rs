@@ -93,8 +93,9 @@ const LAUNCHER: &str = r#"
 #include <utility>
 #include <vector>
 
+// 'c': pointer to const (the kernel only reads), 'p': pointer it may write.
 template <class T> constexpr char emu_tag() {
-    if constexpr (std::is_pointer_v<T>) return 'p';
+    if constexpr (std::is_pointer_v<T>) return std::is_const_v<std::remove_pointer_t<T>> ? 'c' : 'p';
     else if constexpr (std::is_same_v<T, int>) return 'i';
     else if constexpr (std::is_same_v<T, float>) return 'f';
     else return '?';
@@ -110,13 +111,31 @@ static emu_task emu_invoke(emu_task (*f)(A...), void** args, std::index_sequence
 // overruns is reported rather than crashing the test.
 static const unsigned EMU_SHARED_CANARY = 4096;
 
+// Between barriers a block's threads resume in a fresh random order each
+// time, so a kernel whose result depends on that order (a missing
+// __syncthreads) gives different results from run to run.
+static thread_local unsigned long long emu_rng = 0x9e3779b97f4a7c15ull;
+static unsigned emu_below(unsigned n) {
+    emu_rng ^= emu_rng << 13;
+    emu_rng ^= emu_rng >> 7;
+    emu_rng ^= emu_rng << 17;
+    return (unsigned)(emu_rng % n);
+}
+
 template <class... A>
 static int emu_run(const char* name, emu_task (*f)(A...), unsigned grid, unsigned block,
                    unsigned shared, void** args, const char* tags, int nargs, char* err,
                    std::size_t errlen) {
     constexpr int n = sizeof...(A);
     const char want[n + 1] = {emu_tag<A>()..., 0};
-    if (nargs != n || std::strncmp(want, tags, n) != 0) {
+    // Given 'n' (null) fits any pointer, a writable buffer fits a const
+    // pointer; a read-only buffer never fits a pointer the kernel may write.
+    bool fits = nargs == n;
+    for (int i = 0; fits && i < n; ++i) {
+        char w = want[i], g = tags[i];
+        fits = w == g || (g == 'n' && (w == 'c' || w == 'p')) || (g == 'p' && w == 'c');
+    }
+    if (!fits) {
         std::snprintf(err, errlen, "%s takes (%s), was given (%.*s)", name, want, nargs, tags);
         return 1;
     }
@@ -134,6 +153,8 @@ static int emu_run(const char* name, emu_task (*f)(A...), unsigned grid, unsigne
     std::memset(sh.data() + shared, 0xa5, EMU_SHARED_CANARY);
     std::vector<std::coroutine_handle<emu_task::promise_type>> th(block);
     std::vector<char> done(block);
+    std::vector<unsigned> order(block);
+    for (unsigned t = 0; t < block; ++t) order[t] = t;
     emu_blockDim = {block, 1, 1};
     emu_gridDim = {grid, 1, 1};
     for (unsigned b = 0; b < grid; ++b) {
@@ -149,7 +170,9 @@ static int emu_run(const char* name, emu_task (*f)(A...), unsigned grid, unsigne
         int diverged = 0;
         while (left > 0) {
             unsigned finished = 0, waiting = 0;
-            for (unsigned t = 0; t < block; ++t) {
+            for (unsigned i = block - 1; i > 0; --i) std::swap(order[i], order[emu_below(i + 1)]);
+            for (unsigned oi = 0; oi < block; ++oi) {
+                unsigned t = order[oi];
                 if (done[t]) continue;
                 emu_threadIdx = {t, 0, 0};
                 th[t].resume();
@@ -428,7 +451,9 @@ impl Device for EmulatedDevice {
                 Arg::F32(v) => floats[i] = *v,
             }
             tags.push(match a {
-                Arg::In(_) | Arg::Out(_) | Arg::Null => b'p',
+                Arg::In(_) => b'c',
+                Arg::Out(_) => b'p',
+                Arg::Null => b'n',
                 Arg::I32(_) => b'i',
                 Arg::F32(_) => b'f',
             });
@@ -436,7 +461,7 @@ impl Device for EmulatedDevice {
         tags.push(0);
         let mut slots: Vec<*mut c_void> = (0..n)
             .map(|i| match tags[i] {
-                b'p' => (&mut ptrs[i]) as *mut *mut f32 as *mut c_void,
+                b'c' | b'p' | b'n' => (&mut ptrs[i]) as *mut *mut f32 as *mut c_void,
                 b'i' => (&mut ints[i]) as *mut i32 as *mut c_void,
                 _ => (&mut floats[i]) as *mut f32 as *mut c_void,
             })
@@ -582,7 +607,7 @@ mod tests {
         let e = epilogue(&mut y, 2, 4, Arg::F32(1.0))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("takes (pppiii), was given (pppiif)"), "{e}");
+        assert!(e.contains("takes (pcciii), was given (pnniif)"), "{e}");
         let launch = Launch {
             grid: 1,
             block: 32,
@@ -593,6 +618,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("was given (p)"), "{e}");
+        // A buffer the kernel writes cannot be passed as read-only.
+        let ro = EmuBuf::new(vec![1.0; 8]);
+        let mut args = [
+            Arg::In(&ro),
+            Arg::Null,
+            Arg::Null,
+            Arg::I32(2),
+            Arg::I32(4),
+            Arg::I32(0),
+        ];
+        let e = EmulatedDevice::new()
+            .launch(Kernel::BiasEpilogue, launch, &mut args)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("was given (cnniii)"), "{e}");
     }
 
     #[test]
@@ -725,6 +765,68 @@ mod tests {
         assert!(e.contains("INFINITY"), "{e}");
     }
 
+    /// One launch of a single-pointer kernel over one block of `block` threads.
+    fn launch_raw(k: &Kernels, name: &CStr, x: &mut [f32], block: u32, shared: u32) -> Result<()> {
+        let mut p = x.as_mut_ptr();
+        let mut slots = [(&mut p) as *mut *mut f32 as *mut c_void];
+        let mut msg = vec![0 as c_char; 256];
+        // SAFETY: one writable pointer argument to `x`, which the test
+        // kernels index below `block`.
+        let rc = unsafe {
+            (k.launch)(
+                name.as_ptr(),
+                1,
+                block,
+                shared,
+                slots.as_mut_ptr(),
+                c"p".as_ptr(),
+                1,
+                msg.as_mut_ptr(),
+                msg.len(),
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            // SAFETY: NUL-terminated by snprintf.
+            let m = unsafe { CStr::from_ptr(msg.as_ptr()) };
+            Err(err(m.to_string_lossy().into_owned()))
+        }
+    }
+
+    #[test]
+    fn a_missing_barrier_shows_as_results_that_change_between_runs() {
+        let src = r#"
+extern "C" __global__ void racy(float* x) {
+    extern __shared__ float s[];
+    s[threadIdx.x] = (float)threadIdx.x;
+    // A __syncthreads() belongs here.
+    x[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+extern "C" __global__ void fixed(float* x) {
+    extern __shared__ float s[];
+    s[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    x[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+"#;
+        let k = compile(src).unwrap();
+        let run = |name: &CStr| {
+            let mut x = vec![0f32; 64];
+            launch_raw(&k, name, &mut x, 64, 64 * 4).unwrap();
+            x.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let racy: Vec<_> = (0..4).map(|_| run(c"racy")).collect();
+        assert!(
+            racy.windows(2).any(|w| w[0] != w[1]),
+            "the race went unseen"
+        );
+        let fixed: Vec<_> = (0..4).map(|_| run(c"fixed")).collect();
+        assert!(fixed.windows(2).all(|w| w[0] == w[1]));
+        let want: Vec<u32> = (0..64).map(|t| (((t + 1) % 64) as f32).to_bits()).collect();
+        assert_eq!(fixed[0], want);
+    }
+
     #[test]
     fn barrier_divergence_is_reported() {
         let src = r#"
@@ -736,28 +838,9 @@ extern "C" __global__ void diverge(float* x) {
 "#;
         let k = compile(src).unwrap();
         let mut x = vec![0f32; 4];
-        let mut p = x.as_mut_ptr();
-        let mut slots = [(&mut p) as *mut *mut f32 as *mut c_void];
-        let mut msg = vec![0 as c_char; 256];
-        // SAFETY: one pointer argument to a 4-float buffer, 4 threads.
-        let rc = unsafe {
-            (k.launch)(
-                c"diverge".as_ptr(),
-                1,
-                4,
-                0,
-                slots.as_mut_ptr(),
-                c"p".as_ptr(),
-                1,
-                msg.as_mut_ptr(),
-                msg.len(),
-            )
-        };
-        assert_eq!(rc, 1);
-        // SAFETY: NUL-terminated by snprintf.
-        let m = unsafe { CStr::from_ptr(msg.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
-        assert!(m.contains("others wait at __syncthreads"), "{m}");
+        let e = launch_raw(&k, c"diverge", &mut x, 4, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("others wait at __syncthreads"), "{e}");
     }
 }
