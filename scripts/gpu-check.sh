@@ -46,22 +46,45 @@ run)
     log="${OUT:-/tmp}/gpu-check.log"
     exec > >(tee "$log") 2>&1
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
-    # cudarc asks for libcublas.so / libnvrtc.so (or .so.12); a CUDA 13
-    # install names them .so.13: link them under the plain names.
+    # cudarc asks for libcublas.so / libnvrtc.so (or .so.12). Pick the
+    # newest of each that the driver serves (toolkit or pip wheels), link
+    # it under the plain name, and put its folder on the path too (for
+    # libcublasLt and libnvrtc-builtins, which are loaded by their
+    # versioned names).
     links=$(mktemp -d)
-    for lib in libcublas libcublasLt libnvrtc libnvrtc-builtins; do
-        found=$( (ldconfig -p 2>/dev/null | awk -v l="$lib.so." '$1 ~ "^"l {print $NF}';
-            find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib \
-                "$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || echo /nonexistent)" \
-                -name "$lib.so.*" 2>/dev/null) | sort -V | tail -n 1 || true)
-        if [ -n "$found" ]; then
-            ln -sf "$found" "$links/$lib.so"
-            echo "$lib.so -> $found"
-        else
-            echo "$lib: not found"
-        fi
-    done
-    export LD_LIBRARY_PATH="$links${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    picked=$(python3 - <<'PY'
+import glob, os, re, subprocess
+try:
+    out = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
+    driver = int(re.search(r"CUDA Version: (\d+)", out).group(1))
+except Exception:
+    driver = 99
+dirs = set(glob.glob("/usr/local/cuda*/lib64") + glob.glob("/usr/local/cuda*/targets/*/lib"))
+try:
+    import nvidia
+    for p in nvidia.__path__:
+        dirs |= set(glob.glob(os.path.join(p, "*", "lib")))
+except Exception:
+    pass
+best = {}
+for d in dirs:
+    for lib in ("libcublas", "libnvrtc"):
+        for f in glob.glob(os.path.join(d, lib + ".so.*")):
+            m = re.fullmatch(re.escape(lib) + r"\.so\.(\d+)", os.path.basename(f))
+            if m and int(m.group(1)) <= driver and (lib not in best or int(m.group(1)) > best[lib][0]):
+                best[lib] = (int(m.group(1)), os.path.realpath(f))
+for lib, (_, f) in sorted(best.items()):
+    print(lib, f)
+PY
+)
+    libpath="$links"
+    while read -r lib file; do
+        [ -n "$lib" ] || continue
+        ln -sf "$file" "$links/$lib.so"
+        libpath="$libpath:$(dirname "$file")"
+        echo "$lib.so -> $file"
+    done <<<"$picked"
+    export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     manifest=$(cat "$dest/manifest-dir")
     # Recreate the fixtures where the test binary looks, unless they are
     # there already (as on the machine that built it).
@@ -70,9 +93,28 @@ run)
         cp -r "$dest/fixtures-encoder" "$manifest/../../shared/fixtures/encoder"
     fi
 
+    failed=0
     "$dest/tessera-encode" backends
     echo "== fixture tests (every usable backend, CUDA included if listed above)"
-    "$dest/fixtures-test" --test-threads 1 --nocapture 2>&1 | grep -Ev '^\s*$' || true
+    "$dest/fixtures-test" --test-threads 1 --nocapture || failed=1
+    echo "== Large model, large chunk: CUDA against the CPU on one synthetic tile"
+    work=$(mktemp -d)
+    "$dest/tessera-encode" synth-ckpt --out "$work/large.safetensors"
+    "$dest/tessera-encode" synth-tile --out "$work/tile" --height 48 --width 48
+    for b in cpu cuda; do
+        "$dest/tessera-encode" --backend "$b" --batch-pixels 2304 --ckpt "$work/large.safetensors" \
+            --tile "$work/tile" --out-dir "$work/$b" || failed=1
+    done
+    python3 - "$work" <<'PY' || failed=1
+import sys, numpy as np
+w = sys.argv[1]
+a, b = np.load(f"{w}/cpu/tile.npy"), np.load(f"{w}/cuda/tile.npy")
+ok = ~np.isnan(a).any(-1)
+cos = (a[ok] * b[ok]).sum(-1) / np.linalg.norm(a[ok], axis=-1) / np.linalg.norm(b[ok], axis=-1)
+err = np.abs(a[ok] - b[ok]).max()
+print(f"cuda vs cpu, Large model, {ok.sum()} pixels: worst cosine {cos.min():.9f}, max abs error {err:.2e}")
+sys.exit(0 if cos.min() >= 0.99999 and err <= 1e-4 else 1)
+PY
     echo "== Large model, 64 + 64 observations, CUDA against the CPU"
     timeout 240 "$dest/tessera-encode" bench --backends cuda,cpu --pixels 2048 --threads 16 \
         --batch-pixels 1024 || echo "bench failed or timed out"
@@ -82,6 +124,11 @@ run)
     echo "== tune: chunk sweep, best written to ${OUT:-/tmp}/tessera-profiles.toml"
     timeout 200 "$dest/tessera-encode" tune --backend cuda \
         --profile "${OUT:-/tmp}/tessera-profiles.toml" || echo "tune failed or timed out"
+    if [ "$failed" != 0 ]; then
+        echo "gpu-check: FAILED (see above)"
+        exit 1
+    fi
+    echo "gpu-check: all checks passed"
     ;;
 *)
     echo "usage: $0 prepare|run" >&2
