@@ -27,19 +27,36 @@ fn run(dir: &Path, cmd: &str, args: &[&str]) {
     );
 }
 
-/// A one-commit git repository holding the fixture archive, made once per process.
+const ARCHIVE: &str = "opam-repository-97014be.tar.gz";
+
+/// A one-commit git repository holding the fixture archive. Made once and
+/// kept in cargo's scratch folder for tests (`target/tmp`), so test
+/// processes share it and nothing is left in /tmp: each process that finds
+/// it missing builds its own copy beside it and renames that into place,
+/// so a half-made repository is never seen.
 pub fn git_repo() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("opam-revdeps-fixture-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let archive = fixtures().join("opam-repository-97014be.tar.gz");
-        run(&dir, "tar", &["xzf", archive.to_str().expect("utf-8 path")]);
-        run(&dir, "git", &["init", "-q"]);
-        run(&dir, "git", &["add", "-A"]);
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "opam-revdeps-fixture-{}",
+            ARCHIVE.trim_end_matches(".tar.gz")
+        ));
+        if dir.join(".git").is_dir() {
+            return dir;
+        }
+        let building = dir.with_extension(format!("building-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&building);
+        std::fs::create_dir_all(&building).expect("scratch dir");
+        let archive = fixtures().join(ARCHIVE);
         run(
-            &dir,
+            &building,
+            "tar",
+            &["xzf", archive.to_str().expect("utf-8 path")],
+        );
+        run(&building, "git", &["init", "-q"]);
+        run(&building, "git", &["add", "-A"]);
+        run(
+            &building,
             "git",
             &[
                 "-c",
@@ -52,6 +69,15 @@ pub fn git_repo() -> &'static Path {
                 "fixture",
             ],
         );
+        if std::fs::rename(&building, &dir).is_err() {
+            // Another process got there first; use theirs.
+            let _ = std::fs::remove_dir_all(&building);
+            assert!(
+                dir.join(".git").is_dir(),
+                "{} is not a git repository",
+                dir.display()
+            );
+        }
         dir
     })
 }
