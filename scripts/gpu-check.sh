@@ -34,6 +34,8 @@ for l in sys.stdin:
     cp "$target/release/tessera-encode" "$dest/"
     cp "$test_bin" "$dest/fixtures-test"
     strip "$dest/tessera-encode" "$dest/fixtures-test"
+    # Put back the default-feature build the CUDA-only one replaced.
+    cargo build --release -p tessera-encoder
     cp -r ../shared/fixtures/encoder "$dest/fixtures-encoder"
     chmod -R u+w "$dest"
     # Where the test binary looks for ../../shared/fixtures/encoder.
