@@ -69,6 +69,17 @@ async fn dashboard_requires_login_and_metrics_report_the_queue() {
     assert_eq!(page.status(), 200);
     let html = page.text().await.unwrap();
     assert!(html.contains("ui-agent"), "agent listed");
+    // The agent's tile encoder backend, and (where it is not CUDA) why not.
+    let backend = ["cuda", "onednn", "cpu"]
+        .into_iter()
+        .find(|b| html.contains(&format!(">{b}</td>")))
+        .unwrap_or_else(|| panic!("no encoder backend shown: {html}"));
+    if backend != "cuda" {
+        assert!(
+            html.contains("title=\"not used here: cuda: "),
+            "why CUDA is not used: {html}"
+        );
+    }
     assert!(html.contains(&format!("/ui/jobs/{id}")), "job linked");
     assert!(html.contains("failed 1"), "state counts shown");
     let job_page = http

@@ -122,6 +122,9 @@ struct AgentRow {
     disk: String,
     load: String,
     kinds: String,
+    /// The tile encoder's backend, and why faster ones are not used.
+    encoder: String,
+    encoder_note: String,
     disk_full: bool,
 }
 
@@ -175,6 +178,19 @@ fn agent_row(a: AgentView) -> AgentRow {
         disk: gib(h.disk_free_bytes),
         load: h.load_1m.map_or("-".into(), |l| format!("{l:.2}")),
         kinds: a.kinds.join(", "),
+        encoder: a.devices["encoder"]["backend"]
+            .as_str()
+            .unwrap_or("-")
+            .to_string(),
+        encoder_note: a.devices["encoder"]["unavailable"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(b, why)| format!("{b}: {}", why.as_str().unwrap_or("?")))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default(),
         disk_full: a.disk_nearly_full,
     }
 }
