@@ -126,6 +126,23 @@ fn an_roi_on_flotilla_up_is_encoded_and_loads_in_numpy() {
         "--token-file",
         token_file.to_str().unwrap(),
     ];
+    // The local agent is listed (once it has registered) with the encoder
+    // backend it tiles with.
+    let mut args = vec!["agents"];
+    args.extend(conn);
+    let listed = |out: &str| {
+        out.contains("ENCODER")
+            && ["cuda", "onednn", "cpu"]
+                .iter()
+                .any(|b| out.contains(&format!(" {b} ")))
+    };
+    let started = Instant::now();
+    let mut agents = run(&flotilla, &args);
+    while !listed(&agents) && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(250));
+        agents = run(&flotilla, &args);
+    }
+    assert!(listed(&agents), "{agents}");
     let mut args = vec!["datasets", "add", "demo", "--ckpt", ckpt.to_str().unwrap()];
     args.extend(["--inputs", "inputs"]);
     args.extend(conn);

@@ -393,8 +393,8 @@ pub async fn agents(args: AgentsArgs) -> anyhow::Result<()> {
                 return Ok(());
             }
             println!(
-                "{:<16} {:<9} {:<7} {:>5} {:<24} {:>6} {:>9}  NOTES",
-                "NAME", "STATE", "ONLINE", "SLOTS", "CPU", "CORES", "DISK FREE"
+                "{:<16} {:<9} {:<7} {:>5} {:<24} {:>6} {:>9} {:<8}  NOTES",
+                "NAME", "STATE", "ONLINE", "SLOTS", "CPU", "CORES", "DISK FREE", "ENCODER"
             );
             for a in list.agents {
                 let (cpu, cores, disk) =
@@ -407,8 +407,11 @@ pub async fn agents(args: AgentsArgs) -> anyhow::Result<()> {
                                 format!("{:.1}G", h.disk_free_bytes as f64 / 1e9),
                             )
                         });
+                // The tile encoder's backend (`-`: the agent runs no tiles);
+                // `--json` has why faster backends are not used.
+                let encoder = a.devices["encoder"]["backend"].as_str().unwrap_or("-");
                 println!(
-                    "{:<16} {:<9} {:<7} {:>2}/{:<2} {:<24} {:>6} {:>9}  {}",
+                    "{:<16} {:<9} {:<7} {:>2}/{:<2} {:<24} {:>6} {:>9} {:<8}  {}",
                     a.name,
                     a.state.as_str(),
                     if a.online { "yes" } else { "no" },
@@ -417,6 +420,7 @@ pub async fn agents(args: AgentsArgs) -> anyhow::Result<()> {
                     cpu,
                     cores,
                     disk,
+                    encoder,
                     if a.disk_nearly_full {
                         "DISK OVER 90% FULL"
                     } else {
