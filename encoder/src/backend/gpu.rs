@@ -300,6 +300,20 @@ pub(crate) struct Launch {
     pub shared_bytes: u32,
 }
 
+impl Launch {
+    /// One thread per element of `n`, in blocks of [`ELEMENT_THREADS`].
+    fn elements(n: usize, what: &str) -> Result<Self> {
+        Ok(Launch {
+            grid: grid(
+                n.div_ceil(ELEMENT_THREADS as usize),
+                &format!("{what} blocks"),
+            )?,
+            block: ELEMENT_THREADS,
+            shared_bytes: 0,
+        })
+    }
+}
+
 /// A kernel argument, in the kernel signature's order.
 pub(crate) enum Arg<'a, B> {
     /// A buffer the kernel reads.
@@ -552,12 +566,7 @@ impl<D: Device> GpuModel<D> {
         relu: bool,
         residual: Option<&D::Buf>,
     ) -> Result<()> {
-        let total = rows * cols;
-        let launch = Launch {
-            grid: grid(total.div_ceil(ELEMENT_THREADS as usize), "epilogue blocks")?,
-            block: ELEMENT_THREADS,
-            shared_bytes: 0,
-        };
+        let launch = Launch::elements(rows * cols, "epilogue")?;
         let mut args = [
             Arg::Out(y),
             bias.map_or(Arg::Null, Arg::In),
@@ -680,12 +689,7 @@ impl<D: Device> GpuModel<D> {
         let mut scores = dev.zeros(px * len * len)?;
         // The encoding lives in `attn` until the first attention needs it.
         let pe = &mut attn;
-        let pairs = m * (d / 2);
-        let launch = Launch {
-            grid: grid(pairs.div_ceil(ELEMENT_THREADS as usize), "encoding blocks")?,
-            block: ELEMENT_THREADS,
-            shared_bytes: 0,
-        };
+        let launch = Launch::elements(m * (d / 2), "day-of-year encoding")?;
         let mut args = [
             Arg::Out(pe),
             Arg::In(&doys),
