@@ -128,7 +128,7 @@ impl CudaBackend {
     /// On GPU 0, with the SGEMM precision of `profile.dtype` (f32 or tf32).
     pub fn new(weights: Arc<StudentWeights>, profile: &DeviceProfile) -> Result<Self> {
         let math = GemmMath::from_dtype(&profile.dtype, NAME)?;
-        GpuBackend::create(NAME, CudaDevice::open()?, math, weights)
+        GpuBackend::create(NAME, CudaDevice::open(math)?, weights)
     }
 }
 
@@ -136,13 +136,25 @@ impl CudaBackend {
 pub(crate) struct CudaDevice {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
-    kernels: Vec<(Kernel, CudaFunction)>,
+    /// In [`Kernel::ALL`]'s order, so `kernels[k as usize]` is `k`.
+    kernels: Vec<CudaFunction>,
 }
 
 impl CudaDevice {
-    fn open() -> Result<Self> {
+    /// The device, its cuBLAS handle set to `math` for every GEMM.
+    fn open(math: GemmMath) -> Result<Self> {
         probe().map_err(|why| EncodeError::backend(NAME, format!("no usable GPU: {why}")))?;
-        Self::build().map_err(|e| EncodeError::backend(NAME, e))
+        let dev = Self::build().map_err(|e| EncodeError::backend(NAME, e))?;
+        let mode = match math {
+            GemmMath::F32 => cublasMath_t::CUBLAS_DEFAULT_MATH,
+            GemmMath::Tf32 => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+        };
+        // SAFETY: a live handle; setting its math mode has no other effect.
+        let status = unsafe { cudarc::cublas::sys::cublasSetMathMode(*dev.blas.handle(), mode) };
+        if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(err("setting the cuBLAS math mode", status));
+        }
+        Ok(dev)
     }
 
     /// The stream, cuBLAS handle and loaded kernels on GPU 0 (no probe).
@@ -154,26 +166,19 @@ impl CudaDevice {
         let module = ctx
             .load_module(kernels_ptx()?)
             .map_err(|e| format!("loading the kernels (is the driver older than NVRTC?): {e:?}"))?;
-        let mut kernels = Vec::new();
-        for k in Kernel::ALL {
-            let f = module
-                .load_function(k.name())
-                .map_err(|e| format!("kernel {}: {e:?}", k.name()))?;
-            kernels.push((k, f));
-        }
+        let kernels = Kernel::ALL
+            .iter()
+            .map(|k| {
+                module
+                    .load_function(k.name())
+                    .map_err(|e| format!("kernel {}: {e:?}", k.name()))
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(CudaDevice {
             stream,
             blas,
             kernels,
         })
-    }
-
-    fn function(&self, k: Kernel) -> Result<&CudaFunction> {
-        self.kernels
-            .iter()
-            .find(|(kk, _)| *kk == k)
-            .map(|(_, f)| f)
-            .ok_or_else(|| err("kernel not loaded", k))
     }
 }
 
@@ -230,15 +235,6 @@ impl Device for CudaDevice {
             .context()
             .bind_to_thread()
             .map_err(|e| err("binding the GPU context", e))?;
-        let mode = match g.math {
-            GemmMath::F32 => cublasMath_t::CUBLAS_DEFAULT_MATH,
-            GemmMath::Tf32 => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
-        };
-        // SAFETY: a live handle; setting its math mode has no other effect.
-        let status = unsafe { cudarc::cublas::sys::cublasSetMathMode(*self.blas.handle(), mode) };
-        if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(err("setting the cuBLAS math mode", status));
-        }
         let cfg = GemmConfig {
             transa: op(g.trans_a),
             transb: op(g.trans_b),
@@ -278,8 +274,7 @@ impl Device for CudaDevice {
         launch: Launch,
         args: &mut [Arg<'_, Self::Buf>],
     ) -> Result<()> {
-        let f = self.function(kernel)?;
-        let mut b = self.stream.launch_builder(f);
+        let mut b = self.stream.launch_builder(&self.kernels[kernel as usize]);
         for a in args.iter_mut() {
             match a {
                 Arg::In(buf) => b.arg(*buf),

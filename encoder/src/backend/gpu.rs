@@ -173,6 +173,16 @@ pub(crate) enum Kernel {
     AttentionPool,
 }
 
+// `Kernel::ALL` lists the kernels in declaration order: `k as usize` is
+// `k`'s place in it.
+const _: () = {
+    let mut i = 0;
+    while i < Kernel::ALL.len() {
+        assert!(Kernel::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 impl Kernel {
     pub(crate) const ALL: [Kernel; 5] = [
         Kernel::BiasEpilogue,
@@ -193,10 +203,11 @@ impl Kernel {
     }
 }
 
-/// How the SGEMMs compute. `F32` is exact f32 (the fixtures' tolerances
-/// hold); `Tf32` lets tensor cores round each input to TF32 (10 mantissa
-/// bits, f32 accumulation), several times the f32 rate on Ampere and later,
-/// at a precision the emulated GPU measures (profile `dtype = "tf32"`).
+/// How a device's SGEMMs compute, fixed when the device is opened. `F32` is
+/// exact f32 (the fixtures' tolerances hold); `Tf32` lets tensor cores
+/// round each input to TF32 (10 mantissa bits, f32 accumulation), several
+/// times the f32 rate on Ampere and later, at a precision the emulated GPU
+/// measures (profile `dtype = "tf32"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GemmMath {
     F32,
@@ -224,7 +235,6 @@ impl GemmMath {
 /// beta is 0, C is not read.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Gemm {
-    pub math: GemmMath,
     pub trans_a: bool,
     pub trans_b: bool,
     pub m: usize,
@@ -301,15 +311,23 @@ pub(crate) struct Launch {
 }
 
 impl Launch {
-    /// One thread per element of `n`, in blocks of [`ELEMENT_THREADS`].
-    fn elements(n: usize, what: &str) -> Result<Self> {
+    /// One thread per element of `n`, in blocks of [`ELEMENT_THREADS`];
+    /// `blocks` names them in the error if there are too many.
+    fn elements(n: usize, blocks: &str) -> Result<Self> {
         Ok(Launch {
-            grid: grid(
-                n.div_ceil(ELEMENT_THREADS as usize),
-                &format!("{what} blocks"),
-            )?,
+            grid: grid(n.div_ceil(ELEMENT_THREADS as usize), blocks)?,
             block: ELEMENT_THREADS,
             shared_bytes: 0,
+        })
+    }
+
+    /// One block of [`ROW_THREADS`] per row (`rows` of them, named `what`),
+    /// each with `shared_bytes` of shared memory.
+    fn rows(rows: usize, what: &str, shared_bytes: u32) -> Result<Self> {
+        Ok(Launch {
+            grid: grid(rows, what)?,
+            block: ROW_THREADS,
+            shared_bytes,
         })
     }
 }
@@ -402,7 +420,6 @@ struct DeviceBackbone<B> {
 /// The model's weights on a device, and the device; one caller at a time.
 struct GpuModel<D: Device> {
     dev: D,
-    math: GemmMath,
     s2: DeviceBackbone<D::Buf>,
     s1: DeviceBackbone<D::Buf>,
     fc1: DeviceLinear<D::Buf>,
@@ -422,12 +439,7 @@ pub(crate) struct GpuBackend<D: Device> {
 
 impl<D: Device> GpuBackend<D> {
     /// Upload the weights once.
-    pub(crate) fn create(
-        name: &'static str,
-        dev: D,
-        math: GemmMath,
-        weights: Arc<StudentWeights>,
-    ) -> Result<Self> {
+    pub(crate) fn create(name: &'static str, dev: D, weights: Arc<StudentWeights>) -> Result<Self> {
         let ffn = weights.config.dim_feedforward;
         let model = GpuModel {
             s2: backbone(&dev, &weights.s2, ffn)?,
@@ -437,7 +449,6 @@ impl<D: Device> GpuBackend<D> {
             fc2: linear(&dev, &weights.head.fc2)?,
             out_norm: norm(&dev, &weights.head.out_norm)?,
             dev,
-            math,
         };
         Ok(GpuBackend {
             name,
@@ -535,7 +546,6 @@ impl<D: Device> GpuModel<D> {
         residual: Option<&D::Buf>,
     ) -> Result<()> {
         let g = Gemm {
-            math: self.math,
             trans_a: true,
             trans_b: false,
             m: l.out_dim,
@@ -566,7 +576,7 @@ impl<D: Device> GpuModel<D> {
         relu: bool,
         residual: Option<&D::Buf>,
     ) -> Result<()> {
-        let launch = Launch::elements(rows * cols, "epilogue")?;
+        let launch = Launch::elements(rows * cols, "epilogue blocks")?;
         let mut args = [
             Arg::Out(y),
             bias.map_or(Arg::Null, Arg::In),
@@ -579,11 +589,7 @@ impl<D: Device> GpuModel<D> {
     }
 
     fn layer_norm(&self, n: &DeviceNorm<D::Buf>, x: &mut D::Buf, rows: usize) -> Result<()> {
-        let launch = Launch {
-            grid: grid(rows, "rows")?,
-            block: ROW_THREADS,
-            shared_bytes: ROW_THREADS * 8,
-        };
+        let launch = Launch::rows(rows, "rows", ROW_THREADS * 8)?;
         let (gamma, beta) = match &n.affine {
             Some((g, b)) => (Arg::In(g), Arg::In(b)),
             None => (Arg::Null, Arg::Null),
@@ -618,7 +624,6 @@ impl<D: Device> GpuModel<D> {
             // Sᵀ = K Qᵀ; K's row-major storage (ld 3d) is Kᵀ column-major,
             // so trans_a; Q's is Qᵀ, no trans_b.
             let g = Gemm {
-                math: self.math,
                 trans_a: true,
                 trans_b: false,
                 m: len,
@@ -636,17 +641,12 @@ impl<D: Device> GpuModel<D> {
             };
             self.dev
                 .gemm(&g, (qkv, d + h * hd), (qkv, h * hd), (&mut *scores, 0))?;
-            let launch = Launch {
-                grid: grid(px * len, "score rows")?,
-                block: ROW_THREADS,
-                shared_bytes: ROW_THREADS * 4,
-            };
+            let launch = Launch::rows(px * len, "score rows", ROW_THREADS * 4)?;
             let mut args = [Arg::Out(&mut *scores), Arg::I32(int(len, "len")?)];
             self.dev.launch(Kernel::SoftmaxRows, launch, &mut args)?;
             // O (len × hd, row-major, ld d) = P V. Column-major: Oᵀ = Vᵀ Pᵀ;
             // V's storage (ld 3d) is Vᵀ (no trans_a), P's is Pᵀ (no trans_b).
             let g = Gemm {
-                math: self.math,
                 trans_a: false,
                 trans_b: false,
                 m: hd,
@@ -689,7 +689,7 @@ impl<D: Device> GpuModel<D> {
         let mut scores = dev.zeros(px * len * len)?;
         // The encoding lives in `attn` until the first attention needs it.
         let pe = &mut attn;
-        let launch = Launch::elements(m * (d / 2), "day-of-year encoding")?;
+        let launch = Launch::elements(m * (d / 2), "day-of-year encoding blocks")?;
         let mut args = [
             Arg::Out(pe),
             Arg::In(&doys),
@@ -711,12 +711,9 @@ impl<D: Device> GpuModel<D> {
             std::mem::swap(&mut t, &mut h);
         }
         let mut pooled = dev.zeros(px * d)?;
-        let launch = Launch {
-            grid: grid(px, "pixels")?,
-            block: ROW_THREADS,
-            shared_bytes: u32::try_from(len * 4)
-                .map_err(|_| EncodeError::backend("gpu", format!("sequence of {len}")))?,
-        };
+        let weights_bytes = u32::try_from(len * 4)
+            .map_err(|_| EncodeError::backend("gpu", format!("sequence of {len}")))?;
+        let launch = Launch::rows(px, "pixels", weights_bytes)?;
         let mut args = [
             Arg::In(&h),
             Arg::In(&bb.pool_w),

@@ -254,6 +254,46 @@ struct Kernels {
     launch: LaunchFn,
 }
 
+impl Kernels {
+    /// Run kernel `name` over `launch` with the arguments `slots` point at,
+    /// tagged in `tags` ('c' read-only and 'p' writable pointer, 'n' null,
+    /// 'i' int, 'f' float); the launcher's refusal comes back as the error.
+    ///
+    /// # Safety
+    /// Each slot points at a live value of its tag's type, and each pointer
+    /// there at memory the kernel may use as the launch sizes it.
+    unsafe fn call(
+        &self,
+        name: &CStr,
+        launch: Launch,
+        slots: &mut [*mut c_void],
+        tags: &CStr,
+    ) -> Result<()> {
+        let mut msg = vec![0 as c_char; 512];
+        // SAFETY: as the caller promises; the launcher checks the tags
+        // against the kernel's signature before it reads the slots.
+        let rc = unsafe {
+            (self.launch)(
+                name.as_ptr(),
+                launch.grid,
+                launch.block,
+                launch.shared_bytes,
+                slots.as_mut_ptr(),
+                tags.as_ptr(),
+                slots.len() as c_int,
+                msg.as_mut_ptr(),
+                msg.len(),
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: snprintf wrote a NUL-terminated message into msg.
+        let m = unsafe { CStr::from_ptr(msg.as_ptr()) };
+        Err(err(m.to_string_lossy().into_owned()))
+    }
+}
+
 /// Compile `src` (kernel source in the NVRTC dialect) into a loaded library.
 fn compile(src: &str) -> std::result::Result<Kernels, String> {
     let (cpp, names) = kernels_as_cpp(src)?;
@@ -362,14 +402,18 @@ fn err(msg: impl Into<String>) -> EncodeError {
     EncodeError::backend(NAME, msg.into())
 }
 
-/// The emulated GPU.
+/// The emulated GPU, its GEMMs computing as `math` says.
 pub(crate) struct EmulatedDevice {
     kernels: &'static Kernels,
+    math: GemmMath,
 }
 
 impl EmulatedDevice {
-    pub(crate) fn new() -> Self {
-        EmulatedDevice { kernels: kernels() }
+    pub(crate) fn new(math: GemmMath) -> Self {
+        EmulatedDevice {
+            kernels: kernels(),
+            math,
+        }
     }
 }
 
@@ -411,7 +455,7 @@ impl Device for EmulatedDevice {
             // column j is B's column j unless transposed.
             gather(&mut ar, &am[ao..], g.k, g.lda, g.trans_a);
             gather(&mut bc, &bm[bo..], g.k, g.ldb, !g.trans_b);
-            if g.math == GemmMath::Tf32 {
+            if self.math == GemmMath::Tf32 {
                 for x in ar.iter_mut().chain(bc.iter_mut()) {
                     *x = tf32(*x);
                 }
@@ -440,25 +484,29 @@ impl Device for EmulatedDevice {
         let mut floats = vec![0f32; n];
         let mut tags = Vec::with_capacity(n + 1);
         for (i, a) in args.iter_mut().enumerate() {
-            match a {
+            tags.push(match a {
                 // The kernel only reads an `In` buffer; the pointer is
                 // mutable because C's `const float*` and `float*` share a
                 // representation.
-                Arg::In(b) => ptrs[i] = b.data.as_ptr().cast_mut(),
-                Arg::Out(b) => ptrs[i] = b.data.as_mut_ptr(),
-                Arg::Null => {}
-                Arg::I32(v) => ints[i] = *v,
-                Arg::F32(v) => floats[i] = *v,
-            }
-            tags.push(match a {
-                Arg::In(_) => b'c',
-                Arg::Out(_) => b'p',
+                Arg::In(b) => {
+                    ptrs[i] = b.data.as_ptr().cast_mut();
+                    b'c'
+                }
+                Arg::Out(b) => {
+                    ptrs[i] = b.data.as_mut_ptr();
+                    b'p'
+                }
                 Arg::Null => b'n',
-                Arg::I32(_) => b'i',
-                Arg::F32(_) => b'f',
+                Arg::I32(v) => {
+                    ints[i] = *v;
+                    b'i'
+                }
+                Arg::F32(v) => {
+                    floats[i] = *v;
+                    b'f'
+                }
             });
         }
-        tags.push(0);
         let mut slots: Vec<*mut c_void> = (0..n)
             .map(|i| match tags[i] {
                 b'c' | b'p' | b'n' => (&mut ptrs[i]) as *mut *mut f32 as *mut c_void,
@@ -466,29 +514,11 @@ impl Device for EmulatedDevice {
                 _ => (&mut floats[i]) as *mut f32 as *mut c_void,
             })
             .collect();
+        let tags = CString::new(tags).map_err(|e| err(e.to_string()))?;
         let name = CString::new(kernel.name()).map_err(|e| err(e.to_string()))?;
-        let mut msg = vec![0 as c_char; 512];
-        // SAFETY: every slot points at a live value of the tagged type; the
-        // launcher checks the tags against the kernel's signature before it
-        // reads them, and the kernels' pointers are the buffers above.
-        let rc = unsafe {
-            (self.kernels.launch)(
-                name.as_ptr(),
-                launch.grid,
-                launch.block,
-                launch.shared_bytes,
-                slots.as_mut_ptr(),
-                tags.as_ptr().cast(),
-                n as c_int,
-                msg.as_mut_ptr(),
-                msg.len(),
-            )
-        };
-        if rc != 0 {
-            // SAFETY: snprintf wrote a NUL-terminated message into msg.
-            let m = unsafe { CStr::from_ptr(msg.as_ptr()) };
-            return Err(err(m.to_string_lossy().into_owned()));
-        }
+        // SAFETY: every slot points at a live value of its tag's type, and
+        // the pointers at the buffers above.
+        unsafe { self.kernels.call(&name, launch, &mut slots, &tags) }?;
         for (i, a) in args.iter().enumerate() {
             let intact = match a {
                 Arg::In(b) => b.canary_intact(),
@@ -526,8 +556,7 @@ mod tests {
     fn emulated_encoder(ckpt: &Path, chunk: usize, math: GemmMath) -> Encoder {
         let weights =
             Arc::new(StudentWeights::from_checkpoint(&Checkpoint::load(ckpt).unwrap()).unwrap());
-        let backend =
-            GpuBackend::create(NAME, EmulatedDevice::new(), math, weights.clone()).unwrap();
+        let backend = GpuBackend::create(NAME, EmulatedDevice::new(math), weights.clone()).unwrap();
         let profile = DeviceProfile {
             chunk_pixels: chunk,
             ..DeviceProfile::default_for("cuda")
@@ -597,7 +626,7 @@ mod tests {
             Arg::I32(cols),
             relu,
         ];
-        EmulatedDevice::new().launch(Kernel::BiasEpilogue, launch, &mut args)
+        EmulatedDevice::new(GemmMath::F32).launch(Kernel::BiasEpilogue, launch, &mut args)
     }
 
     #[test]
@@ -613,7 +642,7 @@ mod tests {
             block: 32,
             shared_bytes: 0,
         };
-        let e = EmulatedDevice::new()
+        let e = EmulatedDevice::new(GemmMath::F32)
             .launch(Kernel::BiasEpilogue, launch, &mut [Arg::Out(&mut y)])
             .unwrap_err()
             .to_string();
@@ -628,7 +657,7 @@ mod tests {
             Arg::I32(4),
             Arg::I32(0),
         ];
-        let e = EmulatedDevice::new()
+        let e = EmulatedDevice::new(GemmMath::F32)
             .launch(Kernel::BiasEpilogue, launch, &mut args)
             .unwrap_err()
             .to_string();
@@ -649,11 +678,10 @@ mod tests {
 
     #[test]
     fn gemm_past_a_buffer_is_refused() {
-        let dev = EmulatedDevice::new();
+        let dev = EmulatedDevice::new(GemmMath::F32);
         let (a, b) = (EmuBuf::new(vec![1.0; 6]), EmuBuf::new(vec![1.0; 6]));
         let mut c = EmuBuf::new(vec![0.0; 4]);
         let g = Gemm {
-            math: GemmMath::F32,
             trans_a: false,
             trans_b: false,
             m: 2,
@@ -718,7 +746,7 @@ mod tests {
             Arg::I32(rows as i32),
             Arg::I32(d as i32),
         ];
-        EmulatedDevice::new()
+        EmulatedDevice::new(GemmMath::F32)
             .launch(Kernel::DoyEncoding, launch, &mut args)
             .unwrap();
         let host = crate::model::DoyEncoding::new(d);
@@ -769,29 +797,14 @@ mod tests {
     fn launch_raw(k: &Kernels, name: &CStr, x: &mut [f32], block: u32, shared: u32) -> Result<()> {
         let mut p = x.as_mut_ptr();
         let mut slots = [(&mut p) as *mut *mut f32 as *mut c_void];
-        let mut msg = vec![0 as c_char; 256];
+        let launch = Launch {
+            grid: 1,
+            block,
+            shared_bytes: shared,
+        };
         // SAFETY: one writable pointer argument to `x`, which the test
         // kernels index below `block`.
-        let rc = unsafe {
-            (k.launch)(
-                name.as_ptr(),
-                1,
-                block,
-                shared,
-                slots.as_mut_ptr(),
-                c"p".as_ptr(),
-                1,
-                msg.as_mut_ptr(),
-                msg.len(),
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            // SAFETY: NUL-terminated by snprintf.
-            let m = unsafe { CStr::from_ptr(msg.as_ptr()) };
-            Err(err(m.to_string_lossy().into_owned()))
-        }
+        unsafe { k.call(name, launch, &mut slots, c"p") }
     }
 
     #[test]
