@@ -158,6 +158,27 @@ pub struct AgentView {
     pub devices: serde_json::Value,
 }
 
+impl AgentView {
+    /// The tile encoder's backend, as the agent registered it under
+    /// `devices.encoder` (`None`: the agent runs no tile jobs).
+    pub fn encoder_backend(&self) -> Option<&str> {
+        self.devices["encoder"]["backend"].as_str()
+    }
+
+    /// Why the agent does not use each faster encoder backend, as it
+    /// registered them: `(backend, reason)`.
+    pub fn encoder_unavailable(&self) -> Vec<(&str, &str)> {
+        self.devices["encoder"]["unavailable"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(b, why)| (b.as_str(), why.as_str().unwrap_or("?")))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AgentList {
     pub agents: Vec<AgentView>,

@@ -234,12 +234,7 @@ fn main() {
 }
 
 fn run_backends() {
-    for b in [
-        BackendChoice::Reference,
-        BackendChoice::Cpu,
-        BackendChoice::Onednn,
-        BackendChoice::Cuda,
-    ] {
+    for b in BackendChoice::CONCRETE {
         match tessera_encoder::backend::unavailable_reason(b) {
             None => println!(
                 "{:<10} usable  device: {}",

@@ -42,8 +42,14 @@ fn small_cfg() -> ModelConfig {
 
 /// Run the CLI on a tile; returns (success, stderr, files in out dir).
 fn cli(ckpt: &Path, tile: &Path, out: &Path) -> (bool, String, usize) {
+    cli_with(&["--backend", "cpu", "--int8"], ckpt, tile, out)
+}
+
+/// [`cli`] with `options` instead of `--backend cpu --int8`.
+fn cli_with(options: &[&str], ckpt: &Path, tile: &Path, out: &Path) -> (bool, String, usize) {
     let o = Command::new(env!("CARGO_BIN_EXE_tessera-encode"))
-        .args(["--backend", "cpu", "--int8", "--ckpt"])
+        .args(options)
+        .arg("--ckpt")
         .arg(ckpt)
         .arg("--tile")
         .arg(tile)
@@ -84,22 +90,14 @@ fn a_dtype_the_backend_cannot_run_is_refused_before_any_output() {
         ("reference", "bf16", "f32 only"),
     ] {
         let out = d.join(format!("out-{backend}"));
-        let o = Command::new(env!("CARGO_BIN_EXE_tessera-encode"))
-            .args(["--backend", backend, "--dtype", dtype, "--ckpt"])
-            .arg(&ckpt)
-            .arg("--tile")
-            .arg(&tile)
-            .arg("--out-dir")
-            .arg(&out)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{backend} ran dtype {dtype}");
+        let options = ["--backend", backend, "--dtype", dtype];
+        let (ok, err, n) = cli_with(&options, &ckpt, &tile, &out);
+        assert!(!ok, "{backend} ran dtype {dtype}");
         assert!(
             err.contains(&format!("`{dtype}`")) && err.contains(says),
             "{backend}: {err}"
         );
-        assert_eq!(std::fs::read_dir(&out).map(|r| r.count()).unwrap_or(0), 0);
+        assert_eq!(n, 0, "{backend}: no output");
     }
     std::fs::remove_dir_all(&d).unwrap();
 }

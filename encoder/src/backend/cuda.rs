@@ -2,7 +2,7 @@
 //! compiled kernels, through cudarc.
 //!
 //! cudarc loads libcuda, libcublas and libnvrtc at run time
-//! (`dynamic-loading`), so this file builds on every machine; [`available`]
+//! (`dynamic-loading`), so this file builds on every machine; [`probe`]
 //! says whether this one has the libraries and a GPU, and `auto` only picks
 //! CUDA when it does.
 //!
@@ -10,7 +10,7 @@
 //! is checked on the CPU against the fixtures by the emulated device in
 //! `gpu_emulator.rs`; this file, the thin binding to the driver, cuBLAS and
 //! NVRTC, has NOT yet run on a GPU. The fixture tests (`tests/fixtures.rs`)
-//! include this backend and skip it where [`available`] is false.
+//! include this backend and skip it where [`probe`] fails.
 
 use std::sync::{Arc, OnceLock};
 
@@ -27,11 +27,6 @@ use crate::model::StudentWeights;
 use crate::profile::DeviceProfile;
 
 const NAME: &str = "cuda";
-
-/// Whether this machine can run the CUDA backend (see [`probe`]).
-pub fn available() -> bool {
-    probe().is_ok()
-}
 
 /// Why this machine cannot run the CUDA backend, or the number of GPUs.
 /// Checked once per process, in order: the libraries load, the driver
@@ -111,7 +106,7 @@ fn kernels_ptx() -> std::result::Result<Ptx, String> {
 
 /// The name of GPU 0, for device profiles.
 pub fn device_name() -> Option<String> {
-    if !available() {
+    if probe().is_err() {
         return None;
     }
     context().ok()?.name().ok()

@@ -107,15 +107,10 @@ impl BackendChoice {
     /// The concrete backend `Auto` resolves to in this build on this machine.
     pub fn resolve(self) -> BackendChoice {
         match self {
-            BackendChoice::Auto => {
-                if cuda_usable() {
-                    BackendChoice::Cuda
-                } else if cfg!(all(feature = "onednn", target_os = "linux")) {
-                    BackendChoice::Onednn
-                } else {
-                    BackendChoice::Cpu
-                }
-            }
+            BackendChoice::Auto => [BackendChoice::Cuda, BackendChoice::Onednn]
+                .into_iter()
+                .find(|&b| unavailable_reason(b).is_none())
+                .unwrap_or(BackendChoice::Cpu),
             c => c,
         }
     }
@@ -130,31 +125,27 @@ impl BackendChoice {
         }
     }
 
+    /// Every backend but `Auto`.
+    pub const CONCRETE: [BackendChoice; 4] = [
+        BackendChoice::Reference,
+        BackendChoice::Cpu,
+        BackendChoice::Onednn,
+        BackendChoice::Cuda,
+    ];
+
     /// Backends this build can run on this machine.
     pub fn available() -> Vec<BackendChoice> {
-        let mut v = vec![BackendChoice::Reference, BackendChoice::Cpu];
-        if cfg!(all(feature = "onednn", target_os = "linux")) {
-            v.push(BackendChoice::Onednn);
-        }
-        if cuda_usable() {
-            v.push(BackendChoice::Cuda);
-        }
-        v
+        Self::CONCRETE
+            .into_iter()
+            .filter(|&b| unavailable_reason(b).is_none())
+            .collect()
     }
 }
 
 /// The CUDA backend is compiled in and this machine has a GPU it can use
-/// (checked once: loading the libraries and asking the driver).
+/// (checked once per process, see `cuda::probe`).
 pub fn cuda_usable() -> bool {
-    #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
-    {
-        static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *USABLE.get_or_init(cuda::available)
-    }
-    #[cfg(not(all(feature = "cuda", any(target_os = "linux", target_os = "windows"))))]
-    {
-        false
-    }
+    unavailable_reason(BackendChoice::Cuda).is_none()
 }
 
 /// Why this build or machine cannot run `choice` (`None`: it can). For

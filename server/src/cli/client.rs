@@ -409,7 +409,7 @@ pub async fn agents(args: AgentsArgs) -> anyhow::Result<()> {
                         });
                 // The tile encoder's backend (`-`: the agent runs no tiles);
                 // `--json` has why faster backends are not used.
-                let encoder = a.devices["encoder"]["backend"].as_str().unwrap_or("-");
+                let encoder = a.encoder_backend().unwrap_or("-");
                 println!(
                     "{:<16} {:<9} {:<7} {:>2}/{:<2} {:<24} {:>6} {:>9} {:<8}  {}",
                     a.name,

@@ -161,6 +161,13 @@ fn gib(bytes: u64) -> String {
 }
 
 fn agent_row(a: AgentView) -> AgentRow {
+    let encoder = a.encoder_backend().unwrap_or("-").to_string();
+    let encoder_note = a
+        .encoder_unavailable()
+        .iter()
+        .map(|(b, why)| format!("{b}: {why}"))
+        .collect::<Vec<_>>()
+        .join("; ");
     let h = a.health.unwrap_or_default();
     AgentRow {
         slot_percent: if a.capacity == 0 {
@@ -178,19 +185,8 @@ fn agent_row(a: AgentView) -> AgentRow {
         disk: gib(h.disk_free_bytes),
         load: h.load_1m.map_or("-".into(), |l| format!("{l:.2}")),
         kinds: a.kinds.join(", "),
-        encoder: a.devices["encoder"]["backend"]
-            .as_str()
-            .unwrap_or("-")
-            .to_string(),
-        encoder_note: a.devices["encoder"]["unavailable"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(b, why)| format!("{b}: {}", why.as_str().unwrap_or("?")))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            })
-            .unwrap_or_default(),
+        encoder,
+        encoder_note,
         disk_full: a.disk_nearly_full,
     }
 }
