@@ -2,7 +2,7 @@
 //! it in phase 1, and whether (and why not) it is coinstallable in phase 2.
 
 use crate::formula::{Formula, RAtom};
-use crate::phase1::{self, Query, DEPOPTS, RECURSIVE, WITH_TEST_DEPOPTS};
+use crate::phase1::{self, GraphAtom, Query, DEPOPTS, RECURSIVE, WITH_TEST_DEPOPTS};
 use crate::phase2::{self, Encoding, Origin, L};
 use crate::repository::{PkgId, Repository};
 use crate::variant::Variant;
@@ -67,19 +67,20 @@ pub fn explain(
         let rev = phase1::reverse_graph(repo, variant);
         let parent = phase1::reverse_closure(&rev, target);
         let _ = write!(out, "  phase 1 --recursive: ");
-        if parent[pkg as usize].is_some() {
+        if let Some(steps) = recursive_steps(repo, variant, &parent, pkg) {
             selected |= RECURSIVE;
             let mut chain = vec![repo.display(pkg)];
-            let mut cur = pkg;
-            while let Some(q) = parent[cur as usize] {
-                chain.push(repo.display(q));
-                cur = q;
+            chain.extend(steps.iter().map(|s| repo.display(s.to)));
+            let _ = writeln!(out, "depends on {}", chain.join(" -> "));
+            for s in &steps {
+                let _ = writeln!(
+                    out,
+                    "    {} -> {}: {}",
+                    repo.display(s.from),
+                    repo.display(s.to),
+                    s.reading
+                );
             }
-            let _ = writeln!(
-                out,
-                "depends (through some OR branch) on {}",
-                chain.join(" -> ")
-            );
         } else {
             let _ = writeln!(
                 out,
@@ -247,4 +248,177 @@ fn explain_unsatisfiable_atoms(
             }
         }
     }
+}
+
+/// One step `from -> to` of a `--recursive` chain, checked against opam's
+/// rule for graph edges.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub from: PkgId,
+    pub to: PkgId,
+    /// Whether `to`'s version is allowed, as opam's graph reads `from`'s depends.
+    pub holds: bool,
+    /// The atoms naming `to`'s package, how they are read, and the verdict.
+    pub reading: String,
+}
+
+/// The chain from `pkg` to the target through the reverse closure
+/// ([`phase1::reverse_closure`]'s `parent`), each step checked by
+/// [`check_step`]; `None` when `pkg` is not in the closure.
+pub fn recursive_steps(
+    repo: &Repository,
+    variant: &Variant,
+    parent: &[Option<PkgId>],
+    pkg: PkgId,
+) -> Option<Vec<Step>> {
+    parent[pkg as usize]?;
+    let mut steps = Vec::new();
+    let mut cur = pkg;
+    while let Some(q) = parent[cur as usize] {
+        steps.push(check_step(repo, variant, cur, q));
+        cur = q;
+    }
+    Some(steps)
+}
+
+/// Whether `from`'s depends give the `--recursive` graph an edge to `to`.
+///
+/// This restates opam's rule ([`phase1::graph_edges`], from
+/// `OpamCudf.strong_and_weak_deps`) over the formula's own OR/AND tree,
+/// without building the CNF, so that the two can check each other:
+///
+/// - if every way of satisfying the formula needs `to`'s name (the CNF has
+///   a clause naming it alone), `to`'s version must satisfy the constraint
+///   the tree puts on the name: at an AND every constrained branch's, at
+///   an OR some branch's;
+/// - otherwise the name is optional, and one bound of one atom naming it
+///   must allow the version (opam splits `{>= "1" & < "2"}` into two atoms
+///   and, for an optional name, lets either give edges).
+///
+/// Atoms that opam drops after making the CNF (`{post}`) count as clauses
+/// that vanish, as in [`GraphAtom`].
+pub fn check_step(repo: &Repository, variant: &Variant, from: PkgId, to: PkgId) -> Step {
+    let f = phase1::graph_formula(repo, variant, from);
+    let (holds, reading) = check_edge(&f, repo.name(to), repo.version(to));
+    Step {
+        from,
+        to,
+        holds,
+        reading,
+    }
+}
+
+/// [`check_step`] on `from`'s graph formula ([`phase1::graph_formula`]):
+/// whether `name.version` is allowed, and how the atoms naming it read.
+pub fn check_edge(f: &Formula<GraphAtom>, name: &str, version: &str) -> (bool, String) {
+    let (required, _) = required(f, name, version);
+    let mut atoms: Vec<&GraphAtom> = Vec::new();
+    f.atoms(&mut atoms);
+    let naming: Vec<&&GraphAtom> = atoms
+        .iter()
+        .filter(|g| g.kept && g.atom.name == name)
+        .collect();
+    let holds = match required {
+        Some(ok) => ok,
+        None => naming.iter().any(|g| {
+            let mut bounds = Vec::new();
+            g.atom.vf.atoms(&mut bounds);
+            bounds.is_empty()
+                || bounds
+                    .iter()
+                    .any(|(op, c)| op.holds(crate::version::compare(version, c.as_str())))
+        }),
+    };
+    let list: Vec<String> = naming
+        .iter()
+        .map(|g| format!("{} (line {})", g.atom, g.atom.pos.line))
+        .collect();
+    let how = if required.is_some() {
+        "needed on every branch, so the version must satisfy the constraints as the ORs and ANDs combine them"
+    } else {
+        "optional (some OR branch does without it), so one bound of one atom must allow the version"
+    };
+    let reading = format!(
+        "{}; {how}: {} {}",
+        if list.is_empty() {
+            format!("no atom names {name}")
+        } else {
+            list.join(", ")
+        },
+        if holds { "allowed" } else { "NOT allowed" },
+        version
+    );
+    (holds, reading)
+}
+
+/// Over the CNF of `f`, without building it: whether some clause names only
+/// `name` (after dropped atoms leave it) and, if so, whether `version` is in
+/// the intersection of what those clauses allow (`Some(in)`), and whether
+/// some clause holds only dropped atoms.
+fn required(f: &Formula<GraphAtom>, name: &str, version: &str) -> (Option<bool>, bool) {
+    match f {
+        Formula::Empty => (None, false),
+        Formula::Atom(g) if !g.kept => (None, true),
+        Formula::Atom(g) if g.atom.name == name => (Some(g.atom.matches_version(version)), false),
+        Formula::Atom(_) => (None, false),
+        // The clauses of an AND are its branches' clauses.
+        Formula::And(v) => {
+            v.iter()
+                .map(|x| required(x, name, version))
+                .fold((None, false), |(i, d), (xi, xd)| {
+                    let i = match (i, xi) {
+                        (Some(a), Some(b)) => Some(a && b),
+                        (a, b) => a.or(b),
+                    };
+                    (i, d || xd)
+                })
+        }
+        // A clause of an OR joins one clause of each branch. It names only
+        // `name` if each part does or is all dropped, and one part does.
+        Formula::Or(v) => {
+            let parts: Vec<(Option<bool>, bool)> = v
+                .iter()
+                .filter(|x| !matches!(x, Formula::Empty))
+                .map(|x| required(x, name, version))
+                .collect();
+            let firm: Vec<&(Option<bool>, bool)> = parts.iter().filter(|p| !p.1).collect();
+            if firm.is_empty() {
+                // Every branch can drop out; any single branch's clause must hold.
+                let i = parts.iter().filter_map(|p| p.0).reduce(|a, b| a && b);
+                (i, true)
+            } else if firm.iter().any(|p| p.0.is_none()) {
+                (None, false)
+            } else {
+                (Some(firm.iter().any(|p| p.0 == Some(true))), false)
+            }
+        }
+    }
+}
+
+/// opam's `OpamFormula.verifies` for `--depends-on` restated over the tree:
+/// some conjunction of the disjunctive normal form names `name`, and every
+/// atom of it naming `name` allows `version`. An independent check of
+/// [`phase1::verifies`].
+pub fn direct_holds(f: &Formula<RAtom>, name: &str, version: &str) -> bool {
+    // (some conjunction has its `name` atoms all true, one with at least one)
+    fn go(f: &Formula<RAtom>, name: &str, version: &str) -> (bool, bool) {
+        match f {
+            Formula::Empty => (true, false),
+            Formula::Atom(a) if a.name == name => {
+                let t = a.matches_version(version);
+                (t, t)
+            }
+            Formula::Atom(_) => (true, false),
+            Formula::And(v) => {
+                let r: Vec<(bool, bool)> = v.iter().map(|x| go(x, name, version)).collect();
+                let all = r.iter().all(|x| x.0);
+                (all, all && r.iter().any(|x| x.1))
+            }
+            Formula::Or(v) => v
+                .iter()
+                .map(|x| go(x, name, version))
+                .fold((false, false), |a, b| (a.0 || b.0, a.1 || b.1)),
+        }
+    }
+    go(f, name, version).1
 }

@@ -56,6 +56,39 @@ impl<A> Formula<A> {
         }
     }
 
+    /// The clauses of the conjunctive normal form, as opam's
+    /// `OpamFormula.cnf_of_formula` builds them: ORs distributed over ANDs
+    /// with no simplification (duplicates and subsumed clauses stay), and
+    /// `Empty` neutral in both. `(a & b) | c` gives `[[a, c], [b, c]]`.
+    pub fn cnf(&self) -> Vec<Vec<&A>> {
+        match self {
+            Formula::Empty => Vec::new(),
+            Formula::Atom(a) => vec![vec![a]],
+            Formula::And(v) => v.iter().flat_map(|x| x.cnf()).collect(),
+            Formula::Or(v) => {
+                let mut acc: Vec<Vec<&A>> = Vec::new();
+                for x in v {
+                    let c = x.cnf();
+                    if c.is_empty() {
+                        continue;
+                    }
+                    if acc.is_empty() {
+                        acc = c;
+                        continue;
+                    }
+                    let mut next = Vec::with_capacity(acc.len() * c.len());
+                    for a in &acc {
+                        for b in &c {
+                            next.push(a.iter().chain(b).copied().collect());
+                        }
+                    }
+                    acc = next;
+                }
+                acc
+            }
+        }
+    }
+
     /// Truth of the formula; `Empty` counts as true (as in OpamFormula.eval).
     pub fn eval(&self, f: &mut impl FnMut(&A) -> bool) -> bool {
         match self {
@@ -257,18 +290,24 @@ enum Tri {
 /// Evaluates the filters of one atom's constraint (OpamFilter.filter_constraints):
 /// `None` when a filter drops the atom.
 pub fn resolve_cstr(c: &Formula<Cstr>, env: &dyn Env) -> Option<VFormula> {
-    match tri(c, env) {
+    resolve_cstr_or(c, env, false)
+}
+
+/// [`resolve_cstr`] with filters that come out undefined taken as `undefined`
+/// (`eval_to_bool ~default`).
+pub fn resolve_cstr_or(c: &Formula<Cstr>, env: &dyn Env, undefined: bool) -> Option<VFormula> {
+    match tri(c, env, undefined) {
         Tri::True => Some(Formula::Empty),
         Tri::False => None,
         Tri::F(f) => Some(f),
     }
 }
 
-fn tri(c: &Formula<Cstr>, env: &dyn Env) -> Tri {
+fn tri(c: &Formula<Cstr>, env: &dyn Env, undefined: bool) -> Tri {
     match c {
         Formula::Empty => Tri::True,
         Formula::Atom(Cstr::Filter(f)) => {
-            if f.eval_bool(env, false) {
+            if f.eval_bool(env, undefined) {
                 Tri::True
             } else {
                 Tri::False
@@ -282,7 +321,7 @@ fn tri(c: &Formula<Cstr>, env: &dyn Env) -> Tri {
         Formula::And(v) => {
             let mut parts = Vec::new();
             for x in v {
-                match tri(x, env) {
+                match tri(x, env, undefined) {
                     Tri::False => return Tri::False,
                     Tri::True => {}
                     Tri::F(f) => parts.push(f),
@@ -297,7 +336,7 @@ fn tri(c: &Formula<Cstr>, env: &dyn Env) -> Tri {
         Formula::Or(v) => {
             let mut parts = Vec::new();
             for x in v {
-                match tri(x, env) {
+                match tri(x, env, undefined) {
                     Tri::True => return Tri::True,
                     Tri::False => {}
                     Tri::F(f) => parts.push(f),
@@ -360,6 +399,14 @@ mod tests {
             f.to_string(),
             r#"("a" {(>= "1" & < "2")} & "c" {= "1.2"} & "e")"#
         );
+    }
+
+    #[test]
+    fn cnf_distributes_or_over_and() {
+        let f = deps(r#"[ ("a" & "b" | "c" & ("d" | "e")) "f" ]"#);
+        let names = |c: &Vec<&RAtom>| c.iter().map(|a| a.name.as_str()).collect::<String>();
+        let got: Vec<String> = f.cnf().iter().map(names).collect();
+        assert_eq!(got, ["ac", "ade", "bc", "bde", "f"]);
     }
 
     #[test]

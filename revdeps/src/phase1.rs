@@ -2,11 +2,13 @@
 //! the target (`--depends-on`, version-aware), and the reverse closure for
 //! `--recursive`. The result is the sorted candidate list phase 2 checks.
 
-use crate::formula::{resolve, Formula, RAtom};
+use crate::formula::{resolve, resolve_cstr, resolve_cstr_or, FAtom, Formula, RAtom, VFormula};
 use crate::lexer::Relop;
 use crate::repository::{PkgId, Repository};
 use crate::variant::{DepVars, PkgEnv, Variant};
+use crate::version::Version;
 use rayon::prelude::*;
+use std::collections::HashMap;
 
 /// Which of opam-repo-ci's reverse-dependency queries to answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -181,31 +183,49 @@ pub fn depends_on(repo: &Repository, variant: &Variant, target: PkgId, test: boo
 
 /// Package versions matching an atom, ascending.
 pub fn matching<'a>(repo: &'a Repository, a: &'a RAtom) -> impl Iterator<Item = PkgId> + 'a {
-    let all = repo.versions_of(&a.name);
-    // A single bound is a contiguous run of the (sorted) versions: no scan.
-    let (lo, hi, neq) = match &a.vf {
-        Formula::Empty => (all.start, all.end, false),
-        Formula::Atom((op, c)) => {
-            let (lo, hi) = bound_range(repo, all.clone(), c.as_str());
-            match op {
-                Relop::Lt => (all.start, lo, false),
-                Relop::Leq => (all.start, hi, false),
-                Relop::Eq => (lo, hi, false),
-                Relop::Geq => (lo, all.end, false),
-                Relop::Gt => (hi, all.end, false),
-                Relop::Neq => (lo, hi, true),
-            }
-        }
-        _ => (all.start, all.end, false),
+    let simple = match &a.vf {
+        Formula::Empty => Some(None),
+        Formula::Atom(b) => Some(Some(b)),
+        _ => None,
     };
-    let simple = matches!(a.vf, Formula::Empty | Formula::Atom(_));
-    all.filter(move |&q| {
-        if simple {
-            (lo..hi).contains(&q) != neq
-        } else {
-            a.matches_version(repo.version(q))
-        }
+    let run = simple.map(|b| bound_run(repo, &a.name, b));
+    repo.versions_of(&a.name).filter(move |&q| match run {
+        Some((lo, hi, neq)) => (lo..hi).contains(&q) != neq,
+        None => a.matches_version(repo.version(q)),
     })
+}
+
+/// Versions of `name` allowed by one bound (all of them for `None`), ascending.
+pub fn bound_matches<'a>(
+    repo: &'a Repository,
+    name: &'a str,
+    bound: Option<&'a (Relop, Version)>,
+) -> impl Iterator<Item = PkgId> + 'a {
+    let (lo, hi, neq) = bound_run(repo, name, bound);
+    repo.versions_of(name)
+        .filter(move |q| (lo..hi).contains(q) != neq)
+}
+
+/// A single bound is a contiguous run of one name's (sorted) versions, or
+/// all but such a run for `!=`: `(start, end, complement)`, found without a scan.
+fn bound_run(
+    repo: &Repository,
+    name: &str,
+    bound: Option<&(Relop, Version)>,
+) -> (PkgId, PkgId, bool) {
+    let all = repo.versions_of(name);
+    let Some((op, c)) = bound else {
+        return (all.start, all.end, false);
+    };
+    let (lo, hi) = bound_range(repo, all.clone(), c.as_str());
+    match op {
+        Relop::Lt => (all.start, lo, false),
+        Relop::Leq => (all.start, hi, false),
+        Relop::Eq => (lo, hi, false),
+        Relop::Geq => (lo, all.end, false),
+        Relop::Gt => (hi, all.end, false),
+        Relop::Neq => (lo, hi, true),
+    }
 }
 
 /// Within `range` (one name's versions, ascending), the first version not
@@ -229,70 +249,182 @@ fn bound_range(repo: &Repository, range: std::ops::Range<PkgId>, c: &str) -> (Pk
     (lo, hi)
 }
 
-/// Edges of opam's dependency graph for one atom. opam turns
-/// `"a" {>= "1" & < "2"}` into the CUDF atoms `a >= 1` and `a < 2`
-/// (OpamFilter.atomise_extended) before dose builds the graph from every
-/// atom of the CNF, so each version constraint contributes its own edges.
-pub fn graph_targets(repo: &Repository, a: &RAtom) -> Vec<PkgId> {
-    let mut leaves = Vec::new();
-    a.vf.atoms(&mut leaves);
-    if leaves.len() <= 1 {
-        return matching(repo, a).collect();
+/// An atom of a package's `depends` as the `--recursive` graph sees it.
+///
+/// opam builds the graph from the switch's universe
+/// (`OpamSwitchState.universe`), where `partial_filter_formula` has already
+/// resolved every filter variable but `build` and `post`; the CNF is made
+/// from that (`OpamSolver.opam2cudf`, `preresolve_deps`), and only then are
+/// `build` (true) and `post` (false) evaluated on its atoms, anything still
+/// undefined counting as false. So `"ocaml" {post}` is an atom with
+/// `kept: false`: it gives the CNF its shape, then leaves every clause it
+/// is in; an atom whose filter is false whatever `build` and `post` are
+/// (`{with-test}` here) is gone before the CNF is made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphAtom {
+    pub atom: RAtom,
+    pub kept: bool,
+}
+
+/// One package's `depends` as the `--recursive` graph sees it (no depopts:
+/// the query does not ask for them; no tests, no docs; `dev` for
+/// development packages).
+pub fn graph_formula(repo: &Repository, variant: &Variant, pkg: PkgId) -> Formula<GraphAtom> {
+    let p = &repo.packages[pkg as usize];
+    let vars = |build, post| DepVars {
+        build: Some(build),
+        post: Some(post),
+        test: Some(false),
+        doc: Some(false),
+        dev: Some(p.opam.dev),
+    };
+    let last = env(repo, variant, pkg, vars(true, false));
+    p.opam.depends.map(&mut |a: &FAtom| {
+        let atom = |vf| RAtom {
+            name: a.name.clone(),
+            pos: a.pos,
+            vf,
+        };
+        if let Some(vf) = resolve_cstr(&a.cstr, &last) {
+            return Formula::Atom(GraphAtom {
+                atom: atom(vf),
+                kept: true,
+            });
+        }
+        // Still in the CNF if some value of `build`/`post` (or of a variable
+        // left undefined) makes the filter hold.
+        let open = [(true, true), (false, true), (false, false)]
+            .into_iter()
+            .any(|(b, p)| {
+                resolve_cstr_or(&a.cstr, &env(repo, variant, pkg, vars(b, p)), true).is_some()
+            });
+        if open {
+            Formula::Atom(GraphAtom {
+                atom: atom(Formula::Empty),
+                kept: false,
+            })
+        } else {
+            Formula::Empty
+        }
+    })
+}
+
+/// An atom of the CNF opam's graph is built from: a name and at most one
+/// version bound, or an atom whose filter drops it after the CNF is made.
+#[derive(Clone, Copy, Debug)]
+enum Leaf<'a> {
+    Bound(&'a str, Option<&'a (Relop, Version)>),
+    Dropped,
+}
+
+/// `OpamFilter.atomise_extended`: `"a" {>= "1" & < "2"}` becomes the atoms
+/// `a >= 1` and `a < 2` under the same AND (an OR of bounds, under an OR).
+fn atomise(f: &Formula<GraphAtom>) -> Formula<Leaf<'_>> {
+    fn bounds<'a>(name: &'a str, vf: &'a VFormula) -> Formula<Leaf<'a>> {
+        match vf {
+            Formula::Empty => Formula::Atom(Leaf::Bound(name, None)),
+            Formula::Atom(b) => Formula::Atom(Leaf::Bound(name, Some(b))),
+            Formula::And(v) => Formula::And(v.iter().map(|x| bounds(name, x)).collect()),
+            Formula::Or(v) => Formula::Or(v.iter().map(|x| bounds(name, x)).collect()),
+        }
     }
-    let mut out: Vec<PkgId> = leaves
-        .iter()
-        .flat_map(|(op, c)| {
-            let single = RAtom {
-                name: a.name.clone(),
-                pos: a.pos,
-                vf: Formula::Atom((*op, c.clone())),
+    match f {
+        Formula::Empty => Formula::Empty,
+        Formula::Atom(g) if !g.kept => Formula::Atom(Leaf::Dropped),
+        Formula::Atom(g) => bounds(&g.atom.name, &g.atom.vf),
+        Formula::And(v) => Formula::And(v.iter().map(atomise).collect()),
+        Formula::Or(v) => Formula::Or(v.iter().map(atomise).collect()),
+    }
+}
+
+/// The versions one package's dependency formula gives `--recursive` graph
+/// edges to. This is opam 2.1.2's rule, `OpamCudf.dependency_set` (through
+/// `strong_and_weak_deps`, src/solver/opamCudf.ml; used by
+/// `OpamCudf.Graph.of_universe` for `OpamSolver.reverse_dependencies`),
+/// applied to the CNF of the atomised formula:
+///
+/// - a clause naming a single package name (`a >= 1`, or `a >= 1 | a < 0.5`)
+///   is *strong*: the name's edges are the versions allowed by the clause,
+///   intersected over all its strong clauses;
+/// - a clause naming several (an OR between different packages) is *weak*:
+///   each of its names not strong anywhere gets an edge to every version
+///   allowed by any one of its bounds in such a clause.
+///
+/// An OR therefore does not make its atoms weak on its own. In
+/// `("opam-state" {>= "2.0.4" & < "2.2"} & "ocaml" {< "4.12"} |
+/// "opam-state" {>= "2.1.0" & < "2.2"} & "ocaml" {>= "4.12"})` every branch
+/// names opam-state, so the CNF holds the strong clauses
+/// `opam-state >= 2.0.4 | opam-state >= 2.1.0` and
+/// `opam-state < 2.2 | opam-state < 2.2`: opam-state gets edges to 2.0.4 up
+/// to 2.2 only (and ocaml, strong as well, to every version). A name that
+/// some branch does without (`"coq" {>= "8.11" & < "8.17"} | "coq-core"`)
+/// is weak, and then each bound counts alone: coq ≥ 8.11 gives an edge to
+/// coq.9.1.1 although 9.1.1 is outside the atom's range (prooftree.0.14 is
+/// in opam's answers for coq.9.1.1). A name strong anywhere ignores its weak
+/// clauses (`"dune" {>= "2.9"} & ("dune" {>= "3.22"} | "lwt")`: dune ≥ 2.9).
+pub fn graph_edges(repo: &Repository, f: &Formula<GraphAtom>) -> Vec<PkgId> {
+    let leaves = atomise(f);
+    let mut strong: HashMap<&str, Vec<PkgId>> = HashMap::new();
+    let mut weak: HashMap<&str, Vec<PkgId>> = HashMap::new();
+    for clause in leaves.cnf() {
+        // Every name of the clause, with the versions its bounds allow
+        // (possibly none); atoms dropped after the CNF leave the clause.
+        let mut by_name: Vec<(&str, Vec<PkgId>)> = Vec::new();
+        for leaf in clause {
+            let &Leaf::Bound(name, bound) = leaf else {
+                continue;
             };
-            matching(repo, &single).collect::<Vec<_>>()
-        })
+            let i = match by_name.iter().position(|(n, _)| *n == name) {
+                Some(i) => i,
+                None => {
+                    by_name.push((name, Vec::new()));
+                    by_name.len() - 1
+                }
+            };
+            by_name[i].1.extend(bound_matches(repo, name, bound));
+        }
+        for (_, v) in &mut by_name {
+            v.sort_unstable();
+            v.dedup();
+        }
+        match by_name.len() {
+            // Only dropped atoms: the clause is gone.
+            0 => {}
+            1 => {
+                let (name, versions) = by_name.pop().expect("one name");
+                match strong.get_mut(name) {
+                    Some(cur) => cur.retain(|q| versions.binary_search(q).is_ok()),
+                    None => {
+                        strong.insert(name, versions);
+                    }
+                }
+                weak.remove(name);
+            }
+            _ => {
+                for (name, versions) in by_name {
+                    if !strong.contains_key(name) {
+                        weak.entry(name).or_default().extend(versions);
+                    }
+                }
+            }
+        }
+    }
+    let mut out: Vec<PkgId> = strong
+        .into_values()
+        .chain(weak.into_values())
+        .flatten()
         .collect();
     out.sort_unstable();
     out.dedup();
     out
 }
 
-/// The `--recursive` graph's edges from one package's dependency formula.
-/// On the fixture, opam 2.1.2's graph has an edge for every version allowed
-/// by any single bound of an atom that sits inside a disjunction
-/// (`("coq" {>= "8.11" & < "8.17"} | …)` reaches coq.9.1.1: prooftree.0.14
-/// and why3-coq.1.8.2 are in its coq answers), but only the versions inside
-/// the whole range for an atom outside any disjunction (`"ctypes" {>= "0.4.0"
-/// & < "0.12.0"}` does not reach ctypes.0.21.1: memcpy.0.2.0 is not in its
-/// dune answer). This rule reproduces every reference answer exactly.
-fn graph_edges(repo: &Repository, f: &Formula<RAtom>, under_or: bool, out: &mut Vec<PkgId>) {
-    match f {
-        Formula::Empty => {}
-        Formula::Atom(a) if under_or => out.extend(graph_targets(repo, a)),
-        Formula::Atom(a) => out.extend(matching(repo, a)),
-        Formula::And(v) => v.iter().for_each(|x| graph_edges(repo, x, under_or, out)),
-        Formula::Or(v) => v.iter().for_each(|x| graph_edges(repo, x, true, out)),
-    }
-}
-
 /// The reverse-dependency table of the `--recursive` graph: for each package,
-/// the versions whose hard dependencies (any OR branch) it can satisfy.
+/// the versions that have a graph edge to it ([`graph_edges`]), available or not.
 pub fn reverse_graph(repo: &Repository, variant: &Variant) -> Vec<Vec<PkgId>> {
     let fwd: Vec<Vec<PkgId>> = (0..repo.packages.len() as PkgId)
         .into_par_iter()
-        .map(|p| {
-            // OpamSwitchState.reverse_dependencies: universe without tests, build, no post.
-            let f = resolved_depends(
-                repo,
-                variant,
-                p,
-                universe_dep_vars(repo, p, false, false),
-                false,
-            );
-            let mut out: Vec<PkgId> = Vec::new();
-            graph_edges(repo, &f, false, &mut out);
-            out.sort_unstable();
-            out.dedup();
-            out
-        })
+        .map(|p| graph_edges(repo, &graph_formula(repo, variant, p)))
         .collect();
     let mut rev = vec![Vec::new(); repo.packages.len()];
     for (p, succ) in fwd.iter().enumerate() {

@@ -104,3 +104,18 @@ pub fn reference(compiler: &str, target: &str, file: &str) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// Lines of a reference answer kept in this repository (`tests/reference`,
+/// made with opam 2.1.2 by `tests/reference/make.sh`).
+pub fn local_reference(compiler: &str, target: &str, file: &str) -> Vec<String> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/reference")
+        .join(compiler)
+        .join(target)
+        .join(file);
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
