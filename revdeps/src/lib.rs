@@ -30,8 +30,12 @@
 //!   form; each conjunction keeps only its atoms naming the target, and one
 //!   of them must hold for the target's version.
 //! - `--recursive` ([`phase1::reverse_graph`]): the reverse closure of the
-//!   dependency graph over every package, available or not, including every
-//!   OR branch; see [`phase1`] for how version ranges become edges.
+//!   dependency graph over every package, available or not, with opam's
+//!   edges ([`phase1::graph_edges`]: `OpamCudf.strong_and_weak_deps` over
+//!   the CNF of `depends`): a package that every OR branch names keeps the
+//!   ranges the branches give it, atoms of one name intersect, and only a
+//!   package that some branch does without gets edges from each of its
+//!   bounds alone.
 //! - `--coinstallable-with T,COMPILER` ([`phase2`]): some installation of
 //!   available packages holds T, the compiler and the candidate at their
 //!   versions, with `depends` (`build` and `post` true, `with-test` for every
