@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::tile::TileId;
+use super::tile::{TileId, UtmZone};
 use super::tmerc::UTM_FALSE_NORTHING_SOUTH;
 
 /// Pixel size of TESSERA embeddings, metres.
@@ -44,14 +44,17 @@ pub struct TileInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ZoneGrid {
     pub zone: u8,
-    /// West edge, metres: the least tile `origin_e`, floored to 10 m.
+    /// West edge, metres: the least easting of any tile corner, floored to
+    /// 10 m.
     pub origin_x: f64,
-    /// North edge, metres (northern EPSG): the greatest tile `origin_n`,
-    /// ceiled to 10 m.
+    /// North edge, metres (northern EPSG): the greatest northing of any tile
+    /// corner projected to the northern EPSG, ceiled to 10 m.
     pub origin_y: f64,
-    /// Columns: enough for every placed tile, padded to a multiple of 4096.
+    /// Columns: from `origin_x` to the greatest corner easting ceiled to
+    /// 10 m, padded to a multiple of 4096.
     pub width_px: u32,
-    /// Rows: enough for every placed tile, padded to a multiple of 4096.
+    /// Rows: from `origin_y` to the least corner northing floored to 10 m,
+    /// padded to a multiple of 4096.
     pub height_px: u32,
     /// One entry per input tile, in input order.
     pub placed: Vec<Placement>,
@@ -94,20 +97,28 @@ fn describe_zones(zones: &[(u8, Vec<TileId>)]) -> String {
         .join("; ")
 }
 
+/// A tile's corners as geotessera computes them: its centre ± 0.05°, in
+/// floating point (`lon - 0.05`, not the cell edge `ix / 10`, which can differ
+/// from it in the last bit; PROJ then sees the same input as geotessera).
+fn corners(tile: &TileId) -> [(f64, f64); 4] {
+    const HALF: f64 = 0.05;
+    let (lon, lat) = tile.centre();
+    let (west, east) = (lon - HALF, lon + HALF);
+    let (south, north) = (lat - HALF, lat + HALF);
+    [(west, north), (east, north), (west, south), (east, south)]
+}
+
 /// A tile's footprint: its four corners projected to the UTM zone of its
-/// centre (see [`TileInfo`] for which corners give which number).
+/// centre (see [`TileInfo`] for which corners give which number), as
+/// geotessera's `project_tile`.
 pub fn tile_info(tile: &TileId) -> TileInfo {
     let utm = tile.utm_zone();
     let proj = utm.projection();
-    let b = tile.bounds();
-    let (sw_e, sw_n) = proj.forward(b.west, b.south);
-    let (nw_e, nw_n) = proj.forward(b.west, b.north);
-    let (se_e, se_n) = proj.forward(b.east, b.south);
-    let (ne_e, ne_n) = proj.forward(b.east, b.north);
-    let origin_e = sw_e.min(nw_e);
-    let origin_n = nw_n.max(ne_n);
-    let max_e = se_e.max(ne_e);
-    let min_n = sw_n.min(se_n);
+    let [ul, ur, ll, lr] = corners(tile).map(|(lon, lat)| proj.forward(lon, lat));
+    let origin_e = ul.0.min(ll.0);
+    let origin_n = ul.1.max(ur.1);
+    let max_e = ur.0.max(lr.0);
+    let min_n = ll.1.min(lr.1);
     TileInfo {
         tile: *tile,
         zone: utm.zone,
@@ -155,7 +166,27 @@ pub fn place(tiles: &[TileId]) -> Result<ZoneGrid, GridError> {
         return Err(GridError::MixedZones { zones });
     }
 
-    // Northings in the zone's northern EPSG.
+    // The grid's extent is geotessera's `_compute_zone_grid_from_landmask`:
+    // every corner projected straight to the zone's northern EPSG (for a
+    // southern tile that is not bit for bit its 327zz northing less 10,000
+    // km), the edges snapped outwards to 10 m and the size padded.
+    let proj = UtmZone { zone, south: false }.projection();
+    let (mut min_x, mut max_x) = (f64::INFINITY, f64::NEG_INFINITY);
+    let (mut min_y, mut max_y) = (f64::INFINITY, f64::NEG_INFINITY);
+    for (lon, lat) in infos.iter().flat_map(|info| corners(&info.tile)) {
+        let (x, y) = proj.forward(lon, lat);
+        min_x = min_x.min(x);
+        max_x = max_x.max(x);
+        min_y = min_y.min(y);
+        max_y = max_y.max(y);
+    }
+    let origin_x = (min_x / PIXEL_M).floor() * PIXEL_M;
+    let origin_y = (max_y / PIXEL_M).ceil() * PIXEL_M;
+    let extent_right = (max_x / PIXEL_M).ceil() * PIXEL_M;
+    let extent_bottom = (min_y / PIXEL_M).floor() * PIXEL_M;
+
+    // Each tile by its own footprint (`_tile_pixel_offset`): a southern
+    // tile's northing less the false northing.
     let north = |info: &TileInfo| {
         if info.tile.utm_zone().south {
             info.origin_n - UTM_FALSE_NORTHING_SOUTH
@@ -163,34 +194,25 @@ pub fn place(tiles: &[TileId]) -> Result<ZoneGrid, GridError> {
             info.origin_n
         }
     };
-    let min_e = infos
-        .iter()
-        .map(|i| i.origin_e)
-        .fold(f64::INFINITY, f64::min);
-    let max_n = infos.iter().map(north).fold(f64::NEG_INFINITY, f64::max);
-    let origin_x = (min_e / PIXEL_M).floor() * PIXEL_M;
-    let origin_y = (max_n / PIXEL_M).ceil() * PIXEL_M;
-
     let placed: Vec<Placement> = infos
         .iter()
         .map(|info| Placement {
             tile: info.tile,
-            // Both differences are ≥ 0 by the choice of origin, and a zone is
-            // under 10⁶ px across, so the casts are exact.
+            // Both differences are ≥ 0 by the choice of origin (a tile's
+            // footprint corners are among the grid's), and a zone is under
+            // 10⁶ px across, so the casts are exact.
             row: ((origin_y - north(info)) / PIXEL_M).floor() as u32,
             col: ((info.origin_e - origin_x) / PIXEL_M).floor() as u32,
             width: info.width,
             height: info.height,
         })
         .collect();
-    let width_px = placed.iter().map(|p| p.col + p.width).max().unwrap_or(0);
-    let height_px = placed.iter().map(|p| p.row + p.height).max().unwrap_or(0);
     Ok(ZoneGrid {
         zone,
         origin_x,
         origin_y,
-        width_px: pad_to_block(width_px),
-        height_px: pad_to_block(height_px),
+        width_px: pad_to_block(pixels(extent_right - origin_x)),
+        height_px: pad_to_block(pixels(origin_y - extent_bottom)),
         placed,
     })
 }
