@@ -196,7 +196,7 @@ pub fn matching<'a>(repo: &'a Repository, a: &'a RAtom) -> impl Iterator<Item = 
 }
 
 /// Versions of `name` allowed by one bound (all of them for `None`), ascending.
-pub fn bound_matches<'a>(
+fn bound_matches<'a>(
     repo: &'a Repository,
     name: &'a str,
     bound: Option<&'a (Relop, Version)>,

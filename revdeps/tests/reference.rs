@@ -108,3 +108,41 @@ fn dune_4_14_2_with_test_depopts() {
 fn cmdliner_4_14_2() {
     check_local("4.14.2", "cmdliner.1.3.0");
 }
+
+// Targets that other packages depend on through OR branches, or through
+// several atoms of one name; what each leans on is in tests/reference/README.md.
+
+#[test]
+fn opam_state_4_14_2() {
+    check_local("4.14.2", "opam-state.2.5.2");
+}
+
+#[test]
+fn protocol_9p_4_14_2() {
+    check_local("4.14.2", "protocol-9p.2.1.0");
+}
+
+#[test]
+fn cohttp_lwt_jsoo_4_14_2() {
+    check_local("4.14.2", "cohttp-lwt-jsoo.6.3.0");
+}
+
+#[test]
+fn alt_ergo_free_4_14_2() {
+    check_local("4.14.2", "alt-ergo-free.2.4.3");
+}
+
+#[test]
+fn memprof_limits_4_14_2() {
+    check_local("4.14.2", "memprof-limits.0.3.0");
+}
+
+#[test]
+fn lablgtk3_4_14_2() {
+    check_local("4.14.2", "lablgtk3.3.1.5-1");
+}
+
+#[test]
+fn cmdliner_2_1_1_4_14_2() {
+    check_local("4.14.2", "cmdliner.2.1.1");
+}
