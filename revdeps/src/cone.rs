@@ -10,7 +10,7 @@
 //! Variables that the target and the compiler already force false (level-0
 //! propagation of the universe) are cut from the cone before the search.
 
-use crate::phase2::{Encoding, L};
+use crate::encoding::{Encoding, L};
 use crate::repository::{PkgId, Repository};
 use batsat::{lbool, BasicSolver, Lit, SolverInterface, Var};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

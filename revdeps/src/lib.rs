@@ -17,6 +17,7 @@
 //!   matching, the reverse-dependency table and its closure for `--recursive`.
 //! - [`phase2`]: coinstallability per candidate with a SAT solver under
 //!   assumptions, in parallel; shardable over slices of the candidate list.
+//! - [`encoding`]: a universe as CNF (`Encoding`, literals `L`, each clause's `Origin`).
 //! - [`cone`]: one small SAT instance per candidate, cut to its dependency cone.
 //! - [`explain`]: why one package is in or out of the answer.
 //! - [`answer`]: the order answers are printed in.
@@ -64,6 +65,7 @@
 
 pub mod answer;
 pub mod cone;
+pub mod encoding;
 pub mod error;
 pub mod explain;
 pub mod filter;
