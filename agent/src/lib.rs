@@ -7,19 +7,24 @@
 //!
 //! # Layout
 //!
-//! - [`runner`]: the lease loop, the heartbeat loop, running one job.
-//! - [`server_api`]: typed calls to the agent protocol, retried while the
-//!   server is unreachable.
-//! - [`process`]: runs one shell command in its own process group, streams
-//!   its output lines, enforces timeout and cancellation on the whole tree.
+//! - [`runner`]: the loops (register, lease, heartbeat, run and report each
+//!   job) over a [`runner::Server`] trait, so tests drive them with a fake
+//!   server and a paused clock.
+//! - [`jobs`]: how each job kind runs (`command`, `tile`, `revdeps`), the
+//!   [`jobs::JobContext`] they share and the job log they write.
+//! - [`process`]: every child process the agent starts: its own process
+//!   group, output lines, timeout and cancellation of the whole tree.
+//! - [`server_api`]: typed HTTP calls to the agent protocol, retried while
+//!   the server is unreachable.
+//! - [`backoff`]: the doubling, capped delay between retries.
+//! - [`devices`]: what the agent computes on (CPU, encoder backend and
+//!   profile), as registration reports it.
 //! - [`health`]: the host health report sent with every heartbeat.
-//! - [`revdeps_job`]: phase 1 and phase-2 shards of opam revdeps runs.
-//! - [`tile_job`]: TESSERA tile jobs: checkpoint cache, inputs, encoder,
-//!   outputs.
 
+pub mod backoff;
+pub mod devices;
 pub mod health;
+pub mod jobs;
 pub mod process;
-pub mod revdeps_job;
 pub mod runner;
 pub mod server_api;
-pub mod tile_job;

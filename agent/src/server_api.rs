@@ -1,7 +1,10 @@
-//! The agent's side of the agent protocol: typed calls, with retries while
-//! the server is unreachable (it may be restarting) so that no result is
-//! dropped on the floor.
+//! The agent's side of the agent protocol: typed calls, retried while the server is unreachable.
+//!
+//! The server may be restarting; retrying until it answers means no result
+//! is dropped on the floor. How long a caller keeps trying is its `stop`
+//! token's business.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flotilla_core::api::{ErrorBody, OutputView};
@@ -9,10 +12,16 @@ use flotilla_core::protocol::{
     paths, Complete, Fail, Heartbeat, HeartbeatReply, LeaseRef, LeaseReply, LeaseRequest, LogBatch,
     Register, Registered,
 };
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+
+use crate::backoff::Backoff;
+
+/// The `code` given to a refusal whose body was not the server's error
+/// envelope (a proxy's error page, an empty body).
+const UNKNOWN_CODE: &str = "unknown";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -20,26 +29,89 @@ pub enum CallError {
     #[error("{status} {code}: {message}")]
     Refused {
         status: u16,
+        /// The error envelope's `code` (`stale_lease`, `not_found`, …), or
+        /// `unknown` when the body was not an envelope.
         code: String,
         message: String,
     },
     /// Could not reach the server (or it answered 5xx).
     #[error("server unreachable: {0}")]
     Unreachable(String),
+    /// A local file could not be read or written; the server was not asked
+    /// (or its answer could not be stored).
+    #[error("{what} {}: {source}", path.display())]
+    Local {
+        /// "cannot read", "cannot write".
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("gave up: shutting down")]
     ShuttingDown,
 }
 
 impl CallError {
-    /// The server said our lease is gone (stale, not ours, or no such job).
+    /// The server said our lease is gone: stale (`stale_lease`), not ours
+    /// (`forbidden`), no such job (`not_found`), or no such agent
+    /// (`conflict`: "call register first"; its leases went with it).
     pub fn lease_gone(&self) -> bool {
-        matches!(
-            self,
-            CallError::Refused {
-                status: 403 | 404 | 409,
-                ..
-            }
+        self.refused_as(
+            &["stale_lease", "forbidden", "not_found", "conflict"],
+            &[403, 404, 409],
         )
+    }
+
+    /// The server refused for a reason a retry will not change: what was
+    /// asked for is not there (`not_found`) or the request is wrong
+    /// (`invalid`).
+    pub fn is_permanent(&self) -> bool {
+        self.refused_as(&["not_found", "invalid"], &[404, 422])
+    }
+
+    /// A refusal with one of `codes`; by status for a body that was not the
+    /// error envelope, the statuses being those the codes come with.
+    fn refused_as(&self, codes: &[&str], statuses: &[u16]) -> bool {
+        match self {
+            CallError::Refused { status, code, .. } if code == UNKNOWN_CODE => {
+                statuses.contains(status)
+            }
+            CallError::Refused { code, .. } => codes.contains(&code.as_str()),
+            _ => false,
+        }
+    }
+}
+
+/// A call about one leased job, with its body.
+#[derive(Debug, Clone, Copy)]
+pub enum JobCall<'a> {
+    /// `POST jobs/{id}/start`: the job is running.
+    Start(&'a LeaseRef),
+    /// `POST jobs/{id}/log`: lines for the job's log.
+    Log(&'a LogBatch),
+    /// `POST jobs/{id}/complete`.
+    Complete(&'a Complete),
+    /// `POST jobs/{id}/fail`.
+    Fail(&'a Fail),
+}
+
+impl JobCall<'_> {
+    fn action(&self) -> &'static str {
+        match self {
+            JobCall::Start(_) => "start",
+            JobCall::Log(_) => "log",
+            JobCall::Complete(_) => "complete",
+            JobCall::Fail(_) => "fail",
+        }
+    }
+
+    /// Per try. A completion can take longer than the rest: for a tile job
+    /// the server copies the outputs to their final keys before answering.
+    fn timeout(&self) -> Duration {
+        match self {
+            JobCall::Start(_) | JobCall::Log(_) => Duration::from_secs(30),
+            JobCall::Complete(_) | JobCall::Fail(_) => Duration::from_secs(60),
+        }
     }
 }
 
@@ -88,16 +160,15 @@ impl ServerApi {
         timeout: Duration,
         stop: &CancellationToken,
     ) -> Result<T, CallError> {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             match self.once(path, body, timeout).await {
                 Err(CallError::Unreachable(why)) => {
                     tracing::warn!(%path, %why, "server unreachable; retrying");
                     tokio::select! {
                         _ = stop.cancelled() => return Err(CallError::ShuttingDown),
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 other => return other,
             }
@@ -131,58 +202,24 @@ impl ServerApi {
             .await
     }
 
-    pub async fn start(
-        &self,
-        lease: LeaseRef,
-        stop: &CancellationToken,
-    ) -> Result<serde_json::Value, CallError> {
-        self.call(
-            &paths::job(lease.job_id, "start"),
-            &lease,
-            Duration::from_secs(30),
-            stop,
-        )
-        .await
-    }
-
-    pub async fn log(
+    /// One call about a leased job, retried while the server is
+    /// unreachable until `stop` fires. The reply carries nothing the agent
+    /// uses.
+    pub async fn job_call(
         &self,
         job: Uuid,
-        batch: &LogBatch,
+        call: JobCall<'_>,
         stop: &CancellationToken,
-    ) -> Result<serde_json::Value, CallError> {
-        self.call(
-            &paths::job(job, "log"),
-            batch,
-            Duration::from_secs(30),
-            stop,
-        )
-        .await
-    }
-
-    pub async fn complete(
-        &self,
-        job: Uuid,
-        c: &Complete,
-        stop: &CancellationToken,
-    ) -> Result<serde_json::Value, CallError> {
-        self.call(
-            &paths::job(job, "complete"),
-            c,
-            Duration::from_secs(60),
-            stop,
-        )
-        .await
-    }
-
-    pub async fn fail(
-        &self,
-        job: Uuid,
-        f: &Fail,
-        stop: &CancellationToken,
-    ) -> Result<serde_json::Value, CallError> {
-        self.call(&paths::job(job, "fail"), f, Duration::from_secs(60), stop)
-            .await
+    ) -> Result<(), CallError> {
+        let path = paths::job(job, call.action());
+        let timeout = call.timeout();
+        let _: IgnoredAny = match call {
+            JobCall::Start(b) => self.call(&path, b, timeout, stop).await?,
+            JobCall::Log(b) => self.call(&path, b, timeout, stop).await?,
+            JobCall::Complete(b) => self.call(&path, b, timeout, stop).await?,
+            JobCall::Fail(b) => self.call(&path, b, timeout, stop).await?,
+        };
+        Ok(())
     }
 
     /// Streams a file to the server as one output of the current attempt.
@@ -191,14 +228,14 @@ impl ServerApi {
         &self,
         lease: LeaseRef,
         name: &str,
-        file: &std::path::Path,
+        file: &Path,
     ) -> Result<OutputView, CallError> {
         let f = tokio::fs::File::open(file)
             .await
-            .map_err(|e| CallError::Refused {
-                status: 0,
-                code: "missing_output".into(),
-                message: format!("declared output {} cannot be read: {e}", file.display()),
+            .map_err(|source| CallError::Local {
+                what: "cannot read",
+                path: file.to_path_buf(),
+                source,
             })?;
         let len = f.metadata().await.map(|m| m.len()).ok();
         let body =
@@ -237,7 +274,7 @@ impl ServerApi {
         &self,
         lease: LeaseRef,
         action: &str,
-        dest: &std::path::Path,
+        dest: &Path,
     ) -> Result<(u64, String), CallError> {
         use sha2::Digest;
         use tokio::io::AsyncWriteExt;
@@ -259,15 +296,15 @@ impl ServerApi {
             .await
             .map_err(|e| CallError::Unreachable(e.to_string()))?;
         if !resp.status().is_success() {
-            return Err(decode::<serde_json::Value>(resp)
+            return Err(decode::<IgnoredAny>(resp)
                 .await
                 .err()
                 .unwrap_or(CallError::Unreachable("download failed".into())));
         }
-        let io = |e: std::io::Error| CallError::Refused {
-            status: 0,
-            code: "io".into(),
-            message: format!("writing {}: {e}", dest.display()),
+        let io = |source| CallError::Local {
+            what: "cannot write",
+            path: dest.to_path_buf(),
+            source,
         };
         let tmp = dest.with_extension(format!("part-{}", uuid::Uuid::new_v4().simple()));
         let mut f = tokio::fs::File::create(&tmp).await.map_err(io)?;
@@ -321,7 +358,7 @@ async fn decode<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, CallE
         let (code, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
             Ok(e) => (e.error.code, e.error.message),
             Err(_) => (
-                "unknown".into(),
+                UNKNOWN_CODE.into(),
                 String::from_utf8_lossy(&bytes).into_owned(),
             ),
         };

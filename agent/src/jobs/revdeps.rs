@@ -1,16 +1,20 @@
-//! Runs revdeps steps: phase 1 (plan) or a phase-2 shard (solve) of an opam
-//! reverse-dependency run, with the `opam-revdeps` library, on blocking
-//! threads. Loaded repositories are kept per `PATH[:REV]`, so the shards an
-//! agent takes after its first do not read 18,000 opam files again.
+//! Revdeps jobs: phase 1 (plan) or a phase-2 shard (solve) of an opam reverse-dependency run.
+//!
+//! Steps run with the `opam-revdeps` library on a blocking thread. Loaded
+//! repositories are kept per `PATH[:REV]`, so the shards an agent takes after
+//! its first do not read 18,000 opam files again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use flotilla_core::job::{
-    RevdepsCandidate, RevdepsJob, RevdepsPlan, RevdepsShardResult, RevdepsStep,
+    FailureClass, RevdepsCandidate, RevdepsJob, RevdepsPlan, RevdepsShardResult, RevdepsStep,
 };
+use flotilla_core::protocol::{Complete, Fail};
 use opam_revdeps::{answer, phase1, phase2, Candidate, Query, Repository, Source, Variant};
+
+use super::JobContext;
 
 /// Repositories loaded by this agent, by source spec.
 #[derive(Default)]
@@ -73,13 +77,90 @@ fn variant(job: &RevdepsJob) -> Result<Variant, String> {
     Ok(v)
 }
 
-/// Runs one step; the JSON result for `complete`, or a message for `fail`
-/// (all failures here are fatal: the same input fails the same way).
-pub fn run(
-    cache: &RepoCache,
-    job: &RevdepsJob,
-    threads: usize,
-) -> Result<serde_json::Value, String> {
+/// What a step found.
+enum Found {
+    Plan(RevdepsPlan),
+    Shard {
+        candidates: usize,
+        result: RevdepsShardResult,
+    },
+}
+
+impl Found {
+    /// The line the job's log ends with.
+    fn summary(&self) -> String {
+        match self {
+            Found::Plan(p) => format!(
+                "phase 1: {} candidates (repository loaded in {} ms, phase 1 took {} ms)",
+                p.candidates.len(),
+                p.load_ms,
+                p.phase1_ms
+            ),
+            Found::Shard { candidates, result } => format!(
+                "phase 2: {} of {candidates} candidates found (repository loaded in {} ms, \
+                 phase 2 took {} ms)",
+                result.found.len(),
+                result.load_ms,
+                result.phase2_ms
+            ),
+        }
+    }
+
+    fn into_json(self) -> Result<serde_json::Value, String> {
+        match self {
+            Found::Plan(p) => serde_json::to_value(p),
+            Found::Shard { result, .. } => serde_json::to_value(result),
+        }
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// Runs a revdeps step on a blocking thread, with as many solver threads as
+/// the job's cost. The solver cannot be interrupted: on stop the result is
+/// dropped when it arrives. All failures of the step itself are fatal: the
+/// same input fails the same way.
+pub async fn run(
+    ctx: &JobContext,
+    repos: &Arc<RepoCache>,
+    spec: &RevdepsJob,
+) -> Result<Complete, Fail> {
+    let what = match &spec.step {
+        RevdepsStep::Plan => "phase 1 (plan)".to_string(),
+        RevdepsStep::Solve { candidates, .. } => {
+            format!("a phase-2 shard of {} candidates", candidates.len())
+        }
+    };
+    ctx.note(format!(
+        "revdeps: {what} for {} ({} query, {}) in {} on {} threads",
+        spec.target, spec.query, spec.variant.compiler, spec.repo, ctx.cost
+    ))
+    .await;
+    let work = {
+        let (repos, spec, threads) = (repos.clone(), spec.clone(), ctx.cost as usize);
+        tokio::task::spawn_blocking(move || step(&repos, &spec, threads))
+    };
+    let found = tokio::select! {
+        _ = ctx.stop.cancelled() => return Err(ctx.fail(FailureClass::Cancelled, "stopped")),
+        r = work => match r {
+            Ok(Ok(found)) => found,
+            Ok(Err(message)) => return Err(ctx.fail(FailureClass::Fatal, message)),
+            Err(e) => {
+                return Err(ctx.fail(
+                    FailureClass::Retryable,
+                    format!("the revdeps step panicked: {e}"),
+                ))
+            }
+        }
+    };
+    ctx.note(found.summary()).await;
+    let result = found
+        .into_json()
+        .map_err(|message| ctx.fail(FailureClass::Fatal, message))?;
+    Ok(ctx.complete(None, vec![], Some(result)))
+}
+
+/// Runs one step to what it found, or a message for `fail`.
+fn step(cache: &RepoCache, job: &RevdepsJob, threads: usize) -> Result<Found, String> {
     let (repo, load_ms) = cache.get(&job.repo)?;
     let variant = variant(job)?;
     let q = query(&job.query)?;
@@ -111,7 +192,7 @@ pub fn run(
                 load_ms,
                 phase1_ms: start.elapsed().as_millis() as u64,
             };
-            serde_json::to_value(plan).map_err(|e| e.to_string())
+            Ok(Found::Plan(plan))
         }
         RevdepsStep::Solve { candidates, .. } => {
             let start = Instant::now();
@@ -143,7 +224,10 @@ pub fn run(
                 load_ms,
                 phase2_ms: start.elapsed().as_millis() as u64,
             };
-            serde_json::to_value(result).map_err(|e| e.to_string())
+            Ok(Found::Shard {
+                candidates: candidates.len(),
+                result,
+            })
         }
     }
 }

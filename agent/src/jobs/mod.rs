@@ -1,0 +1,212 @@
+//! How each kind of job runs, and the [`JobContext`] every kind shares.
+//!
+//! [`Kinds`] is what the loops in [`crate::runner`] call: it gives the job a
+//! context (identity, stop token, progress, log, scratch directory) and
+//! dispatches on the kind, the one place that knows every kind.
+//!
+//! - [`command`]: a shell command with declared outputs.
+//! - [`tile`]: a TESSERA tile: checkpoint cache, inputs, encoder, outputs.
+//! - [`revdeps`]: phase 1 or a phase-2 shard of an opam revdeps run.
+//! - [`log`]: the job's log, batched to the server.
+
+pub mod command;
+pub mod log;
+pub mod revdeps;
+pub mod tile;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_core::job::{FailureClass, JobSpec};
+use flotilla_core::protocol::{Complete, Fail, LeaseRef, LeasedJob};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::devices::EncoderSetup;
+use crate::process::{self, CommandSpec, Outcome, ProcessError};
+use crate::server_api::ServerApi;
+
+use self::log::JobLog;
+
+/// Progress sink: units done of total (pixels for a tile job).
+pub type ProgressFn = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// What the loops hand a job besides the job itself.
+pub struct JobControl {
+    /// Fires when the job must stop: cancelled, lease lost, or shutdown.
+    pub stop: CancellationToken,
+    /// Fires when deliveries to the server (log lines) should no longer be
+    /// retried; see [`crate::runner`] for when.
+    pub give_up: CancellationToken,
+    /// Where progress goes; the next heartbeat carries it.
+    pub progress: ProgressFn,
+}
+
+/// Runs one leased job to the report it should make: [`Kinds`] in the agent,
+/// a fake in the loops' tests.
+pub trait Execute: Send + Sync + 'static {
+    fn execute(
+        &self,
+        job: &LeasedJob,
+        control: JobControl,
+    ) -> impl Future<Output = Result<Complete, Fail>> + Send;
+}
+
+/// The job kinds this agent runs and what they keep between jobs.
+pub struct Kinds {
+    api: ServerApi,
+    workdir: PathBuf,
+    kill_grace: Duration,
+    repos: Arc<revdeps::RepoCache>,
+    /// Checkpoints and loaded encoders for tile jobs; `None` when no encoder
+    /// backend could be set up here (the agent then does not offer the
+    /// `tile` kind).
+    tiles: Option<Arc<tile::TileCache>>,
+}
+
+impl Kinds {
+    /// Sets up every kind this host can run. Tile jobs need an encoder
+    /// backend, with its profile from `FLOTILLA_ENCODER_PROFILE` if set.
+    pub fn detect(api: ServerApi, workdir: &Path, kill_grace: Duration) -> Self {
+        let profile_file = std::env::var_os("FLOTILLA_ENCODER_PROFILE").map(PathBuf::from);
+        let tiles = match EncoderSetup::detect(profile_file.as_deref()) {
+            Ok(setup) => Some(Arc::new(tile::TileCache::new(
+                workdir.join("cache").join("checkpoints"),
+                setup,
+            ))),
+            Err(e) => {
+                tracing::warn!(error = %e, "no encoder here; not taking tile jobs");
+                None
+            }
+        };
+        Kinds {
+            api,
+            workdir: workdir.to_path_buf(),
+            kill_grace,
+            repos: Arc::new(revdeps::RepoCache::default()),
+            tiles,
+        }
+    }
+
+    /// The kinds to register.
+    pub fn names(&self) -> Vec<String> {
+        let mut kinds = vec!["command".to_string(), "revdeps".to_string()];
+        if self.tiles.is_some() {
+            kinds.push("tile".to_string());
+        }
+        kinds
+    }
+
+    /// The encoder tile jobs run on, if this agent takes them.
+    pub fn encoder(&self) -> Option<&EncoderSetup> {
+        self.tiles.as_deref().map(tile::TileCache::setup)
+    }
+}
+
+impl Execute for Kinds {
+    async fn execute(&self, job: &LeasedJob, control: JobControl) -> Result<Complete, Fail> {
+        let lease = LeaseRef {
+            job_id: job.job_id,
+            lease_token: job.lease_token,
+        };
+        let (log, forwarder) = JobLog::start(self.api.clone(), lease, control.give_up);
+        let ctx = JobContext {
+            api: self.api.clone(),
+            lease,
+            attempt: job.attempt,
+            cost: job.cost,
+            stop: control.stop,
+            progress: control.progress,
+            log,
+            job_dir: self
+                .workdir
+                .join("jobs")
+                .join(format!("{}-{}", job.job_id, job.attempt)),
+            kill_grace: self.kill_grace,
+        };
+        let result = match &job.spec {
+            JobSpec::Command(cmd) => command::run(&ctx, cmd).await,
+            JobSpec::Revdeps(spec) => revdeps::run(&ctx, &self.repos, spec).await,
+            JobSpec::Tile(spec) => match &self.tiles {
+                Some(cache) => tile::run(&ctx, cache, spec).await,
+                None => Err(ctx.fail(FailureClass::Retryable, "this agent has no encoder")),
+            },
+        };
+        // The log reaches the server before the report does.
+        drop(ctx);
+        forwarder.finish().await;
+        result
+    }
+}
+
+/// One attempt of one job, as every kind sees it.
+pub struct JobContext {
+    pub api: ServerApi,
+    pub lease: LeaseRef,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// Slots the job holds (a revdeps step uses as many threads).
+    pub cost: u32,
+    /// Fires when the job must stop.
+    pub stop: CancellationToken,
+    pub progress: ProgressFn,
+    pub log: JobLog,
+    /// This attempt's scratch directory, `WORKDIR/jobs/{id}-{attempt}`;
+    /// made by the kind that needs it.
+    pub job_dir: PathBuf,
+    /// Between SIGTERM and SIGKILL when a process of the job is stopped.
+    pub kill_grace: Duration,
+}
+
+impl JobContext {
+    pub fn job_id(&self) -> Uuid {
+        self.lease.job_id
+    }
+
+    /// The report of a failed attempt.
+    pub fn fail(&self, class: FailureClass, message: impl Into<String>) -> Fail {
+        Fail {
+            lease_token: self.lease.lease_token,
+            class,
+            message: message.into(),
+            exit_code: None,
+        }
+    }
+
+    /// The report of a successful attempt.
+    pub fn complete(
+        &self,
+        exit_code: Option<i32>,
+        outputs: Vec<String>,
+        result: Option<serde_json::Value>,
+    ) -> Complete {
+        Complete {
+            lease_token: self.lease.lease_token,
+            exit_code,
+            outputs,
+            result,
+        }
+    }
+
+    /// Writes a line of the agent's own into the job's log.
+    pub async fn note(&self, text: impl Into<String>) {
+        self.log.agent(text).await;
+    }
+
+    /// Runs `spec` under [`process::run`], stopped by the job's stop token,
+    /// its output lines going to the job's log.
+    pub async fn run_process(&self, spec: &CommandSpec) -> Result<Outcome, ProcessError> {
+        let (tx, mut rx) = mpsc::channel::<process::LogLine>(256);
+        let relay = async {
+            while let Some(line) = rx.recv().await {
+                self.log.line(line.into()).await;
+            }
+        };
+        // `run` drops its sender when it returns, which ends the relay.
+        let (outcome, ()) = tokio::join!(process::run(spec, tx, self.stop.clone()), relay);
+        outcome
+    }
+}
