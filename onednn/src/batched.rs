@@ -1,4 +1,7 @@
-//! Batched matmul on runtime operands (attention: per pixel and head, Q.K^T and P.V), with optional strides so heads can be read in place.
+//! Batched matmul on runtime operands, for attention.
+//!
+//! Per pixel and head, Q.K^T and P.V, with optional strides so heads can be
+//! read in place.
 
 use std::ffi::c_void;
 

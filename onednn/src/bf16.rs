@@ -1,4 +1,6 @@
-//! The bfloat16 element type and f32 <-> bf16 conversion (round to nearest even, as oneDNN's own reorders do).
+//! The bfloat16 element type and f32 <-> bf16 conversion.
+//!
+//! Round to nearest even, as oneDNN's own reorders do.
 
 /// A bfloat16 value: the top 16 bits of an IEEE f32.
 #[repr(transparent)]

@@ -1,4 +1,7 @@
-//! The CPU engine (shared by every primitive and thread) and streams (one per thread, cached thread-locally).
+//! The CPU engine and its streams.
+//!
+//! The engine is shared by every primitive and thread; streams are one per
+//! thread, cached thread-locally.
 
 use std::cell::RefCell;
 use std::ptr;

@@ -1,4 +1,7 @@
-//! The crate's error type: a failed oneDNN call (with its status and name) or a caller mistake caught before the call.
+//! The crate's error type.
+//!
+//! A failed oneDNN call (with its status and name) or a caller mistake caught
+//! before the call.
 
 use crate::sys;
 

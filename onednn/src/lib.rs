@@ -1,4 +1,6 @@
-//! A thin, safe FFI over the system oneDNN 2.x (Debian's libdnnl), for the encoder's fast CPU backend.
+//! A thin, safe FFI over the system oneDNN 2.x (Debian's libdnnl).
+//!
+//! It serves the encoder's `onednn` backend.
 //!
 //! # Layout
 //!
@@ -7,7 +9,7 @@
 //! - `engine`: the shared CPU [`Engine`] and per-thread [`Stream`]s.
 //! - `memory`: [`DataType`], the [`Element`] types, [`MemoryDesc`] (row-major, strided, `any`).
 //! - `bf16`: the [`Bf16`] element and f32 <-> bf16 conversion.
-//! - `cpu`: [`bf16_supported`], oneDNN's [`effective_isa`] and [`version`].
+//! - `cpu_features`: [`bf16_supported`], oneDNN's [`effective_isa`] and [`version`].
 //! - `threading`: per-thread oneDNN thread count ([`ThreadScope`]); why primitives pin it.
 //! - `primitive`: owned primitive / descriptor / attribute / post-op handles, reorders, the per-thread scratchpad.
 //! - `matmul`: [`MatMul`], a linear layer with weights packed once and primitives cached per M.
@@ -51,7 +53,7 @@
 
 mod batched;
 mod bf16;
-mod cpu;
+mod cpu_features;
 mod engine;
 mod error;
 mod matmul;
@@ -63,7 +65,7 @@ mod threading;
 
 pub use batched::{BatchedMatMul, BatchedMatMulSpec};
 pub use bf16::{bf16_to_f32, f32_to_bf16, to_bf16_vec, Bf16};
-pub use cpu::{bf16_supported, effective_isa, version, CpuFeatures, Version};
+pub use cpu_features::{bf16_supported, effective_isa, version, CpuFeatures, Version};
 pub use engine::{Engine, Stream};
 pub use error::{Error, Result, Status};
 pub use matmul::{MatMul, MatMulSpec};

@@ -1,4 +1,7 @@
-//! Linear layers as oneDNN matmuls: weights packed once into the layout oneDNN picks, primitives cached per M, execute on caller buffers.
+//! Linear layers as oneDNN matmuls (`MatMul`).
+//!
+//! Weights are packed once into the layout oneDNN picks, primitives are
+//! cached per M, and they execute on caller buffers.
 //!
 //! Why a cache keyed by M rather than `DNNL_RUNTIME_DIM_VAL`: in oneDNN 2.x the
 //! brgemm matmul (the implementation that uses blocked, pre-packed weights on
@@ -101,12 +104,7 @@ impl MatMul {
         };
         let _threads = ThreadScope::new(matmul.spec.threads);
         let pd = matmul.primitive_desc(m_hint.max(1))?;
-        let chosen = pd
-            .query_md(sys::dnnl_query_weights_md)
-            .ok_or(Error::Invalid {
-                what: "matmul",
-                why: "oneDNN reported no weights descriptor".into(),
-            })?;
+        let chosen = chosen_weights(&pd)?;
         // PyTorch's out x in row-major is the k x n matrix with layout `ba`.
         let user = MemoryDesc::strided(
             &[matmul.spec.k, matmul.spec.n],
@@ -284,12 +282,7 @@ impl MatMul {
     /// Creates the primitive for `pd` (made for `m` rows), packing the weights
     /// again only if it chose a layout no earlier M chose.
     fn insert_instance(&self, m: usize, pd: &PrimitiveDesc) -> Result<Arc<Instance>> {
-        let chosen = pd
-            .query_md(sys::dnnl_query_weights_md)
-            .ok_or(Error::Invalid {
-                what: "matmul",
-                why: "oneDNN reported no weights descriptor".into(),
-            })?;
+        let chosen = chosen_weights(pd)?;
         let weights = {
             let mut packed = self
                 .packed
@@ -348,6 +341,16 @@ impl MatMul {
         // Another thread may have created the same M meanwhile; keep the first.
         Ok(Arc::clone(instances.entry(m).or_insert(inst)))
     }
+}
+
+/// The weights layout oneDNN chose for `pd` (the packed layout the weights
+/// are reordered into).
+fn chosen_weights(pd: &PrimitiveDesc) -> Result<MemoryDesc> {
+    pd.query_md(sys::dnnl_query_weights_md)
+        .ok_or(Error::Invalid {
+            what: "matmul",
+            why: "oneDNN reported no weights descriptor".into(),
+        })
 }
 
 /// The execute-argument index of the (single) binary post-op's second operand.

@@ -1,4 +1,7 @@
-//! Memory descriptors (shape, data type, layout), element types, and memory objects over caller or crate-owned buffers.
+//! Memory descriptors, element types and memory objects.
+//!
+//! Descriptors give shape, data type and layout; memory objects wrap caller
+//! or crate-owned buffers.
 
 use std::ffi::c_void;
 

@@ -1,4 +1,7 @@
-//! Owned wrappers (with Drop) for primitive descriptors, primitives, attributes and post-op lists; reorders; the per-thread scratchpad.
+//! Owned oneDNN handles, reorders and the per-thread scratchpad.
+//!
+//! Primitive descriptors, primitives, attributes and post-op lists are
+//! wrapped with Drop.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};

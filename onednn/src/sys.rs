@@ -1,4 +1,6 @@
-//! Hand-written `extern "C"` declarations for the part of oneDNN 2.x (`dnnl.h`, `dnnl_types.h`) this crate uses.
+//! Hand-written `extern "C"` declarations for the part of oneDNN 2.x this crate uses.
+//!
+//! From `dnnl.h` and `dnnl_types.h`.
 //!
 //! Every constant and struct layout here was checked against Debian bookworm's
 //! libdnnl-dev 2.6.3 headers with a C program printing `sizeof`/`offsetof` and

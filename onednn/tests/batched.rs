@@ -1,4 +1,6 @@
-//! `BatchedMatMul`: dense 3-D batches, and attention read in place from a QKV buffer through strides.
+//! `BatchedMatMul`: dense 3-D batches, and attention read in place.
+//!
+//! Attention reads Q, K and V from a QKV buffer through strides.
 
 mod common;
 

@@ -1,4 +1,6 @@
-//! One primitive executed from several threads at once gives what one thread gives; per-thread thread counts stay per thread.
+//! One primitive executed from several threads at once gives what one thread gives.
+//!
+//! Per-thread thread counts stay per thread.
 
 mod common;
 

@@ -1,4 +1,6 @@
-//! What this CPU and this libdnnl build can do: bf16 support, oneDNN's ISA, version and threading runtime.
+//! What this CPU and this libdnnl build can do.
+//!
+//! bf16 support, oneDNN's ISA, version and threading runtime.
 
 use crate::sys;
 
