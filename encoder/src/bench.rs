@@ -159,8 +159,9 @@ unsafe fn fma_chains(iters: u64) -> f32 {
 }
 
 /// oneDNN's `dnnl_sgemm` rate with `threads` threads (GFLOP/s, best of
-/// several runs on `onednn::RATE_SHAPE`): the roofline the issue measures
-/// every backend against. `None` when the `onednn` feature is off.
+/// several runs on `onednn::RATE_SHAPE`): the roofline every backend is
+/// measured against (BENCHMARKS.md's target: at least 85 % of it). `None`
+/// when the `onednn` feature is off.
 pub fn dnnl_sgemm_rate(threads: usize) -> Result<Option<f64>> {
     #[cfg(all(feature = "onednn", target_os = "linux"))]
     {

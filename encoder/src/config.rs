@@ -88,6 +88,18 @@ impl ModelConfig {
         }
     }
 
+    /// The fixtures' small model (`shared/fixtures/encoder/small`, and
+    /// `--size small`): latent 16, 2 layers, 4 heads, FFN 128.
+    pub fn small() -> Self {
+        ModelConfig {
+            latent_dim: 16,
+            num_layers: 2,
+            nhead: 4,
+            dim_feedforward: 128,
+            repr_dim: 128,
+        }
+    }
+
     /// Multiply-adds x2 per observation token through one backbone (GEMMs plus
     /// attention scores for a sequence of `len`).
     pub fn flops_per_token(&self, bands: usize, len: usize) -> f64 {
@@ -128,6 +140,7 @@ mod tests {
         )
         .unwrap();
         let c = ModelConfig::from_json(&v).unwrap();
+        assert_eq!(c, ModelConfig::small());
         assert_eq!(c.d_model(), 64);
         assert!(ModelConfig::from_json(&serde_json::json!({"latent_dim": 16})).is_err());
     }

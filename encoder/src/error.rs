@@ -51,4 +51,12 @@ impl EncodeError {
     }
 }
 
+/// For conversions that cannot fail (`DeviceProfile::resolve` given a
+/// `BackendChoice` rather than a name).
+impl From<std::convert::Infallible> for EncodeError {
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
+}
+
 pub type Result<T, E = EncodeError> = std::result::Result<T, E>;

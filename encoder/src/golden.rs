@@ -1,8 +1,10 @@
-//! Comparing an encoding with the upstream reference outputs kept next to a
-//! fixture tile (`expected/emb_f32.npy`, `nodata.npy`, `tile.npy`,
-//! `tile_scales.npy`, as in `shared/fixtures/encoder`), by the issue's
-//! acceptance figures. The fixture tests of every backend use it, the
-//! emulated GPU's included.
+//! Comparing an encoding with the upstream reference outputs of a fixture tile.
+//!
+//! The outputs are kept next to the tile (`expected/emb_f32.npy`,
+//! `nodata.npy`, `tile.npy`, `tile_scales.npy`, as in
+//! `shared/fixtures/encoder`); the thresholds are the acceptance figures of
+//! `shared/fixtures/README.md`. The fixture tests of every backend use it,
+//! the emulated GPU's included.
 
 use std::path::Path;
 
@@ -25,8 +27,9 @@ pub struct GoldenReport {
 }
 
 impl GoldenReport {
-    /// The thresholds: cosine ≥ 0.99999, max abs error ≤ 1e-4,
-    /// int8 codes within ±1 and ≥ 99 % equal (and scales within 1e-4).
+    /// The fixtures' acceptance thresholds (`shared/fixtures/README.md`):
+    /// cosine ≥ 0.99999, max abs error ≤ 1e-4, int8 codes within ±1 and
+    /// ≥ 99 % equal (and scales within 1e-4).
     pub fn meets_thresholds(&self) -> Result<(), String> {
         if self.int8_max_diff > 1 {
             return Err(format!("an int8 code is {} away", self.int8_max_diff));

@@ -1,28 +1,40 @@
-//! TESSERA v2 pixel student: turn a tile of Sentinel-2 and Sentinel-1 time
-//! series into per-pixel 128-d embeddings, on whatever device is at hand.
+//! TESSERA v2 pixel student: a tile's S2 and S1 time series to per-pixel embeddings.
+//!
+//! Turns a tile of Sentinel-2 and Sentinel-1 time series into per-pixel
+//! 128-d embeddings, on whatever device is at hand.
 //!
 //! # Layout
 //!
-//! - `config` — the model's sizes, parsed from the checkpoint's `args`.
+//! - `config` — the model's sizes, parsed from the checkpoint's `args`
+//!   (`ModelConfig::large()` and `small()` for synthetic checkpoints).
 //! - `checkpoint` — `.pt` / `.safetensors` loading and the hierarchical,
 //!   shape-checked tensor lookup (`Vars`).
 //! - `model` — typed weights with the upstream names, plus shared arithmetic
 //!   (LayerNorm, day-of-year encoding).
-//! - `tile` — tile inputs in the geotessera layout: read, cross-check, access.
-//! - `sequence` — valid observations, bins, which frames fill a bin, and
-//!   standardisation.
-//! - `backend` — the `Backend` trait and its implementations: `reference`
-//!   (candle), and the thread-per-block pass (`backend/block.rs`) over two
-//!   GEMM kernels: `cpu` (pure Rust `gemm`) and `onednn` (pre-packed oneDNN
-//!   matmuls with fused post-ops; the `onednn` feature, default, Linux
-//!   only). `cuda` plugs in behind its feature.
+//! - `npy` — the `.npy` reader and writer.
+//! - `tile` — tile inputs in the geotessera layout: read, cross-check, write,
+//!   per-pixel access (valid frames, standardised tokens).
+//! - `normalise` — upstream's per-band means and stds, and `standardise`.
+//! - `sequence` — a pixel's bin length and which frames fill it; gathers a
+//!   chunk's sequences for a backend.
+//! - `backend` — the `Backend` trait, `BackendChoice` (`backend/choice.rs`),
+//!   which backends run here and the device name profiles are keyed by
+//!   (`backend/mod.rs`), and the implementations: `reference` (candle); the
+//!   thread-per-block pass (`block.rs`) over `pure_rust.rs` (the `cpu`
+//!   backend, the `gemm` crate) or `onednn.rs` (pre-packed oneDNN matmuls;
+//!   the `onednn` feature, Linux only); the GPU path in `backend/gpu/`
+//!   (`mod.rs` the forward pass, `device.rs` the device interface,
+//!   `kernels.cu`, `cuda.rs` behind the `cuda` feature, the tests' `emulator.rs`).
 //! - `encode` — `Encoder`: grouping pixels by bin, chunking, cancellation,
 //!   progress.
 //! - `output` — `TileEmbedding`, int8 quantisation, truncation, atomic writes.
-//! - `profile` — per-device chunk/block/thread settings in a TOML file.
+//! - `profile` — `DeviceProfile` and `Dtype`: per-device chunk/block/thread
+//!   settings in a TOML file (data only; `backend` names the device).
 //! - `bench` — GEMM rate, pixels/s, GFLOP/s and the tuning sweep.
-//! - `synth` — random-weight checkpoints and the RNG for synthetic tiles.
-//! - `npy` — the `.npy` reader and writer.
+//! - `synth` — random-weight checkpoints, `SynthTile` / `TileInputs::synthetic`
+//!   random tiles, and their RNG.
+//! - `golden` — comparing an encoding with a fixture's upstream outputs.
+//! - `error` — `EncodeError`, naming the file, tensor or setting at fault.
 //!
 //! # Use
 //!
@@ -30,7 +42,7 @@
 //! use std::sync::atomic::AtomicBool;
 //! use tessera_encoder::{BackendChoice, DeviceProfile, Encoder, OutputOptions, TileInputs};
 //! # fn main() -> Result<(), tessera_encoder::EncodeError> {
-//! let profile = DeviceProfile::resolve(None, "cpu")?;
+//! let profile = DeviceProfile::resolve(None, BackendChoice::Cpu)?;
 //! let enc = Encoder::load("ckpt.pt".as_ref(), BackendChoice::Auto, profile)?;
 //! let tile = TileInputs::read("grid_0.15_52.05".as_ref())?;
 //! let emb = enc.encode_tile(&tile, &|done, total| eprintln!("{done}/{total}"), &AtomicBool::new(false))?;
@@ -46,6 +58,7 @@ pub mod encode;
 pub mod error;
 pub mod golden;
 pub mod model;
+pub mod normalise;
 pub mod npy;
 pub mod output;
 pub mod profile;
@@ -60,6 +73,6 @@ pub use encode::Encoder;
 pub use error::EncodeError;
 pub use model::{Modality, StudentWeights};
 pub use output::{OutputOptions, TileEmbedding};
-pub use profile::{DeviceProfile, ProfileSet};
-pub use synth::{random_checkpoint, write_safetensors};
-pub use tile::{SynthTile, TileInputs};
+pub use profile::{DeviceProfile, Dtype, ProfileSet};
+pub use synth::{random_checkpoint, write_safetensors, SynthTile};
+pub use tile::TileInputs;

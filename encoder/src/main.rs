@@ -9,7 +9,7 @@ use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand};
 use tessera_encoder::{
     bench, random_checkpoint, tile, write_safetensors, BackendChoice, Checkpoint, DeviceProfile,
-    EncodeError, Encoder, ModelConfig, OutputOptions, ProfileSet, SynthTile, TileInputs,
+    Dtype, EncodeError, Encoder, ModelConfig, OutputOptions, ProfileSet, SynthTile, TileInputs,
 };
 
 #[derive(Parser)]
@@ -37,15 +37,29 @@ enum Cmd {
     Backends,
 }
 
-/// Backend and device settings shared by every command that encodes.
+/// Backend and device settings of an encoding run.
 #[derive(Args, Clone)]
 struct RunArgs {
-    /// auto, reference, cpu, onednn or cuda.
-    #[arg(long, default_value = "auto")]
-    backend: String,
+    /// The backend (auto: cuda, then onednn, then cpu, whichever runs here).
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    backend: BackendChoice,
     /// Threads (default: the profile's, else all cores).
     #[arg(long)]
     threads: Option<usize>,
+    #[command(flatten)]
+    profile: ProfileArgs,
+}
+
+impl RunArgs {
+    fn resolve(&self) -> Result<(BackendChoice, DeviceProfile)> {
+        let choice = self.backend.resolve();
+        Ok((choice, self.profile.resolve(choice, self.threads)?))
+    }
+}
+
+/// The device profile and what overrides it; shared by encoding and `bench`.
+#[derive(Args, Clone)]
+struct ProfileArgs {
     /// Pixels per GEMM chunk (default: the profile's).
     #[arg(long)]
     batch_pixels: Option<usize>,
@@ -58,18 +72,16 @@ struct RunArgs {
     /// Compute precision (default: the profile's, else f32): f32; bf16
     /// (onednn, where the CPU has AMX or AVX-512 bf16); tf32 (cuda: TF32
     /// tensor cores, faster and less exact).
-    #[arg(long)]
-    dtype: Option<String>,
+    #[arg(long, value_enum)]
+    dtype: Option<Dtype>,
 }
 
-impl RunArgs {
-    fn choice(&self) -> Result<BackendChoice> {
-        Ok(BackendChoice::parse(&self.backend)?)
-    }
-    fn resolve(&self) -> Result<(BackendChoice, DeviceProfile)> {
-        let choice = self.choice()?.resolve();
-        let mut p = DeviceProfile::resolve(self.profile.as_deref(), choice.name())?;
-        if let Some(t) = self.threads {
+impl ProfileArgs {
+    /// The profile for `choice` (a concrete backend) with these overrides
+    /// and `threads`.
+    fn resolve(&self, choice: BackendChoice, threads: Option<usize>) -> Result<DeviceProfile> {
+        let mut p = DeviceProfile::resolve(self.profile.as_deref(), choice)?;
+        if let Some(t) = threads {
             p.threads = t.max(1);
         }
         if let Some(b) = self.batch_pixels {
@@ -78,10 +90,10 @@ impl RunArgs {
         if let Some(b) = self.block_pixels {
             p.block_pixels = b.max(1);
         }
-        if let Some(d) = &self.dtype {
-            p.dtype = d.clone();
+        if let Some(d) = self.dtype {
+            p.dtype = d;
         }
-        Ok((choice, p))
+        Ok(p)
     }
 }
 
@@ -109,53 +121,90 @@ struct EncodeArgs {
     run: RunArgs,
 }
 
+/// Sizes of the random checkpoint `bench` and `tune` use without `--ckpt`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Size {
+    /// The published Large student.
+    Large,
+    /// The fixtures' small model.
+    Small,
+}
+
+impl Size {
+    fn config(self) -> ModelConfig {
+        match self {
+            Size::Large => ModelConfig::large(),
+            Size::Small => ModelConfig::small(),
+        }
+    }
+}
+
+/// The checkpoint and tile `bench` and `tune` time.
 #[derive(Args)]
-struct BenchArgs {
+struct BenchInputs {
     /// Checkpoint; default: random weights of `--size`.
     #[arg(long)]
     ckpt: Option<PathBuf>,
     /// Sizes of the random checkpoint: large (published) or small (fixtures).
-    #[arg(long, default_value = "large")]
-    size: String,
+    #[arg(long, value_enum, default_value_t = Size::Large)]
+    size: Size,
     /// Real tile to time; default: a synthetic tile with `--obs` valid observations per modality.
     #[arg(long)]
     tile: Option<PathBuf>,
-    #[arg(long, default_value_t = 16)]
-    pixels: usize,
     #[arg(long, default_value_t = 64)]
     obs: usize,
+}
+
+impl BenchInputs {
+    /// The checkpoint, and the tile (a synthetic one of `pixels` if none was given).
+    fn load(&self, pixels: usize) -> Result<(Checkpoint, TileInputs)> {
+        let ck = match &self.ckpt {
+            Some(p) => Checkpoint::load(p)?,
+            None => random_checkpoint(&self.size.config(), 1),
+        };
+        let obs = self.obs;
+        let t = match &self.tile {
+            Some(p) => TileInputs::read(p)?,
+            None => TileInputs::synthetic(&SynthTile {
+                height: 1,
+                width: pixels.max(1),
+                s2_frames: obs,
+                s1_asc_frames: obs / 2,
+                s1_desc_frames: obs - obs / 2,
+                clear: 1.0,
+                seed: 2,
+            }),
+        };
+        Ok((ck, t))
+    }
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    inputs: BenchInputs,
+    #[arg(long, default_value_t = 16)]
+    pixels: usize,
     /// Backends to compare (default: every backend this build has).
-    #[arg(long, value_delimiter = ',')]
-    backends: Vec<String>,
+    #[arg(long, value_enum, value_delimiter = ',')]
+    backends: Vec<BackendChoice>,
     /// Thread counts to try.
     #[arg(long, value_delimiter = ',')]
     threads: Vec<usize>,
     #[arg(long, default_value_t = 1)]
     reps: usize,
-    #[arg(long)]
-    batch_pixels: Option<usize>,
-    #[arg(long)]
-    block_pixels: Option<usize>,
-    #[arg(long)]
-    profile: Option<PathBuf>,
-    /// Compute precision for every backend timed (default: each profile's).
-    #[arg(long)]
-    dtype: Option<String>,
+    // Every backend timed takes these (`--dtype`: default each profile's).
+    #[command(flatten)]
+    profile: ProfileArgs,
 }
 
 #[derive(Args)]
 struct TuneArgs {
-    #[arg(long)]
-    ckpt: Option<PathBuf>,
-    #[arg(long, default_value = "large")]
-    size: String,
-    #[arg(long)]
-    tile: Option<PathBuf>,
+    #[command(flatten)]
+    inputs: BenchInputs,
     /// Pixels of the synthetic tile (default: 64 on CPUs, 16384 on a GPU).
     #[arg(long)]
     pixels: Option<usize>,
-    #[arg(long, default_value_t = 64)]
-    obs: usize,
     /// Chunk sizes to try (default: 32,64,128,256,512 on CPUs;
     /// 256,1024,4096,16384 on a GPU, where the best is much larger).
     #[arg(long, value_delimiter = ',')]
@@ -166,8 +215,8 @@ struct TuneArgs {
     /// Profile file to update.
     #[arg(long, default_value = "tessera-profiles.toml")]
     profile: PathBuf,
-    #[arg(long, default_value = "cpu")]
-    backend: String,
+    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
+    backend: BackendChoice,
     #[arg(long)]
     threads: Option<usize>,
 }
@@ -239,7 +288,7 @@ fn run_backends() {
             None => println!(
                 "{:<10} usable  device: {}",
                 b.name(),
-                tessera_encoder::profile::device_name(b.name())
+                tessera_encoder::backend::device_name(b)
             ),
             Some(why) => println!("{:<10} not usable: {why}", b.name()),
         }
@@ -327,48 +376,8 @@ fn tile_name(dir: &Path) -> Result<String> {
         .with_context(|| format!("tile directory {} has no usable name", dir.display()))
 }
 
-fn config_for(size: &str) -> Result<ModelConfig> {
-    Ok(match size {
-        "large" => ModelConfig::large(),
-        "small" => ModelConfig {
-            latent_dim: 16,
-            num_layers: 2,
-            nhead: 4,
-            dim_feedforward: 128,
-            repr_dim: 128,
-        },
-        other => bail!("--size {other}: expected large or small"),
-    })
-}
-
-fn bench_inputs(
-    ckpt: &Option<PathBuf>,
-    size: &str,
-    tile: &Option<PathBuf>,
-    pixels: usize,
-    obs: usize,
-) -> Result<(Checkpoint, TileInputs)> {
-    let ck = match ckpt {
-        Some(p) => Checkpoint::load(p)?,
-        None => random_checkpoint(&config_for(size)?, 1),
-    };
-    let t = match tile {
-        Some(p) => TileInputs::read(p)?,
-        None => TileInputs::synthetic(&SynthTile {
-            height: 1,
-            width: pixels.max(1),
-            s2_frames: obs,
-            s1_asc_frames: obs / 2,
-            s1_desc_frames: obs - obs / 2,
-            clear: 1.0,
-            seed: 2,
-        }),
-    };
-    Ok((ck, t))
-}
-
 fn run_bench(a: BenchArgs) -> Result<()> {
-    let (ck, tile) = bench_inputs(&a.ckpt, &a.size, &a.tile, a.pixels, a.obs)?;
+    let (ck, tile) = a.inputs.load(a.pixels)?;
     let cfg = ck.config;
     let threads = if a.threads.is_empty() {
         vec![1, tessera_encoder::profile::available_threads()]
@@ -386,17 +395,14 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         tile.pixels(),
         bench::tile_flops(&cfg, &tile) / 1e9
     );
-    let backends: Vec<String> = if a.backends.is_empty() {
+    let backends = if a.backends.is_empty() {
         BackendChoice::available()
-            .into_iter()
-            .map(|b| b.name().to_string())
-            .collect()
     } else {
         a.backends.clone()
     };
     // Two peers per thread count: the `gemm` crate's rate on an FFN-shaped
-    // GEMM (one per thread), and oneDNN's sgemm (the roofline) when
-    // this build links oneDNN. Both measured here, right before the backends.
+    // GEMM (one per thread), and oneDNN's sgemm (the roofline of
+    // BENCHMARKS.md's target) when this build links oneDNN. Both measured here, right before the backends.
     println!(
         "{:<10} {:>7} {:>6} {:>6} {:>10} {:>9} {:>10} {:>8} {:>10} {:>8}",
         "backend",
@@ -425,15 +431,8 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             );
         }
         for b in &backends {
-            let run = RunArgs {
-                backend: b.clone(),
-                threads: Some(t),
-                batch_pixels: a.batch_pixels,
-                block_pixels: a.block_pixels,
-                profile: a.profile.clone(),
-                dtype: a.dtype.clone(),
-            };
-            let (choice, profile) = run.resolve()?;
+            let choice = b.resolve();
+            let profile = a.profile.resolve(choice, Some(t))?;
             let r = bench::bench_encoder(&ck, choice, profile, &tile, a.reps, false)?;
             let (dnnl_rate, of_dnnl) = match dnnl {
                 Some(d) => (format!("{d:.1}"), format!("{:.0}%", 100.0 * r.gflops / d)),
@@ -467,7 +466,8 @@ fn load_average() -> String {
 }
 
 fn run_tune(a: TuneArgs) -> Result<()> {
-    let gpu = BackendChoice::parse(&a.backend)?.resolve() == BackendChoice::Cuda;
+    let choice = a.backend.resolve();
+    let gpu = choice == BackendChoice::Cuda;
     let or = |given: &[usize], cpu: &[usize], gpu_default: &[usize]| -> Vec<usize> {
         if !given.is_empty() {
             given.to_vec()
@@ -484,16 +484,11 @@ fn run_tune(a: TuneArgs) -> Result<()> {
     );
     let blocks = or(&a.blocks, &[1, 2, 4, 8, 16], &[1]);
     let pixels = a.pixels.unwrap_or(if gpu { 16384 } else { 64 });
-    let (ck, tile) = bench_inputs(&a.ckpt, &a.size, &a.tile, pixels, a.obs)?;
-    let run = RunArgs {
-        backend: a.backend.clone(),
-        threads: a.threads,
-        batch_pixels: None,
-        block_pixels: None,
-        profile: Some(a.profile.clone()),
-        dtype: None,
-    };
-    let (choice, base) = run.resolve()?;
+    let (ck, tile) = a.inputs.load(pixels)?;
+    let mut base = DeviceProfile::resolve(Some(a.profile.as_path()), choice)?;
+    if let Some(t) = a.threads {
+        base.threads = t.max(1);
+    }
     println!(
         "device: {} ({}, {} threads)",
         base.device, base.backend, base.threads

@@ -1,6 +1,9 @@
-//! Device profiles: how to cut work for one device (pixels per GEMM chunk,
-//! pixels per thread block, threads, dtype), stored per device name in a
-//! TOML file and written by `tessera-encode tune`.
+//! Device profiles: how to cut work for one device, stored per device name in TOML.
+//!
+//! A profile holds pixels per GEMM chunk, pixels per thread block, threads
+//! and dtype; `tessera-encode tune` writes them. This file is data only: the
+//! constructors for this machine (`DeviceProfile::default_for`, `resolve`)
+//! are in `backend/mod.rs`, which names the device (CPU model or GPU).
 //!
 //! ```toml
 //! [[profile]]
@@ -16,54 +19,101 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::choice::BackendChoice;
 use crate::error::{EncodeError, Result};
+
+/// The element type a backend's GEMMs compute in (a profile's `dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// Exact f32: every backend; the fixtures' tolerances hold.
+    F32,
+    /// onednn, where the CPU has AMX or AVX-512 bf16 (f32 elsewhere).
+    Bf16,
+    /// cuda: TF32 tensor cores, several times the f32 rate, less exact.
+    Tf32,
+}
+
+impl Dtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+            Dtype::Tf32 => "tf32",
+        }
+    }
+
+    /// The error a backend gives for a dtype outside the `supported` ones.
+    pub(crate) fn unsupported(self, backend: &str, supported: &[Dtype]) -> EncodeError {
+        let names: Vec<&str> = supported.iter().map(|d| d.name()).collect();
+        let which = match names.as_slice() {
+            [one] => format!("{one} only"),
+            more => more.join(" or "),
+        };
+        EncodeError::backend(
+            backend,
+            format!("dtype `{self}` is not supported ({which})"),
+        )
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceProfile {
     /// CPU model string (`/proc/cpuinfo` "model name") or GPU name.
     pub device: String,
-    /// Backend these numbers were measured for.
-    pub backend: String,
+    /// Backend these numbers were measured for (never `auto`).
+    pub backend: BackendChoice,
     /// Pixels gathered and handed to the backend per call (bounds memory;
     /// sets the GEMM batch on batched backends).
     pub chunk_pixels: usize,
     /// Pixels one thread carries through all layers at once.
     pub block_pixels: usize,
     pub threads: usize,
-    /// `f32` everywhere today; `bf16` for backends that support it.
-    pub dtype: String,
+    /// `f32` unless the profile opts into `bf16` (onednn) or `tf32` (cuda).
+    pub dtype: Dtype,
 }
 
 impl DeviceProfile {
-    /// Untuned starting point for a backend on this machine.
-    pub fn default_for(backend: &str) -> Self {
+    /// Untuned starting point for `backend` on `device`.
+    pub fn untuned(backend: BackendChoice, device: String) -> Self {
         let (chunk, block) = match backend {
             // candle batches a whole chunk: keep it small enough that
             // (chunk x 256 tokens x FFN) activations fit in memory.
-            "reference" => (32, 32),
+            BackendChoice::Reference => (32, 32),
             // One GEMM over the whole chunk: a GPU wants tens of thousands
             // of rows (1024 pixels x 64 observations); 1024 pixels at 256
             // observations take ~7 GB of activations with the Large model
             // (smaller cards: tune, or a smaller chunk). Blocks do not apply.
-            "cuda" => (1024, 1),
+            BackendChoice::Cuda => (1024, 1),
             // Blocks of 8 pixels (512 tokens at 64 observations) measured
             // fastest for the Large model on a 2-core AMD EPYC (`tune`,
             // 1 thread: 2 -> 4.0, 8 -> 4.4, 32 -> 2.7 pixels/s).
-            _ => (256, 8),
+            BackendChoice::Auto | BackendChoice::Cpu | BackendChoice::Onednn => (256, 8),
         };
         DeviceProfile {
-            device: device_name(backend),
-            backend: backend.to_string(),
+            device,
+            backend,
             chunk_pixels: chunk,
             block_pixels: block,
             threads: available_threads(),
-            dtype: "f32".into(),
+            dtype: Dtype::F32,
         }
     }
 
-    /// The stored profile for this device and backend, or the default.
-    pub fn resolve(file: Option<&Path>, backend: &str) -> Result<Self> {
-        let device = device_name(backend);
+    /// The profile stored in `file` for `device` and `backend`, or the
+    /// untuned one. `DeviceProfile::resolve` calls this with the device
+    /// this machine has (`backend/mod.rs` names it).
+    pub fn stored_or_untuned(
+        file: Option<&Path>,
+        backend: BackendChoice,
+        device: String,
+    ) -> Result<Self> {
         if let Some(path) = file {
             if path.exists() {
                 let set = ProfileSet::load(path)?;
@@ -72,7 +122,7 @@ impl DeviceProfile {
                 }
             }
         }
-        Ok(Self::default_for(backend))
+        Ok(Self::untuned(backend, device))
     }
 }
 
@@ -97,11 +147,20 @@ impl ProfileSet {
                     reason: format!("profile for `{}` ({}) has a zero size", p.device, p.backend),
                 });
             }
+            if p.backend == BackendChoice::Auto {
+                return Err(EncodeError::Profile {
+                    path: path.to_path_buf(),
+                    reason: format!(
+                        "profile for `{}`: backend `auto` is not a backend (name the one measured)",
+                        p.device
+                    ),
+                });
+            }
         }
         Ok(set)
     }
 
-    pub fn find(&self, device: &str, backend: &str) -> Option<&DeviceProfile> {
+    pub fn find(&self, device: &str, backend: BackendChoice) -> Option<&DeviceProfile> {
         self.profiles
             .iter()
             .find(|p| p.device == device && p.backend == backend)
@@ -131,26 +190,7 @@ impl ProfileSet {
     }
 }
 
-/// The name profiles are keyed by: the CPU model for CPU backends.
-pub fn device_name(backend: &str) -> String {
-    #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
-    if backend == "cuda" {
-        if let Some(gpu) = crate::backend::cuda::device_name() {
-            return gpu;
-        }
-    }
-    let _ = backend;
-    cpu_model().unwrap_or_else(|| format!("{} cpu", std::env::consts::ARCH))
-}
-
-fn cpu_model() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    text.lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string())
-}
-
+/// The threads this process may use (a profile's default `threads`).
 pub fn available_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
@@ -164,13 +204,45 @@ mod tests {
     #[test]
     fn toml_round_trip_and_upsert() {
         let mut set = ProfileSet::default();
-        let mut p = DeviceProfile::default_for("cpu");
+        let mut p = DeviceProfile::untuned(BackendChoice::Cpu, "test cpu".into());
         set.upsert(p.clone());
         p.chunk_pixels = 999;
         set.upsert(p.clone());
         assert_eq!(set.profiles.len(), 1);
         let text = toml::to_string_pretty(&set).unwrap();
+        assert!(
+            text.contains("backend = \"cpu\"") && text.contains("dtype = \"f32\""),
+            "{text}"
+        );
         let back: ProfileSet = toml::from_str(&text).unwrap();
-        assert_eq!(back.find(&p.device, "cpu").unwrap().chunk_pixels, 999);
+        assert_eq!(
+            back.find(&p.device, BackendChoice::Cpu)
+                .unwrap()
+                .chunk_pixels,
+            999
+        );
+    }
+
+    #[test]
+    fn a_bad_backend_or_dtype_names_the_file_and_the_field() {
+        let dir = std::env::temp_dir().join(format!("tessera-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let entry = |backend: &str, dtype: &str| {
+            format!(
+                "[[profile]]\ndevice = \"x\"\nbackend = \"{backend}\"\nchunk_pixels = 1\n\
+                 block_pixels = 1\nthreads = 1\ndtype = \"{dtype}\"\n"
+            )
+        };
+        for (name, text, says) in [
+            ("dtype.toml", entry("cpu", "f16"), "dtype"),
+            ("backend.toml", entry("gpu", "f32"), "backend"),
+            ("auto.toml", entry("auto", "f32"), "`auto`"),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            let e = ProfileSet::load(&path).unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains(says), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

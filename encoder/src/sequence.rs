@@ -1,5 +1,7 @@
-//! Per-pixel observation sequences: which frames are valid, the bin a pixel
-//! falls in, which frames fill that bin, and the standardised token values.
+//! Per-pixel observation sequences: the bin a pixel falls in and which frames fill it.
+//!
+//! Which frames are valid and their standardised values come from the tile
+//! (`TileInputs::valid_frames`, `frame_token`, with `normalise.rs`'s statistics).
 //!
 //! Matched against the upstream fixtures: the S2 and the S1 bins are computed
 //! separately; valid frames keep file order (S1: every ascending frame, then
@@ -8,25 +10,6 @@
 use crate::config::MAX_SEQ_LEN;
 use crate::model::Modality;
 use crate::tile::TileInputs;
-
-/// Per-band standardisation `x' = (x - mean) / (std + 1e-9)`, upstream's
-/// training statistics.
-pub const S2_MEAN: [f64; 10] = [
-    1633.0042, 1341.1090, 1539.5536, 3054.8269, 3117.4658, 2004.1648, 2694.7275, 2945.1504,
-    2266.6079, 1657.3094,
-];
-pub const S2_STD: [f64; 10] = [
-    1999.4603, 2014.7549, 1929.2201, 1754.2493, 1649.9807, 1936.8988, 1748.6041, 1708.6991,
-    1207.5250, 1108.6046,
-];
-pub const S1_ASC_MEAN: [f64; 2] = [5909.3921, 3405.0322];
-pub const S1_ASC_STD: [f64; 2] = [1507.1750, 1531.2615];
-pub const S1_DESC_MEAN: [f64; 2] = [5816.1382, 3277.7576];
-pub const S1_DESC_STD: [f64; 2] = [1554.6475, 1546.4733];
-
-pub(crate) fn standardise(x: f64, mean: f64, std: f64) -> f32 {
-    ((x - mean) / (std + 1e-9)) as f32
-}
 
 /// Sequence length for `n` valid observations: the smallest multiple of 8
 /// that holds them, at most [`MAX_SEQ_LEN`]; a modality with none is one

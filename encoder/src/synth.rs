@@ -1,5 +1,4 @@
-//! Synthetic material for demos, tests and benchmarks: random-weight
-//! checkpoints of any size and (via `TileInputs::synthetic`) random tiles.
+//! Synthetic inputs for demos, tests and benchmarks: random checkpoints and tiles.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -7,6 +6,7 @@ use std::path::Path;
 use crate::checkpoint::{Checkpoint, Param};
 use crate::config::{ModelConfig, S1_BANDS, S2_BANDS};
 use crate::error::{EncodeError, Result};
+use crate::tile::{SarPass, TileInputs};
 
 /// splitmix64: tiny, seedable, good enough for random weights and tiles.
 pub struct Rng(u64);
@@ -142,4 +142,62 @@ pub fn write_safetensors(ckpt: &Checkpoint, path: &Path) -> Result<()> {
         }
     })?;
     std::fs::rename(&tmp, path).map_err(|e| EncodeError::io(path, e))
+}
+
+/// Sizes of a synthetic tile.
+#[derive(Debug, Clone)]
+pub struct SynthTile {
+    pub height: usize,
+    pub width: usize,
+    pub s2_frames: usize,
+    pub s1_asc_frames: usize,
+    pub s1_desc_frames: usize,
+    /// Probability that a frame is a valid observation.
+    pub clear: f64,
+    pub seed: u64,
+}
+
+impl TileInputs {
+    /// A random tile for demos and benchmarks. Each S2 frame is clear with
+    /// probability `clear`; each SAR frame is present with probability `clear`.
+    pub fn synthetic(spec: &SynthTile) -> Self {
+        let mut rng = Rng::new(spec.seed);
+        let (h, w) = (spec.height, spec.width);
+        let hw = h * w;
+        let doys_for = |rng: &mut Rng, t: usize| -> Vec<i32> {
+            let mut d: Vec<i32> = (0..t)
+                .map(|_| 1 + (rng.next_f64() * 365.0) as i32)
+                .collect();
+            d.sort_unstable();
+            d
+        };
+        let bands = (0..spec.s2_frames * hw * 10)
+            .map(|_| (rng.next_f64() * 6000.0) as u16)
+            .collect();
+        let masks = (0..spec.s2_frames * hw)
+            .map(|_| u8::from(rng.next_f64() < spec.clear))
+            .collect();
+        let doys = doys_for(&mut rng, spec.s2_frames);
+        let mut sar = |t: usize, asc: bool| {
+            let mut data = vec![0i16; t * hw * 2];
+            for px in data.chunks_exact_mut(2) {
+                if rng.next_f64() < spec.clear {
+                    px[0] = 1 + (rng.next_f64() * 12000.0) as i16;
+                    px[1] = 1 + (rng.next_f64() * 8000.0) as i16;
+                }
+            }
+            SarPass::new(data, doys_for(&mut rng, t), asc)
+        };
+        let ascending = sar(spec.s1_asc_frames, true);
+        let descending = sar(spec.s1_desc_frames, false);
+        TileInputs {
+            height: h,
+            width: w,
+            bands,
+            masks,
+            doys,
+            ascending,
+            descending,
+        }
+    }
 }

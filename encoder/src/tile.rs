@@ -1,15 +1,11 @@
-//! Tile inputs in the geotessera preprocessing layout: reading, validating
-//! the files against each other, writing (for synthetic tiles), and per-pixel
-//! access to frames.
+//! Tile inputs in the geotessera layout: read, cross-check, write, per-pixel access.
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{EncodeError, Result};
 use crate::model::Modality;
+use crate::normalise::{s1_stats, standardise, S2_MEAN, S2_STD};
 use crate::npy::{self, DType, NpyArray};
-use crate::sequence::{
-    standardise, S1_ASC_MEAN, S1_ASC_STD, S1_DESC_MEAN, S1_DESC_STD, S2_MEAN, S2_STD,
-};
 
 /// One SAR orbit direction: (T,H,W,2) i16 VV/VH and a day of year per frame.
 #[derive(Debug, Clone)]
@@ -21,6 +17,17 @@ pub struct SarPass {
 }
 
 impl SarPass {
+    /// A pass of one orbit direction, standardised with that direction's statistics.
+    pub(crate) fn new(data: Vec<i16>, doys: Vec<i32>, ascending: bool) -> Self {
+        let (mean, std) = s1_stats(ascending);
+        SarPass {
+            data,
+            doys,
+            mean,
+            std,
+        }
+    }
+
     pub fn frames(&self) -> usize {
         self.doys.len()
     }
@@ -48,21 +55,32 @@ fn tile_err(path: &Path, reason: impl Into<String>) -> EncodeError {
     }
 }
 
-fn read_checked(path: &Path, dtypes: &[DType], ndim: usize) -> Result<NpyArray> {
-    let a = npy::read(path).map_err(|e| match e {
+/// An `.npy` reader's error, reported as a bad tile input (same file, same reason).
+fn as_tile_err(e: EncodeError) -> EncodeError {
+    match e {
         EncodeError::Npy { path, reason } => EncodeError::Tile { path, reason },
         EncodeError::Io { path, source } => EncodeError::Tile {
             path,
             reason: source.to_string(),
         },
         other => other,
-    })?;
-    if !dtypes.contains(&a.dtype) {
+    }
+}
+
+/// The array in `path` has one of `dtypes` and `ndim` axes.
+fn check_header(
+    path: &Path,
+    dtype: DType,
+    shape: &[usize],
+    dtypes: &[DType],
+    ndim: usize,
+) -> Result<()> {
+    if !dtypes.contains(&dtype) {
         return Err(tile_err(
             path,
             format!(
                 "dtype {}, expected {}",
-                a.dtype.descr(),
+                dtype.descr(),
                 dtypes
                     .iter()
                     .map(|d| d.descr())
@@ -71,16 +89,18 @@ fn read_checked(path: &Path, dtypes: &[DType], ndim: usize) -> Result<NpyArray> 
             ),
         ));
     }
-    if a.shape.len() != ndim {
+    if shape.len() != ndim {
         return Err(tile_err(
             path,
-            format!(
-                "shape {:?} has {} axes, expected {ndim}",
-                a.shape,
-                a.shape.len()
-            ),
+            format!("shape {shape:?} has {} axes, expected {ndim}", shape.len()),
         ));
     }
+    Ok(())
+}
+
+fn read_checked(path: &Path, dtypes: &[DType], ndim: usize) -> Result<NpyArray> {
+    let a = npy::read(path).map_err(as_tile_err)?;
+    check_header(path, a.dtype, &a.shape, dtypes, ndim)?;
     Ok(a)
 }
 
@@ -91,33 +111,8 @@ fn read_checked_elements<T>(
     ndim: usize,
     conv: impl Fn(&[u8]) -> T,
 ) -> Result<(Vec<usize>, Vec<T>)> {
-    let check = |h: &npy::Header| -> Result<()> {
-        if h.dtype != dtype {
-            return Err(tile_err(
-                path,
-                format!("dtype {}, expected {}", h.dtype.descr(), dtype.descr()),
-            ));
-        }
-        if h.shape.len() != ndim {
-            return Err(tile_err(
-                path,
-                format!(
-                    "shape {:?} has {} axes, expected {ndim}",
-                    h.shape,
-                    h.shape.len()
-                ),
-            ));
-        }
-        Ok(())
-    };
-    let (h, v) = npy::read_elements(path, check, conv).map_err(|e| match e {
-        EncodeError::Npy { path, reason } => EncodeError::Tile { path, reason },
-        EncodeError::Io { path, source } => EncodeError::Tile {
-            path,
-            reason: source.to_string(),
-        },
-        other => other,
-    })?;
+    let check = |h: &npy::Header| check_header(path, h.dtype, &h.shape, &[dtype], ndim);
+    let (h, v) = npy::read_elements(path, check, conv).map_err(as_tile_err)?;
     Ok((h.shape, v))
 }
 
@@ -142,22 +137,10 @@ fn read_doys(path: &Path, frames: usize, data_file: &str) -> Result<Vec<i32>> {
 }
 
 fn read_sar(dir: &Path, name: &str, hw: (usize, usize), asc: bool) -> Result<SarPass> {
-    let (mean, std) = if asc {
-        (S1_ASC_MEAN, S1_ASC_STD)
-    } else {
-        (S1_DESC_MEAN, S1_DESC_STD)
-    };
     let data_path = dir.join(format!("{name}.npy"));
     let doy_path = dir.join(format!("{name}_doy.npy"));
     match (data_path.exists(), doy_path.exists()) {
-        (false, false) => {
-            return Ok(SarPass {
-                data: Vec::new(),
-                doys: Vec::new(),
-                mean,
-                std,
-            })
-        }
+        (false, false) => return Ok(SarPass::new(Vec::new(), Vec::new(), asc)),
         (true, false) => return Err(tile_err(&doy_path, "missing, but its data file exists")),
         (false, true) => return Err(tile_err(&data_path, "missing, but its _doy file exists")),
         _ => {}
@@ -175,12 +158,7 @@ fn read_sar(dir: &Path, name: &str, hw: (usize, usize), asc: bool) -> Result<Sar
         ));
     }
     let doys = read_doys(&doy_path, shape[0], &format!("{name}.npy"))?;
-    Ok(SarPass {
-        data,
-        doys,
-        mean,
-        std,
-    })
+    Ok(SarPass::new(data, doys, asc))
 }
 
 impl TileInputs {
@@ -337,72 +315,6 @@ impl TileInputs {
             }
         }
     }
-
-    /// A random tile for demos and benchmarks. Each S2 frame is clear with
-    /// probability `clear`; each SAR frame is present with probability `clear`.
-    pub fn synthetic(spec: &SynthTile) -> Self {
-        let mut rng = crate::synth::Rng::new(spec.seed);
-        let (h, w) = (spec.height, spec.width);
-        let hw = h * w;
-        let doys_for = |rng: &mut crate::synth::Rng, t: usize| -> Vec<i32> {
-            let mut d: Vec<i32> = (0..t)
-                .map(|_| 1 + (rng.next_f64() * 365.0) as i32)
-                .collect();
-            d.sort_unstable();
-            d
-        };
-        let bands = (0..spec.s2_frames * hw * 10)
-            .map(|_| (rng.next_f64() * 6000.0) as u16)
-            .collect();
-        let masks = (0..spec.s2_frames * hw)
-            .map(|_| u8::from(rng.next_f64() < spec.clear))
-            .collect();
-        let doys = doys_for(&mut rng, spec.s2_frames);
-        let mut sar = |t: usize, asc: bool| {
-            let mut data = vec![0i16; t * hw * 2];
-            for px in data.chunks_exact_mut(2) {
-                if rng.next_f64() < spec.clear {
-                    px[0] = 1 + (rng.next_f64() * 12000.0) as i16;
-                    px[1] = 1 + (rng.next_f64() * 8000.0) as i16;
-                }
-            }
-            let (mean, std) = if asc {
-                (S1_ASC_MEAN, S1_ASC_STD)
-            } else {
-                (S1_DESC_MEAN, S1_DESC_STD)
-            };
-            SarPass {
-                data,
-                doys: doys_for(&mut rng, t),
-                mean,
-                std,
-            }
-        };
-        let ascending = sar(spec.s1_asc_frames, true);
-        let descending = sar(spec.s1_desc_frames, false);
-        TileInputs {
-            height: h,
-            width: w,
-            bands,
-            masks,
-            doys,
-            ascending,
-            descending,
-        }
-    }
-}
-
-/// Sizes of a synthetic tile.
-#[derive(Debug, Clone)]
-pub struct SynthTile {
-    pub height: usize,
-    pub width: usize,
-    pub s2_frames: usize,
-    pub s1_asc_frames: usize,
-    pub s1_desc_frames: usize,
-    /// Probability that a frame is a valid observation.
-    pub clear: f64,
-    pub seed: u64,
 }
 
 /// Every directory under `root` (recursively) that holds a `bands.npy`, sorted.

@@ -30,16 +30,6 @@ fn copy_tile(dst: &Path) {
     }
 }
 
-fn small_cfg() -> ModelConfig {
-    ModelConfig {
-        latent_dim: 4,
-        num_layers: 1,
-        nhead: 2,
-        dim_feedforward: 8,
-        repr_dim: 128,
-    }
-}
-
 /// Run the CLI on a tile; returns (success, stderr, files in out dir).
 fn cli(ckpt: &Path, tile: &Path, out: &Path) -> (bool, String, usize) {
     cli_with(&["--backend", "cpu", "--int8"], ckpt, tile, out)
@@ -191,9 +181,9 @@ fn absent_descending_pass_means_no_observations() {
 
 #[test]
 fn bad_checkpoints_name_the_tensor() {
-    let cfg = small_cfg();
+    let cfg = ModelConfig::small();
     let good = random_checkpoint(&cfg, 3);
-    let p = DeviceProfile::default_for("cpu");
+    let p = DeviceProfile::default_for(BackendChoice::Cpu);
     let load = |c: &Checkpoint| Encoder::from_checkpoint(c, BackendChoice::Cpu, p.clone()).err();
     assert!(load(&good).is_none());
 
@@ -244,7 +234,7 @@ fn bad_checkpoints_name_the_tensor() {
 
 #[test]
 fn synthetic_checkpoint_round_trips_and_cancel_stops() {
-    let cfg = small_cfg();
+    let cfg = ModelConfig::small();
     let d = scratch("synth");
     let path = d.join("ck.safetensors");
     write_safetensors(&random_checkpoint(&cfg, 5), &path).unwrap();
@@ -265,14 +255,14 @@ fn synthetic_checkpoint_round_trips_and_cancel_stops() {
     let reference = Encoder::from_checkpoint(
         &ck,
         BackendChoice::Reference,
-        DeviceProfile::default_for("reference"),
+        DeviceProfile::default_for(BackendChoice::Reference),
     )
     .unwrap();
     let b = reference
         .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
         .unwrap();
     for choice in BackendChoice::available() {
-        let p = DeviceProfile::default_for(choice.name());
+        let p = DeviceProfile::default_for(choice);
         let enc = Encoder::from_checkpoint(&ck, choice, p).unwrap();
         let a = enc
             .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))

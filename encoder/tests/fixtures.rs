@@ -22,7 +22,7 @@ fn profile(backend: BackendChoice, threads: usize, chunk: usize, block: usize) -
         threads,
         chunk_pixels: chunk,
         block_pixels: block,
-        ..DeviceProfile::default_for(backend.name())
+        ..DeviceProfile::default_for(backend)
     }
 }
 

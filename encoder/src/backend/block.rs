@@ -1,6 +1,7 @@
-//! The thread-per-block forward pass shared by the `cpu` and `onednn` backends: each thread carries its own block of pixels through every layer, over any kernel for the Linear layers.
+//! The thread-per-block forward pass shared by the `cpu` and `onednn` backends.
 //!
-//! A backend supplies only a [`LinearKernel`] (how `x W^T + b` is computed,
+//! Each thread carries its own block of pixels through every layer, over
+//! any kernel for the Linear layers. A backend supplies only a [`LinearKernel`] (how `x W^T + b` is computed,
 //! with an [`Epilogue`] it may fuse); attention, LayerNorm, the day-of-year
 //! encoding, pooling, the head's order of operations and the block scheduler
 //! live here once.

@@ -3,32 +3,42 @@
 //! A backend runs the two pieces of the model that carry the FLOPs: a
 //! backbone over a batch of pixels that share one sequence length, and the
 //! head over pooled features. Grouping, gathering and output are shared
-//! (`encode.rs`), so a new backend (`onednn.rs`, `cuda.rs` behind the cargo
-//! features of those names) only implements [`Backend`] and adds itself to
-//! [`create`]. The GPU path is written once in `gpu.rs` over a small device
-//! interface; `cuda.rs` is its real device, and the tests' emulated device
-//! (`gpu_emulator.rs`) runs the same path on the CPU.
+//! (`encode.rs`), so a new backend only implements [`Backend`] and adds
+//! itself to [`create`]. Here too: which backends run on this machine
+//! ([`unavailable_reason`]), the device name profiles are keyed by
+//! ([`device_name`]), and the profile constructors that need it.
+//!
+//! - `choice.rs`: [`BackendChoice`], the backends' names.
+//! - `reference.rs`: candle, the yardstick.
+//! - `block.rs`: the thread-per-block forward pass over a GEMM kernel, shared by
+//!   `pure_rust.rs` (the `cpu` backend: the `gemm` crate) and `onednn.rs`
+//!   (pre-packed oneDNN matmuls; the `onednn` feature, Linux only).
+//! - `gpu/`: the GPU path written once over a device interface (`device.rs`,
+//!   kernels in `kernels.cu`); `cuda.rs` is its real device (the `cuda`
+//!   feature), the tests' `emulator.rs` runs it on the CPU.
 
 mod block;
-pub mod cpu;
-#[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
-pub mod cuda;
+pub(crate) mod choice;
 #[cfg(any(
     test,
     all(feature = "cuda", any(target_os = "linux", target_os = "windows"))
 ))]
 mod gpu;
-#[cfg(test)]
-mod gpu_emulator;
 #[cfg(all(feature = "onednn", target_os = "linux"))]
 pub mod onednn;
+pub mod pure_rust;
 pub mod reference;
 
+use std::path::Path;
 use std::sync::Arc;
+
+pub use choice::BackendChoice;
+#[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
+pub use gpu::cuda;
 
 use crate::error::{EncodeError, Result};
 use crate::model::{Modality, StudentWeights};
-use crate::profile::DeviceProfile;
+use crate::profile::{DeviceProfile, Dtype};
 
 /// `n` pixels' sequences of one length, ready for a backbone.
 #[derive(Debug, Clone, Copy)]
@@ -77,33 +87,7 @@ pub trait Backend: Send + Sync {
     fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>>;
 }
 
-/// Which backend the caller asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BackendChoice {
-    /// The fastest one compiled in and usable here: cuda, then onednn, then cpu.
-    Auto,
-    Reference,
-    Cpu,
-    Onednn,
-    Cuda,
-}
-
 impl BackendChoice {
-    pub fn parse(s: &str) -> Result<Self> {
-        Ok(match s {
-            "auto" => BackendChoice::Auto,
-            "reference" => BackendChoice::Reference,
-            "cpu" => BackendChoice::Cpu,
-            "onednn" => BackendChoice::Onednn,
-            "cuda" => BackendChoice::Cuda,
-            other => {
-                return Err(EncodeError::Invalid(format!(
-                    "unknown backend `{other}` (auto, reference, cpu, onednn, cuda)"
-                )))
-            }
-        })
-    }
-
     /// The concrete backend `Auto` resolves to in this build on this machine.
     pub fn resolve(self) -> BackendChoice {
         match self {
@@ -114,24 +98,6 @@ impl BackendChoice {
             c => c,
         }
     }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            BackendChoice::Auto => "auto",
-            BackendChoice::Reference => "reference",
-            BackendChoice::Cpu => "cpu",
-            BackendChoice::Onednn => "onednn",
-            BackendChoice::Cuda => "cuda",
-        }
-    }
-
-    /// Every backend but `Auto`.
-    pub const CONCRETE: [BackendChoice; 4] = [
-        BackendChoice::Reference,
-        BackendChoice::Cpu,
-        BackendChoice::Onednn,
-        BackendChoice::Cuda,
-    ];
 
     /// Backends this build can run on this machine.
     pub fn available() -> Vec<BackendChoice> {
@@ -176,18 +142,15 @@ pub fn create(
 ) -> Result<Box<dyn Backend>> {
     match choice.resolve() {
         BackendChoice::Reference => {
-            if profile.dtype != "f32" {
-                return Err(EncodeError::backend(
-                    "reference",
-                    format!("dtype `{}` is not supported (f32 only)", profile.dtype),
-                ));
+            if profile.dtype != Dtype::F32 {
+                return Err(profile.dtype.unsupported("reference", &[Dtype::F32]));
             }
             Ok(Box::new(reference::ReferenceBackend::new(
                 weights,
                 profile.threads,
             )?))
         }
-        BackendChoice::Cpu => Ok(Box::new(cpu::CpuBackend::new(weights, profile)?)),
+        BackendChoice::Cpu => Ok(Box::new(pure_rust::CpuBackend::new(weights, profile)?)),
         #[cfg(all(feature = "onednn", target_os = "linux"))]
         BackendChoice::Onednn => Ok(Box::new(onednn::OnednnBackend::new(weights, profile)?)),
         #[cfg(not(all(feature = "onednn", target_os = "linux")))]
@@ -197,6 +160,49 @@ pub fn create(
         #[cfg(not(all(feature = "cuda", any(target_os = "linux", target_os = "windows"))))]
         BackendChoice::Cuda => Err(not_built(BackendChoice::Cuda)),
         BackendChoice::Auto => unreachable!("resolve() never returns Auto"),
+    }
+}
+
+/// The name profiles are keyed by for `choice` on this machine: GPU 0's
+/// name for cuda (where a GPU answers), else the CPU model.
+pub fn device_name(choice: BackendChoice) -> String {
+    #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
+    if choice == BackendChoice::Cuda {
+        if let Some(gpu) = cuda::device_name() {
+            return gpu;
+        }
+    }
+    let _ = choice;
+    cpu_model().unwrap_or_else(|| format!("{} cpu", std::env::consts::ARCH))
+}
+
+/// `/proc/cpuinfo`'s "model name".
+fn cpu_model() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    text.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+/// The profile constructors for this machine: they name its device
+/// ([`device_name`]), which `profile.rs` (data only) leaves to the backends.
+impl DeviceProfile {
+    /// Untuned starting point for a backend on this machine.
+    pub fn default_for(backend: BackendChoice) -> Self {
+        Self::untuned(backend, device_name(backend))
+    }
+
+    /// The profile stored in `file` for this machine's device and `backend`,
+    /// or the default. `backend` is a [`BackendChoice`] or its name (parsed
+    /// here, for callers that hold a name).
+    pub fn resolve<B>(file: Option<&Path>, backend: B) -> Result<Self>
+    where
+        B: TryInto<BackendChoice>,
+        EncodeError: From<B::Error>,
+    {
+        let backend = backend.try_into()?;
+        Self::stored_or_untuned(file, backend, device_name(backend))
     }
 }
 

@@ -1,4 +1,9 @@
-//! The oneDNN CPU path: each Linear is a `onednn::MatMul` whose weights are packed once at load into the layout oneDNN picks for this chip, with ReLU and residual adds fused as post-ops; scheduled one thread per block of pixels (`block.rs`), each GEMM single-threaded.
+//! The oneDNN backend: pre-packed matmuls with fused post-ops, thread per block.
+//!
+//! Each Linear is a `onednn::MatMul` whose weights are packed once at load
+//! into the layout oneDNN picks for this chip, with ReLU and residual adds
+//! fused as post-ops; scheduled one thread per block of pixels (`block.rs`),
+//! each GEMM single-threaded.
 //!
 //! Layers and their post-ops: embedding.0 → ReLU; embedding.2 → + day-of-year
 //! encoding (a `BinaryAdd`, the same add the cpu backend does after its GEMM);
@@ -27,7 +32,7 @@ use super::block::{apply_epilogue, BlockBackend, Epilogue, Fused, LinearKernel};
 use super::{Backend, SequenceBatch};
 use crate::error::{EncodeError, Result};
 use crate::model::{Linear, Modality, StudentWeights};
-use crate::profile::DeviceProfile;
+use crate::profile::{DeviceProfile, Dtype};
 
 /// Sequence length the weights are first packed for (`m_hint`): the bins of
 /// the published stores are mostly 32-128 observations. On AVX2 oneDNN picks
@@ -129,17 +134,12 @@ pub struct OnednnBackend {
 
 impl OnednnBackend {
     pub fn new(weights: Arc<StudentWeights>, profile: &DeviceProfile) -> Result<Self> {
-        let data_type = match profile.dtype.as_str() {
-            "f32" => DataType::F32,
-            "bf16" if onednn::bf16_supported() => DataType::Bf16,
+        let data_type = match profile.dtype {
+            Dtype::F32 => DataType::F32,
+            Dtype::Bf16 if onednn::bf16_supported() => DataType::Bf16,
             // No native bf16 here: oneDNN 2.6 would refuse or emulate it.
-            "bf16" => DataType::F32,
-            other => {
-                return Err(EncodeError::backend(
-                    "onednn",
-                    format!("dtype `{other}` is not supported (f32 or bf16)"),
-                ))
-            }
+            Dtype::Bf16 => DataType::F32,
+            other => return Err(other.unsupported("onednn", &[Dtype::F32, Dtype::Bf16])),
         };
         let engine = Engine::cpu().map_err(|e| EncodeError::backend("onednn", e))?;
         let block = profile.block_pixels.max(1);

@@ -1,7 +1,8 @@
-//! A stand-in GPU for tests on machines without one (this crate's CI has
-//! none): it runs `gpu.rs` — the same layouts, SGEMM calls, launches and
-//! kernel source as the CUDA device — on the CPU, so the GPU path is checked
-//! against the fixtures everywhere. It is a mock of the GPU, and says so:
+//! A stand-in GPU for tests on machines without one: the GPU path run on the CPU.
+//!
+//! This crate's CI has no GPU. The emulator runs `gpu/mod.rs` — the same
+//! layouts, SGEMM calls, launches and kernel source as the CUDA device — on
+//! the CPU, so the GPU path is checked against the fixtures everywhere. It is a mock of the GPU, and says so:
 //! it cannot find a bug in `cuda.rs`'s binding to cudarc, in NVRTC itself or
 //! in a real GPU's timing; those need a GPU run.
 //!
@@ -26,7 +27,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use super::gpu::{Arg, Device, Gemm, GemmMath, Kernel, Launch, KERNELS};
+use super::{Arg, Device, Gemm, GemmMath, Kernel, Launch, KERNELS};
 use crate::error::{EncodeError, Result};
 
 const NAME: &str = "gpu-emulator";
@@ -544,11 +545,12 @@ mod tests {
 
     use super::*;
     use crate::backend::gpu::GpuBackend;
+    use crate::backend::BackendChoice;
     use crate::checkpoint::Checkpoint;
     use crate::encode::Encoder;
     use crate::golden;
     use crate::model::StudentWeights;
-    use crate::profile::DeviceProfile;
+    use crate::profile::{DeviceProfile, Dtype};
     use crate::tile::TileInputs;
 
     const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/encoder");
@@ -559,7 +561,7 @@ mod tests {
         let backend = GpuBackend::create(NAME, EmulatedDevice::new(math), weights.clone()).unwrap();
         let profile = DeviceProfile {
             chunk_pixels: chunk,
-            ..DeviceProfile::default_for("cuda")
+            ..DeviceProfile::default_for(BackendChoice::Cuda)
         };
         Encoder::with_backend(weights, Box::new(backend), profile)
     }
@@ -766,12 +768,15 @@ mod tests {
 
     #[test]
     fn profile_dtype_picks_the_gemm_math() {
-        assert_eq!(GemmMath::from_dtype("f32", "cuda").unwrap(), GemmMath::F32);
         assert_eq!(
-            GemmMath::from_dtype("tf32", "cuda").unwrap(),
+            GemmMath::from_dtype(Dtype::F32, "cuda").unwrap(),
+            GemmMath::F32
+        );
+        assert_eq!(
+            GemmMath::from_dtype(Dtype::Tf32, "cuda").unwrap(),
             GemmMath::Tf32
         );
-        let e = GemmMath::from_dtype("bf16", "cuda")
+        let e = GemmMath::from_dtype(Dtype::Bf16, "cuda")
             .unwrap_err()
             .to_string();
         assert!(e.contains("`bf16`") && e.contains("f32 or tf32"), "{e}");

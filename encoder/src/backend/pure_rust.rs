@@ -1,7 +1,8 @@
-//! The fast pure-Rust CPU path: `gemm` sgemm on weights kept in PyTorch's
-//! layout, the bias folded into the accumulator and ReLU / residual applied
-//! after, scheduled one thread per block of pixels (`block.rs`). The fallback
-//! where oneDNN is unavailable.
+//! The pure-Rust backend (`--backend cpu`): `gemm`-crate sgemm, thread per block.
+//!
+//! Weights stay in PyTorch's layout, the bias is folded into the accumulator
+//! and ReLU / residual are applied after, one thread per block of pixels
+//! (`block.rs`). The fallback where oneDNN is unavailable.
 
 use std::sync::Arc;
 
@@ -9,9 +10,9 @@ use gemm::Parallelism;
 
 use super::block::{apply_epilogue, BlockBackend, Epilogue, LinearKernel};
 use super::Backend;
-use crate::error::{EncodeError, Result};
+use crate::error::Result;
 use crate::model::{Linear, StudentWeights};
-use crate::profile::DeviceProfile;
+use crate::profile::{DeviceProfile, Dtype};
 
 /// A Linear with W kept as PyTorch stores it, (out, in) row-major, read by
 /// the GEMM as W^T through strides.
@@ -71,16 +72,13 @@ impl LinearKernel for PLinear {
     }
 }
 
-/// The pure-Rust CPU backend.
+/// The pure-Rust backend, named `cpu` on the command line and in profiles.
 pub struct CpuBackend(BlockBackend<PLinear>);
 
 impl CpuBackend {
     pub fn new(weights: Arc<StudentWeights>, profile: &DeviceProfile) -> Result<Self> {
-        if profile.dtype != "f32" {
-            return Err(EncodeError::backend(
-                "cpu",
-                format!("dtype `{}` is not supported (f32 only)", profile.dtype),
-            ));
+        if profile.dtype != Dtype::F32 {
+            return Err(profile.dtype.unsupported("cpu", &[Dtype::F32]));
         }
         Ok(CpuBackend(BlockBackend::new(
             "cpu",

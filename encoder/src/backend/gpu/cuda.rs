@@ -1,5 +1,4 @@
-//! The CUDA device for the GPU path (`gpu.rs`): cuBLAS SGEMMs and the NVRTC-
-//! compiled kernels, through cudarc.
+//! The CUDA device for the GPU path: cuBLAS SGEMMs and NVRTC-compiled kernels via cudarc.
 //!
 //! cudarc loads libcuda, libcublas and libnvrtc at run time
 //! (`dynamic-loading`), so this file builds on every machine; [`probe`]
@@ -8,7 +7,7 @@
 //!
 //! Status: the model code above this device (layouts, launches, kernels)
 //! is checked on the CPU against the fixtures by the emulated device in
-//! `gpu_emulator.rs`; this file, the thin binding to the driver, cuBLAS and
+//! `emulator.rs`; this file, the thin binding to the driver, cuBLAS and
 //! NVRTC, has NOT yet run on a GPU. The fixture tests (`tests/fixtures.rs`)
 //! include this backend and skip it where [`probe`] fails.
 
@@ -21,7 +20,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{CompileError, Ptx};
 
-use super::gpu::{Arg, Device, Gemm, GemmMath, GpuBackend, Kernel, Launch, KERNELS};
+use super::{Arg, Device, Gemm, GemmMath, GpuBackend, Kernel, Launch, KERNELS};
 use crate::error::{EncodeError, Result};
 use crate::model::StudentWeights;
 use crate::profile::DeviceProfile;
@@ -122,7 +121,7 @@ pub(crate) type CudaBackend = GpuBackend<CudaDevice>;
 impl CudaBackend {
     /// On GPU 0, with the SGEMM precision of `profile.dtype` (f32 or tf32).
     pub fn new(weights: Arc<StudentWeights>, profile: &DeviceProfile) -> Result<Self> {
-        let math = GemmMath::from_dtype(&profile.dtype, NAME)?;
+        let math = GemmMath::from_dtype(profile.dtype, NAME)?;
         GpuBackend::create(NAME, CudaDevice::open(math)?, weights)
     }
 }
@@ -284,7 +283,7 @@ impl Device for CudaDevice {
             block_dim: (launch.block, 1, 1),
             shared_mem_bytes: launch.shared_bytes,
         };
-        // SAFETY: the callers in gpu.rs pass the kernel's arguments in its
+        // SAFETY: the callers in gpu/mod.rs pass the kernel's arguments in its
         // signature's order and types (the emulator checks both), and size
         // the grid and shared memory as each kernel's comment says.
         unsafe { b.launch(cfg) }.map_err(|e| err(kernel.name(), e))?;

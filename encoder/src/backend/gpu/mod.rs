@@ -1,16 +1,17 @@
-//! The GPU path, written once over a small [`Device`] interface: every
-//! Linear is one SGEMM over the whole chunk, attention's two products are
-//! strided batched SGEMMs (one per head, over all pixels of the chunk), and
-//! the rest (the day-of-year encoding, bias and epilogues, LayerNorm,
-//! softmax, attention pooling) are the small kernels in [`KERNELS`]. Only
+//! The GPU path: the model's forward pass written once over a [`Device`].
+//!
+//! Every Linear is one SGEMM over the whole chunk, attention's two products
+//! are strided batched SGEMMs (one per head, over all pixels of the chunk),
+//! and the rest (the day-of-year encoding, bias and epilogues, LayerNorm,
+//! softmax, attention pooling) are the small kernels in `kernels.cu`. Only
 //! the inputs (bands and days) go to the device and only the pooled
 //! features and embeddings come back.
 //!
-//! Two devices implement [`Device`]: `cuda.rs` (cuBLAS and NVRTC through
-//! cudarc, the real thing) and, in this crate's tests, `gpu_emulator.rs`,
-//! which runs the same kernel source on the CPU and emulates cuBLAS's
-//! column-major SGEMM, so this file's layouts, launches and kernels are
-//! checked against the fixtures on machines without a GPU.
+//! Two devices implement [`Device`] (`device.rs`): `cuda.rs` (cuBLAS and
+//! NVRTC through cudarc, the real thing) and, in this crate's tests,
+//! `emulator.rs`, which runs the same kernel source on the CPU and emulates
+//! cuBLAS's column-major SGEMM, so this file's layouts, launches and kernels
+//! are checked against the fixtures on machines without a GPU.
 //!
 //! Layout conventions: every activation is row-major (rows = tokens), and
 //! SGEMM (column-major) sees a row-major (r × c) matrix as its transpose.
@@ -19,369 +20,19 @@
 //! a fixed tree order per block, so the same chunk gives the same bits on the
 //! same GPU and library versions; thread counts do not apply.
 
+#[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
+pub mod cuda;
+mod device;
+#[cfg(test)]
+mod emulator;
+
 use std::sync::{Arc, Mutex};
+
+pub(crate) use device::{Arg, Device, Gemm, GemmMath, Kernel, Launch, KERNELS, ROW_THREADS};
 
 use super::{Backend, SequenceBatch};
 use crate::error::{EncodeError, Result};
 use crate::model::{Backbone, LayerNorm, Linear, Modality, StudentWeights};
-
-/// Threads per block of the row kernels (LayerNorm, softmax, pooling); a
-/// power of two for the tree reductions.
-const ROW_THREADS: u32 = 256;
-
-/// Threads per block of the element-wise kernels (epilogue, day-of-year
-/// encoding): 256 can always launch, whatever registers the compiler gives
-/// the double-precision `sincos` (1024 would fail past 64 per thread).
-const ELEMENT_THREADS: u32 = 256;
-
-/// The kernels besides the GEMMs, compiled by NVRTC on a GPU. NVRTC has no
-/// standard headers: only CUDA's built-in device functions are available
-/// (no `INFINITY`, no `<cmath>`), which the emulator's build enforces.
-/// Reductions are tree reductions in shared memory over a fixed number of
-/// threads, so their order never changes.
-pub(crate) const KERNELS: &str = r#"
-// bias and residual may be null (no add).
-extern "C" __global__ void bias_epilogue(float* y, const float* bias, const float* residual,
-                                         int rows, int cols, int relu) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long total = (long long)rows * cols;
-    if (i >= total) return;
-    float v = bias ? y[i] + bias[i % cols] : y[i];
-    if (relu) v = fmaxf(v, 0.0f);
-    if (residual) v += residual[i];
-    y[i] = v;
-}
-
-// The day-of-year encoding, as model::DoyEncoding computes it on the host
-// (in double, rounded to float): channel 2i is sin(doy * f_i), 2i + 1 is
-// cos(doy * f_i), f_i = exp(-ln(10000) * 2i / d). One thread per (row, i);
-// d is even.
-extern "C" __global__ void doy_encoding(float* out, const float* doys, int rows, int d) {
-    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    int half = d / 2;
-    if (k >= (long long)rows * half) return;
-    long long row = k / half;
-    int i = (int)(k % half);
-    double f = exp(-log(10000.0) * (double)(2 * i) / (double)d);
-    double s, c;
-    sincos((double)doys[row] * f, &s, &c);
-    out[row * d + 2 * i] = (float)s;
-    out[row * d + 2 * i + 1] = (float)c;
-}
-
-// One block per row of `cols`; gamma/beta may be null (no affine).
-// Shared memory: blockDim.x doubles.
-extern "C" __global__ void layer_norm(float* x, const float* gamma, const float* beta,
-                                      int cols, float eps) {
-    extern __shared__ double red[];
-    float* row = x + (long long)blockIdx.x * cols;
-    double s = 0.0;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) s += (double)row[j];
-    red[threadIdx.x] = s;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-        __syncthreads();
-    }
-    double mean = red[0] / cols;
-    __syncthreads();
-    double q = 0.0;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        double c = (double)row[j] - mean;
-        q += c * c;
-    }
-    red[threadIdx.x] = q;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-        __syncthreads();
-    }
-    double inv = 1.0 / sqrt(red[0] / cols + (double)eps);
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        float v = (float)(((double)row[j] - mean) * inv);
-        if (gamma) v = v * gamma[j] + beta[j];
-        row[j] = v;
-    }
-}
-
-// One block per row of `cols`; in place. Shared memory: blockDim.x floats.
-extern "C" __global__ void softmax_rows(float* x, int cols) {
-    extern __shared__ float fred[];
-    float* row = x + (long long)blockIdx.x * cols;
-    float m = __int_as_float(0xff800000);  // -inf; NVRTC has no INFINITY
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, row[j]);
-    fred[threadIdx.x] = m;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) fred[threadIdx.x] = fmaxf(fred[threadIdx.x], fred[threadIdx.x + k]);
-        __syncthreads();
-    }
-    m = fred[0];
-    __syncthreads();
-    float s = 0.0f;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        float e = expf(row[j] - m);
-        row[j] = e;
-        s += e;
-    }
-    fred[threadIdx.x] = s;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) fred[threadIdx.x] += fred[threadIdx.x + k];
-        __syncthreads();
-    }
-    float inv = 1.0f / fred[0];
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) row[j] *= inv;
-}
-
-// Attention pooling: one block per pixel; h is (pixels, len, d), out (pixels, d).
-// Shared memory: len floats of weights.
-extern "C" __global__ void attention_pool(const float* h, const float* w, float b,
-                                          float* out, int len, int d) {
-    extern __shared__ float weights[];
-    const float* hp = h + (long long)blockIdx.x * len * d;
-    for (int t = threadIdx.x; t < len; t += blockDim.x) {
-        float s = b;
-        for (int j = 0; j < d; ++j) s += hp[(long long)t * d + j] * w[j];
-        weights[t] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float m = __int_as_float(0xff800000);
-        for (int t = 0; t < len; ++t) m = fmaxf(m, weights[t]);
-        float s = 0.0f;
-        for (int t = 0; t < len; ++t) { weights[t] = expf(weights[t] - m); s += weights[t]; }
-        float inv = 1.0f / s;
-        for (int t = 0; t < len; ++t) weights[t] *= inv;
-    }
-    __syncthreads();
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        float acc = 0.0f;
-        for (int t = 0; t < len; ++t) acc += weights[t] * hp[(long long)t * d + j];
-        out[(long long)blockIdx.x * d + j] = acc;
-    }
-}
-"#;
-
-/// The kernels of [`KERNELS`], by name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kernel {
-    BiasEpilogue,
-    DoyEncoding,
-    LayerNorm,
-    SoftmaxRows,
-    AttentionPool,
-}
-
-// `Kernel::ALL` lists the kernels in declaration order: `k as usize` is
-// `k`'s place in it.
-const _: () = {
-    let mut i = 0;
-    while i < Kernel::ALL.len() {
-        assert!(Kernel::ALL[i] as usize == i);
-        i += 1;
-    }
-};
-
-impl Kernel {
-    pub(crate) const ALL: [Kernel; 5] = [
-        Kernel::BiasEpilogue,
-        Kernel::DoyEncoding,
-        Kernel::LayerNorm,
-        Kernel::SoftmaxRows,
-        Kernel::AttentionPool,
-    ];
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Kernel::BiasEpilogue => "bias_epilogue",
-            Kernel::DoyEncoding => "doy_encoding",
-            Kernel::LayerNorm => "layer_norm",
-            Kernel::SoftmaxRows => "softmax_rows",
-            Kernel::AttentionPool => "attention_pool",
-        }
-    }
-}
-
-/// How a device's SGEMMs compute, fixed when the device is opened. `F32` is
-/// exact f32 (the fixtures' tolerances hold); `Tf32` lets tensor cores
-/// round each input to TF32 (10 mantissa bits, f32 accumulation), several
-/// times the f32 rate on Ampere and later, at a precision the emulated GPU
-/// measures (profile `dtype = "tf32"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GemmMath {
-    F32,
-    Tf32,
-}
-
-impl GemmMath {
-    /// The profile's `dtype` for a GPU backend.
-    pub(crate) fn from_dtype(dtype: &str, backend: &str) -> Result<Self> {
-        match dtype {
-            "f32" => Ok(GemmMath::F32),
-            "tf32" => Ok(GemmMath::Tf32),
-            other => Err(EncodeError::backend(
-                backend,
-                format!("profile dtype `{other}` is not supported here (f32 or tf32)"),
-            )),
-        }
-    }
-}
-
-/// A column-major SGEMM, cuBLAS's `cublasSgemmStridedBatched` contract:
-/// for each of `batch` problems, `C = alpha · op(A) · op(B) + beta · C` with
-/// op(A) m × k, op(B) k × n, C m × n; `trans_*` transposes; the p-th
-/// problem's matrices start `p · stride_*` floats after the first's. When
-/// beta is 0, C is not read.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Gemm {
-    pub trans_a: bool,
-    pub trans_b: bool,
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub alpha: f32,
-    pub lda: usize,
-    pub ldb: usize,
-    pub beta: f32,
-    pub ldc: usize,
-    pub batch: usize,
-    pub stride_a: usize,
-    pub stride_b: usize,
-    pub stride_c: usize,
-}
-
-impl Gemm {
-    /// Check the leading dimensions as cuBLAS does, and that every problem's
-    /// matrices lie inside buffers of `a`, `b` and `c` floats (counted from
-    /// the matrices' start); a GPU would read or write past them silently.
-    pub(crate) fn check(&self, a: usize, b: usize, c: usize) -> Result<()> {
-        let extent = |rows: usize, cols: usize, ld: usize, stride: usize| {
-            if rows == 0 || cols == 0 || self.batch == 0 {
-                0
-            } else {
-                (self.batch - 1) * stride + (cols - 1) * ld + rows
-            }
-        };
-        let (a_rows, a_cols) = if self.trans_a {
-            (self.k, self.m)
-        } else {
-            (self.m, self.k)
-        };
-        let (b_rows, b_cols) = if self.trans_b {
-            (self.n, self.k)
-        } else {
-            (self.k, self.n)
-        };
-        let fail = |what: String| {
-            Err(EncodeError::backend(
-                "gpu",
-                format!("SGEMM {self:?}: {what}"),
-            ))
-        };
-        for (name, ld, rows) in [
-            ("lda", self.lda, a_rows),
-            ("ldb", self.ldb, b_rows),
-            ("ldc", self.ldc, self.m),
-        ] {
-            if ld < rows.max(1) {
-                return fail(format!("{name} {ld} is below {}", rows.max(1)));
-            }
-        }
-        for (name, need, have) in [
-            ("A", extent(a_rows, a_cols, self.lda, self.stride_a), a),
-            ("B", extent(b_rows, b_cols, self.ldb, self.stride_b), b),
-            ("C", extent(self.m, self.n, self.ldc, self.stride_c), c),
-        ] {
-            if need > have {
-                return fail(format!("{name} needs {need} floats, its buffer has {have}"));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A one-dimensional launch: `grid` blocks of `block` threads, with
-/// `shared_bytes` of dynamic shared memory per block.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Launch {
-    pub grid: u32,
-    pub block: u32,
-    pub shared_bytes: u32,
-}
-
-impl Launch {
-    /// One thread per element of `n`, in blocks of [`ELEMENT_THREADS`];
-    /// `blocks` names them in the error if there are too many.
-    fn elements(n: usize, blocks: &str) -> Result<Self> {
-        Ok(Launch {
-            grid: grid(n.div_ceil(ELEMENT_THREADS as usize), blocks)?,
-            block: ELEMENT_THREADS,
-            shared_bytes: 0,
-        })
-    }
-
-    /// One block of [`ROW_THREADS`] per row (`rows` of them, named `what`),
-    /// each with `shared_bytes` of shared memory.
-    fn rows(rows: usize, what: &str, shared_bytes: u32) -> Result<Self> {
-        Ok(Launch {
-            grid: grid(rows, what)?,
-            block: ROW_THREADS,
-            shared_bytes,
-        })
-    }
-}
-
-/// A kernel argument, in the kernel signature's order.
-pub(crate) enum Arg<'a, B> {
-    /// A buffer the kernel reads.
-    In(&'a B),
-    /// A buffer the kernel writes.
-    Out(&'a mut B),
-    /// A null pointer (an absent optional buffer).
-    Null,
-    I32(i32),
-    F32(f32),
-}
-
-/// What the GPU path needs from a device: buffers of f32, SGEMM and kernel
-/// launches, all on one in-order stream.
-pub(crate) trait Device {
-    type Buf;
-    fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
-    fn zeros(&self, n: usize) -> Result<Self::Buf>;
-    fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
-    /// How many floats `buf` holds.
-    fn len(buf: &Self::Buf) -> usize;
-    /// `g` over A, B and C starting `a.1`, `b.1`, `c.1` floats into their
-    /// buffers.
-    ///
-    /// # Safety
-    /// `g.check` passed for these buffers and offsets (what [`Device::gemm`]
-    /// does first): nothing checks again.
-    unsafe fn gemm_unchecked(
-        &self,
-        g: &Gemm,
-        a: (&Self::Buf, usize),
-        b: (&Self::Buf, usize),
-        c: (&mut Self::Buf, usize),
-    ) -> Result<()>;
-    /// [`Device::gemm_unchecked`] after [`Gemm::check`].
-    fn gemm(
-        &self,
-        g: &Gemm,
-        a: (&Self::Buf, usize),
-        b: (&Self::Buf, usize),
-        c: (&mut Self::Buf, usize),
-    ) -> Result<()> {
-        let rest = |buf: &Self::Buf, off: usize| Self::len(buf).saturating_sub(off);
-        g.check(rest(a.0, a.1), rest(b.0, b.1), rest(&*c.0, c.1))?;
-        // SAFETY: checked just above.
-        unsafe { self.gemm_unchecked(g, a, b, c) }
-    }
-    fn launch(&self, kernel: Kernel, launch: Launch, args: &mut [Arg<'_, Self::Buf>])
-        -> Result<()>;
-}
 
 struct DeviceLinear<B> {
     in_dim: usize,
@@ -522,13 +173,6 @@ fn backbone<D: Device>(dev: &D, b: &Backbone, ffn: usize) -> Result<DeviceBackbo
 fn int(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v)
         .map_err(|_| EncodeError::backend("gpu", format!("{what} {v} exceeds a kernel's int")))
-}
-
-fn grid(blocks: usize, what: &str) -> Result<u32> {
-    u32::try_from(blocks)
-        .ok()
-        .filter(|&g| g < 1 << 31)
-        .ok_or_else(|| EncodeError::backend("gpu", format!("{blocks} {what} exceed one launch")))
 }
 
 impl<D: Device> GpuModel<D> {

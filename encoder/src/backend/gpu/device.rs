@@ -1,0 +1,249 @@
+//! What the GPU path needs from a device: SGEMM, kernel launches and the kernels' source.
+//!
+//! [`Device`] is the interface `gpu/mod.rs` runs the model over; `cuda.rs`
+//! implements it on a GPU and, in tests, `emulator.rs` on the CPU. Both
+//! compile the same [`KERNELS`] (`kernels.cu`).
+
+use crate::error::{EncodeError, Result};
+use crate::profile::Dtype;
+
+/// Threads per block of the row kernels (LayerNorm, softmax, pooling); a
+/// power of two for the tree reductions.
+pub(crate) const ROW_THREADS: u32 = 256;
+
+/// Threads per block of the element-wise kernels (epilogue, day-of-year
+/// encoding): 256 can always launch, whatever registers the compiler gives
+/// the double-precision `sincos` (1024 would fail past 64 per thread).
+const ELEMENT_THREADS: u32 = 256;
+
+/// The kernels besides the GEMMs, compiled by NVRTC on a GPU. NVRTC has no
+/// standard headers: only CUDA's built-in device functions are available
+/// (no `INFINITY`, no `<cmath>`), which the emulator's build enforces.
+/// Reductions are tree reductions in shared memory over a fixed number of
+/// threads, so their order never changes.
+pub(crate) const KERNELS: &str = include_str!("kernels.cu");
+
+/// The kernels of [`KERNELS`], by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    BiasEpilogue,
+    DoyEncoding,
+    LayerNorm,
+    SoftmaxRows,
+    AttentionPool,
+}
+
+// `Kernel::ALL` lists the kernels in declaration order: `k as usize` is
+// `k`'s place in it.
+const _: () = {
+    let mut i = 0;
+    while i < Kernel::ALL.len() {
+        assert!(Kernel::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
+impl Kernel {
+    pub(crate) const ALL: [Kernel; 5] = [
+        Kernel::BiasEpilogue,
+        Kernel::DoyEncoding,
+        Kernel::LayerNorm,
+        Kernel::SoftmaxRows,
+        Kernel::AttentionPool,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kernel::BiasEpilogue => "bias_epilogue",
+            Kernel::DoyEncoding => "doy_encoding",
+            Kernel::LayerNorm => "layer_norm",
+            Kernel::SoftmaxRows => "softmax_rows",
+            Kernel::AttentionPool => "attention_pool",
+        }
+    }
+}
+
+/// How a device's SGEMMs compute, fixed when the device is opened. `F32` is
+/// exact f32 (the fixtures' tolerances hold); `Tf32` lets tensor cores
+/// round each input to TF32 (10 mantissa bits, f32 accumulation), several
+/// times the f32 rate on Ampere and later, at a precision the emulated GPU
+/// measures (profile `dtype = "tf32"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GemmMath {
+    F32,
+    Tf32,
+}
+
+impl GemmMath {
+    /// The profile's `dtype` for a GPU backend.
+    pub(crate) fn from_dtype(dtype: Dtype, backend: &str) -> Result<Self> {
+        match dtype {
+            Dtype::F32 => Ok(GemmMath::F32),
+            Dtype::Tf32 => Ok(GemmMath::Tf32),
+            other => Err(other.unsupported(backend, &[Dtype::F32, Dtype::Tf32])),
+        }
+    }
+}
+
+/// A column-major SGEMM, cuBLAS's `cublasSgemmStridedBatched` contract:
+/// for each of `batch` problems, `C = alpha · op(A) · op(B) + beta · C` with
+/// op(A) m × k, op(B) k × n, C m × n; `trans_*` transposes; the p-th
+/// problem's matrices start `p · stride_*` floats after the first's. When
+/// beta is 0, C is not read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gemm {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub alpha: f32,
+    pub lda: usize,
+    pub ldb: usize,
+    pub beta: f32,
+    pub ldc: usize,
+    pub batch: usize,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
+}
+
+impl Gemm {
+    /// Check the leading dimensions as cuBLAS does, and that every problem's
+    /// matrices lie inside buffers of `a`, `b` and `c` floats (counted from
+    /// the matrices' start); a GPU would read or write past them silently.
+    pub(crate) fn check(&self, a: usize, b: usize, c: usize) -> Result<()> {
+        let extent = |rows: usize, cols: usize, ld: usize, stride: usize| {
+            if rows == 0 || cols == 0 || self.batch == 0 {
+                0
+            } else {
+                (self.batch - 1) * stride + (cols - 1) * ld + rows
+            }
+        };
+        let (a_rows, a_cols) = if self.trans_a {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        };
+        let (b_rows, b_cols) = if self.trans_b {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
+        let fail = |what: String| {
+            Err(EncodeError::backend(
+                "gpu",
+                format!("SGEMM {self:?}: {what}"),
+            ))
+        };
+        for (name, ld, rows) in [
+            ("lda", self.lda, a_rows),
+            ("ldb", self.ldb, b_rows),
+            ("ldc", self.ldc, self.m),
+        ] {
+            if ld < rows.max(1) {
+                return fail(format!("{name} {ld} is below {}", rows.max(1)));
+            }
+        }
+        for (name, need, have) in [
+            ("A", extent(a_rows, a_cols, self.lda, self.stride_a), a),
+            ("B", extent(b_rows, b_cols, self.ldb, self.stride_b), b),
+            ("C", extent(self.m, self.n, self.ldc, self.stride_c), c),
+        ] {
+            if need > have {
+                return fail(format!("{name} needs {need} floats, its buffer has {have}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A one-dimensional launch: `grid` blocks of `block` threads, with
+/// `shared_bytes` of dynamic shared memory per block.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Launch {
+    pub grid: u32,
+    pub block: u32,
+    pub shared_bytes: u32,
+}
+
+impl Launch {
+    /// One thread per element of `n`, in blocks of [`ELEMENT_THREADS`];
+    /// `blocks` names them in the error if there are too many.
+    pub(crate) fn elements(n: usize, blocks: &str) -> Result<Self> {
+        Ok(Launch {
+            grid: grid(n.div_ceil(ELEMENT_THREADS as usize), blocks)?,
+            block: ELEMENT_THREADS,
+            shared_bytes: 0,
+        })
+    }
+
+    /// One block of [`ROW_THREADS`] per row (`rows` of them, named `what`),
+    /// each with `shared_bytes` of shared memory.
+    pub(crate) fn rows(rows: usize, what: &str, shared_bytes: u32) -> Result<Self> {
+        Ok(Launch {
+            grid: grid(rows, what)?,
+            block: ROW_THREADS,
+            shared_bytes,
+        })
+    }
+}
+
+/// A kernel argument, in the kernel signature's order.
+pub(crate) enum Arg<'a, B> {
+    /// A buffer the kernel reads.
+    In(&'a B),
+    /// A buffer the kernel writes.
+    Out(&'a mut B),
+    /// A null pointer (an absent optional buffer).
+    Null,
+    I32(i32),
+    F32(f32),
+}
+
+/// What the GPU path needs from a device: buffers of f32, SGEMM and kernel
+/// launches, all on one in-order stream.
+pub(crate) trait Device {
+    type Buf;
+    fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
+    fn zeros(&self, n: usize) -> Result<Self::Buf>;
+    fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
+    /// How many floats `buf` holds.
+    fn len(buf: &Self::Buf) -> usize;
+    /// `g` over A, B and C starting `a.1`, `b.1`, `c.1` floats into their
+    /// buffers.
+    ///
+    /// # Safety
+    /// `g.check` passed for these buffers and offsets (what [`Device::gemm`]
+    /// does first): nothing checks again.
+    unsafe fn gemm_unchecked(
+        &self,
+        g: &Gemm,
+        a: (&Self::Buf, usize),
+        b: (&Self::Buf, usize),
+        c: (&mut Self::Buf, usize),
+    ) -> Result<()>;
+    /// [`Device::gemm_unchecked`] after [`Gemm::check`].
+    fn gemm(
+        &self,
+        g: &Gemm,
+        a: (&Self::Buf, usize),
+        b: (&Self::Buf, usize),
+        c: (&mut Self::Buf, usize),
+    ) -> Result<()> {
+        let rest = |buf: &Self::Buf, off: usize| Self::len(buf).saturating_sub(off);
+        g.check(rest(a.0, a.1), rest(b.0, b.1), rest(&*c.0, c.1))?;
+        // SAFETY: checked just above.
+        unsafe { self.gemm_unchecked(g, a, b, c) }
+    }
+    fn launch(&self, kernel: Kernel, launch: Launch, args: &mut [Arg<'_, Self::Buf>])
+        -> Result<()>;
+}
+
+/// Blocks of a launch as CUDA takes them (below 2³¹); `what` names them in the error.
+fn grid(blocks: usize, what: &str) -> Result<u32> {
+    u32::try_from(blocks)
+        .ok()
+        .filter(|&g| g < 1 << 31)
+        .ok_or_else(|| EncodeError::backend("gpu", format!("{blocks} {what} exceed one launch")))
+}
