@@ -1,4 +1,4 @@
-//! `flotilla tiles info|place` against geotessera 0.11.0's geometry fixture: integers exactly, coordinates to 1 mm, and the seam pair abuts.
+//! `flotilla tiles info|place` against geotessera 0.11.0: the shared fixture (integers exactly, coordinates to 1 mm), the seam pair abuts, and central-meridian tiles land in PROJ's pixel.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -109,6 +109,75 @@ fn tiles_place_matches_geotessera_and_the_seam_pair_abuts() {
         a["col"].as_u64().unwrap() + a["width"].as_u64().unwrap(),
         b["col"].as_u64().unwrap()
     );
+}
+
+/// geotessera 0.11.0's zone grid over the 25 tiles of issue 10,
+/// `grid_92.65..93.05_-73.75..-73.35` (from
+/// `core/tests/data/geotessera-0.11.0-edges.jsonl.gz`): origin (487170,
+/// −8133940), 4096 × 8192 px, and each tile's (row, col, width, height).
+const ISSUE_10_PLACED: [(&str, u64, u64, u64, u64); 25] = [
+    ("grid_92.65_-73.75", 4465, 29, 319, 1117),
+    ("grid_92.65_-73.65", 3349, 22, 321, 1117),
+    ("grid_92.65_-73.55", 2234, 14, 323, 1117),
+    ("grid_92.65_-73.45", 1118, 7, 324, 1117),
+    ("grid_92.65_-73.35", 3, 0, 326, 1117),
+    ("grid_92.75_-73.75", 4463, 343, 317, 1117),
+    ("grid_92.75_-73.65", 3348, 337, 319, 1117),
+    ("grid_92.75_-73.55", 2232, 331, 321, 1117),
+    ("grid_92.75_-73.45", 1117, 326, 323, 1117),
+    ("grid_92.75_-73.35", 1, 320, 324, 1117),
+    ("grid_92.85_-73.75", 4463, 656, 315, 1116),
+    ("grid_92.85_-73.65", 3347, 652, 317, 1116),
+    ("grid_92.85_-73.55", 2232, 648, 319, 1116),
+    ("grid_92.85_-73.45", 1116, 645, 321, 1116),
+    ("grid_92.85_-73.35", 0, 641, 323, 1116),
+    ("grid_92.95_-73.75", 4462, 969, 313, 1116),
+    ("grid_92.95_-73.65", 3347, 967, 315, 1116),
+    ("grid_92.95_-73.55", 2231, 965, 317, 1116),
+    ("grid_92.95_-73.45", 1116, 964, 319, 1116),
+    ("grid_92.95_-73.35", 0, 962, 321, 1116),
+    ("grid_93.05_-73.75", 4462, 1282, 313, 1116),
+    ("grid_93.05_-73.65", 3347, 1282, 315, 1116),
+    ("grid_93.05_-73.55", 2231, 1282, 317, 1116),
+    ("grid_93.05_-73.45", 1116, 1282, 319, 1116),
+    ("grid_93.05_-73.35", 0, 1282, 321, 1116),
+];
+
+/// The five tiles of column lon 93.05 start on zone 46's central meridian,
+/// where PROJ's easting is 499999.9999999996 m: pixel 49,999, column 1282 of
+/// the grid — not 500000 m exactly and column 1283 (issue 10).
+#[test]
+fn tiles_on_a_central_meridian_land_in_proj_s_pixel() {
+    let mut args = vec!["tiles", "place"];
+    args.extend(ISSUE_10_PLACED.iter().map(|p| p.0));
+    let got: Value = serde_json::from_str(flotilla(&args).trim()).expect("one JSON object");
+    assert_eq!(got["zone"], 46);
+    close(&got["origin_x"], &Value::from(487_170.0), "origin_x");
+    close(&got["origin_y"], &Value::from(-8_133_940.0), "origin_y");
+    assert_eq!(
+        (got["width_px"].as_u64(), got["height_px"].as_u64()),
+        (Some(4096), Some(8192))
+    );
+    let placed = got["placed"].as_array().unwrap();
+    assert_eq!(placed.len(), ISSUE_10_PLACED.len());
+    for (g, (tile, row, col, width, height)) in placed.iter().zip(ISSUE_10_PLACED) {
+        assert_eq!(g["tile"], tile);
+        assert_eq!(
+            [&g["row"], &g["col"], &g["width"], &g["height"]].map(|v| v.as_u64().unwrap()),
+            [row, col, width, height],
+            "{tile}"
+        );
+    }
+
+    let column: Vec<&str> = ISSUE_10_PLACED[20..].iter().map(|p| p.0).collect();
+    let mut args = vec!["tiles", "info"];
+    args.extend(&column);
+    for line in flotilla(&args).lines() {
+        let info: Value = serde_json::from_str(line).expect("one JSON object a line");
+        let e = info["origin_e"].as_f64().unwrap();
+        assert!(e < 500_000.0 && 500_000.0 - e < 1e-8, "{info}");
+        assert_eq!((e / 10.0).floor(), 49_999.0, "{info}");
+    }
 }
 
 #[test]
