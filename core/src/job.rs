@@ -90,14 +90,61 @@ pub enum JobSpec {
 }
 
 impl JobSpec {
+    /// The kind of job this spec describes.
+    pub fn job_kind(&self) -> JobKind {
+        match self {
+            JobSpec::Command(_) => JobKind::Command,
+            JobSpec::Revdeps(_) => JobKind::Revdeps,
+            JobSpec::Tile(_) => JobKind::Tile,
+        }
+    }
+
     /// The kind name, as stored in the `jobs.kind` column and matched against
     /// the kinds an agent says it can run.
     pub fn kind(&self) -> &'static str {
+        self.job_kind().as_str()
+    }
+}
+
+/// The kinds of job, as the `kind` tag of a [`JobSpec`], the `jobs.kind`
+/// column and the kinds an agent registers name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobKind {
+    Command,
+    Revdeps,
+    Tile,
+}
+
+impl JobKind {
+    pub const ALL: [JobKind; 3] = [JobKind::Command, JobKind::Revdeps, JobKind::Tile];
+
+    pub fn as_str(self) -> &'static str {
         match self {
-            JobSpec::Command(_) => "command",
-            JobSpec::Revdeps(_) => "revdeps",
-            JobSpec::Tile(_) => "tile",
+            JobKind::Command => "command",
+            JobKind::Revdeps => "revdeps",
+            JobKind::Tile => "tile",
         }
+    }
+}
+
+impl fmt::Display for JobKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown job kind `{0}`: the kinds are command, revdeps and tile")]
+pub struct UnknownJobKind(pub String);
+
+impl FromStr for JobKind {
+    type Err = UnknownJobKind;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| UnknownJobKind(s.to_string()))
     }
 }
 
@@ -142,6 +189,21 @@ pub struct TileJob {
     pub fetch_command: Option<String>,
 }
 
+impl TileJob {
+    /// The input files of a tile in the geotessera preprocessing layout:
+    /// what the agent downloads (`GET jobs/{id}/inputs/{file}`) or expects
+    /// a fetch command to write.
+    pub const INPUT_FILES: [&'static str; 7] = [
+        "bands.npy",
+        "masks.npy",
+        "doys.npy",
+        "sar_ascending.npy",
+        "sar_ascending_doy.npy",
+        "sar_descending.npy",
+        "sar_descending_doy.npy",
+    ];
+}
+
 /// A step of a revdeps run. The agent reads the opam repository at `repo`
 /// (`PATH[:REV]`, a git object database or a directory, on the agent's
 /// host).
@@ -168,6 +230,79 @@ pub struct RevdepsVariant {
     pub os_distribution: String,
     pub os_version: String,
     pub opam_version: String,
+}
+
+impl RevdepsVariant {
+    /// `compiler` on the host opam-repo-ci's Debian 12 workers report, and
+    /// the one the reference answers in `shared/fixtures/opam` were made on:
+    /// `arch=x86_64 os=linux os-family=debian os-distribution=debian
+    /// os-version=12`, opam 2.1.2.
+    pub fn debian_12(compiler: impl Into<String>) -> Self {
+        RevdepsVariant {
+            compiler: compiler.into(),
+            arch: "x86_64".into(),
+            os: "linux".into(),
+            os_family: "debian".into(),
+            os_distribution: "debian".into(),
+            os_version: "12".into(),
+            opam_version: "2.1.2".into(),
+        }
+    }
+}
+
+/// Which of opam's reverse-dependency questions a run asks (the queries
+/// opam-repo-ci runs, each `opam list --depends-on TARGET --coinstallable-with
+/// TARGET,COMPILER --all-versions` with these flags).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RevdepsQuery {
+    /// The union of the three below, without the target itself.
+    #[default]
+    Union,
+    /// `--depopts`.
+    Depopts,
+    /// `--recursive`.
+    Recursive,
+    /// `--with-test --depopts`.
+    WithTestDepopts,
+}
+
+impl RevdepsQuery {
+    pub const ALL: [RevdepsQuery; 4] = [
+        RevdepsQuery::Union,
+        RevdepsQuery::Depopts,
+        RevdepsQuery::Recursive,
+        RevdepsQuery::WithTestDepopts,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RevdepsQuery::Union => "union",
+            RevdepsQuery::Depopts => "depopts",
+            RevdepsQuery::Recursive => "recursive",
+            RevdepsQuery::WithTestDepopts => "with-test-depopts",
+        }
+    }
+}
+
+impl fmt::Display for RevdepsQuery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown revdeps query `{0}`: use union, depopts, recursive or with-test-depopts")]
+pub struct UnknownRevdepsQuery(pub String);
+
+impl FromStr for RevdepsQuery {
+    type Err = UnknownRevdepsQuery;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RevdepsQuery::ALL
+            .into_iter()
+            .find(|q| q.as_str() == s)
+            .ok_or_else(|| UnknownRevdepsQuery(s.to_string()))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -296,5 +431,15 @@ mod tests {
             assert_eq!(s.as_str().parse::<JobState>().unwrap(), s);
         }
         assert!("done".parse::<JobState>().is_err());
+        for k in JobKind::ALL {
+            assert_eq!(k.as_str().parse::<JobKind>().unwrap(), k);
+            assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
+        }
+        for q in RevdepsQuery::ALL {
+            assert_eq!(q.as_str().parse::<RevdepsQuery>().unwrap(), q);
+            assert_eq!(serde_json::to_value(q).unwrap(), q.as_str());
+        }
+        assert!("pipeline".parse::<JobKind>().is_err());
+        assert!("all".parse::<RevdepsQuery>().is_err());
     }
 }

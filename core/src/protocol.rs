@@ -11,12 +11,15 @@
 //! - `POST heartbeat` [`Heartbeat`] → [`HeartbeatReply`]: extends every lease
 //!   the agent still holds, carries health and progress; the reply says which
 //!   leases to cancel and which are gone.
-//! - `POST jobs/{id}/start` [`LeaseRef`]: the process is running.
-//! - `POST jobs/{id}/log` [`LogBatch`]: lines of output.
+//! - `POST jobs/{id}/start` [`LeaseRef`] → [`Ack`]: the process is running.
+//! - `POST jobs/{id}/log` [`LogBatch`] → [`Ack`]: lines of output.
 //! - `PUT jobs/{id}/outputs/{name}?lease=…` (raw body): one output file,
 //!   streamed to the object store; answers [`crate::api::OutputView`].
-//! - `GET jobs/{id}/inputs/{key}?lease=…`: reads an input object.
-//! - `POST jobs/{id}/complete` [`Complete`], `POST jobs/{id}/fail` [`Fail`].
+//! - `GET jobs/{id}/checkpoint?lease=…`: a tile job's model checkpoint.
+//! - `GET jobs/{id}/inputs/{file}?lease=…`: one of a tile job's input
+//!   files ([`crate::job::TileJob::INPUT_FILES`]).
+//! - `POST jobs/{id}/complete` [`Complete`] → [`Ended`], `POST
+//!   jobs/{id}/fail` [`Fail`] → [`Ended`].
 
 use std::collections::BTreeMap;
 
@@ -25,7 +28,7 @@ use uuid::Uuid;
 
 use crate::api::{AgentState, Progress};
 use crate::health::HostHealth;
-use crate::job::{FailureClass, JobSpec};
+use crate::job::{FailureClass, JobSpec, JobState};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Register {
@@ -176,6 +179,19 @@ pub struct Fail {
     pub message: String,
     #[serde(default)]
     pub exit_code: Option<i32>,
+}
+
+/// The answer to `start` and `log`: accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub ok: bool,
+}
+
+/// The answer to `complete` and `fail`: the job's state afterwards
+/// (`succeeded`; after a failure `retrying`, `failed` or `cancelled`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ended {
+    pub state: JobState,
 }
 
 /// Paths of the agent protocol, relative to the server's base URL.

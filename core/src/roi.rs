@@ -143,6 +143,23 @@ fn structure(at: &str, problem: impl Into<String>) -> RoiError {
     }
 }
 
+/// The four numbers of a bbox written `min_lon,min_lat,max_lon,max_lat`
+/// (spaces around them allowed), not yet checked as a region.
+pub fn parse_bbox(text: &str) -> Result<[f64; 4], RoiError> {
+    let numbers: Vec<f64> = text
+        .split(',')
+        .map(|part| part.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| structure("bbox", format!("{text:?}: {e}")))?;
+    let [min_lon, min_lat, max_lon, max_lat] = numbers[..] else {
+        return Err(structure(
+            "bbox",
+            format!("{text:?}: expected four numbers min_lon,min_lat,max_lon,max_lat"),
+        ));
+    };
+    Ok([min_lon, min_lat, max_lon, max_lat])
+}
+
 impl Region {
     /// Parses GeoJSON text (see [`Region::from_geojson`]).
     pub fn from_geojson_str(text: &str) -> Result<Region, RoiError> {
@@ -201,17 +218,7 @@ impl Region {
     /// A bbox written `min_lon,min_lat,max_lon,max_lat` (as on a command
     /// line; spaces around the numbers are allowed).
     pub fn from_bbox_str(text: &str) -> Result<Region, RoiError> {
-        let numbers: Vec<f64> = text
-            .split(',')
-            .map(|part| part.trim().parse::<f64>())
-            .collect::<Result<_, _>>()
-            .map_err(|e| structure("bbox", format!("{text:?}: {e}")))?;
-        let [min_lon, min_lat, max_lon, max_lat] = numbers[..] else {
-            return Err(structure(
-                "bbox",
-                format!("{text:?}: expected four numbers min_lon,min_lat,max_lon,max_lat"),
-            ));
-        };
+        let [min_lon, min_lat, max_lon, max_lat] = parse_bbox(text)?;
         Region::from_bbox(min_lon, min_lat, max_lon, max_lat)
     }
 

@@ -168,14 +168,15 @@ pub async fn list(db: &PgPool, heartbeat: Duration) -> Result<Vec<AgentView>, sq
                 online: r.online,
                 labels: serde_json::from_value::<BTreeMap<String, String>>(r.labels)
                     .unwrap_or_default(),
-                kinds: r.kinds,
+                // A kind this server does not know is of no use to it.
+                kinds: r.kinds.iter().filter_map(|k| k.parse().ok()).collect(),
                 capacity: r.capacity as u32,
                 slots_in_use: r.slots as u32,
                 running_jobs: r.running as u32,
                 registered_at: r.registered_at,
                 last_seen_at: r.last_seen_at,
                 health,
-                devices: r.devices,
+                devices: serde_json::from_value(r.devices).unwrap_or_default(),
             }
         })
         .collect())

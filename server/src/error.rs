@@ -4,7 +4,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use flotilla_core::api::{ErrorBody, ErrorInfo};
+use flotilla_core::api::{ErrorBody, ErrorInfo, FieldError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -55,6 +55,17 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+/// A request body whose values are wrong: `422 invalid`, with the field's
+/// path in `detail.path`.
+impl From<FieldError> for ApiError {
+    fn from(e: FieldError) -> Self {
+        ApiError::Invalid {
+            detail: Some(serde_json::json!({ "path": e.field })),
+            message: e.message,
         }
     }
 }

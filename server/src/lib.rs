@@ -7,14 +7,22 @@
 //! # Layout
 //!
 //! - [`serve`]: connects, migrates, and runs the HTTP server with its
-//!   background tasks (reaper, NOTIFY listener) until shutdown.
+//!   background tasks (reaper, NOTIFY listener, coordinator) until shutdown.
 //! - [`api`]: the router and its handlers, one module per resource.
-//! - [`queue`]: the durable queue; owns the job tables.
+//! - [`extract`]: the JSON body and id extractors the API and dashboard
+//!   share.
+//! - [`queue`]: the durable queue; owns the job tables (and the
+//!   LISTEN/NOTIFY wake-ups of long-polling agents).
+//! - [`completion`]: where an attempt's end is recorded and dispatched by
+//!   job kind.
+//! - [`coordinator`]: the loop that advances parents when their children
+//!   end.
 //! - [`agents`]: owns the `agents` table.
-//! - [`revdeps`]: opam reverse-dependency runs: plan, shards, merge.
-//! - [`tiles`]: TESSERA datasets, coverage, ROI planning, tile completion.
+//! - [`revdeps`]: opam reverse-dependency runs: submit, read; the
+//!   coordinator's shards and merge.
+//! - [`tiles`]: TESSERA datasets, coverage, ROI planning, tile completion,
+//!   tile statistics.
 //! - [`auth`]: hashed API tokens and the caller extractors.
-//! - [`signal`]: LISTEN/NOTIFY wake-ups for long-polling agents.
 //! - [`state`]: what handlers share; queue timings.
 //! - [`store`]: opens the object store from a URL or a directory.
 //! - [`embedded_pg`]: the private PostgreSQL cluster of `flotilla up`.
@@ -27,14 +35,16 @@ pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod cli;
+pub mod completion;
+pub mod coordinator;
 pub mod dashboard;
 pub mod embedded_pg;
 pub mod error;
+pub mod extract;
 pub mod metrics;
 pub mod queue;
 pub mod revdeps;
 pub mod serve;
-pub mod signal;
 pub mod state;
 pub mod store;
 pub mod tiles;

@@ -1,6 +1,6 @@
 //! Running the server: connect (retrying while PostgreSQL comes up), apply
-//! migrations, start the reaper and the NOTIFY listener, serve HTTP until
-//! the shutdown token fires, then wait for every task.
+//! migrations, start the reaper, the NOTIFY listener and the coordinator,
+//! serve HTTP until the shutdown token fires, then wait for every task.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +59,7 @@ pub async fn run(
         db: db.clone(),
         store,
         job_signal: Arc::new(Notify::new()),
+        parents_signal: Arc::new(Notify::new()),
         settings: Arc::new(settings),
         shutdown: shutdown.clone(),
         auth_cache: Arc::default(),
@@ -79,14 +80,19 @@ pub async fn run(
         (state.settings.backoff_base, state.settings.backoff_max),
         shutdown.clone(),
     ));
-    tasks.spawn(crate::signal::run(
+    tasks.spawn(crate::queue::wakeup::run(
         db.clone(),
         state.job_signal.clone(),
         shutdown.clone(),
     ));
-    tasks.spawn(crate::revdeps::coordinate(
-        db.clone(),
-        Duration::from_millis(500),
+    let coordinator_db = db.clone();
+    tasks.spawn(crate::coordinator::run(
+        move || {
+            let db = coordinator_db.clone();
+            async move { crate::coordinator::advance_all(&db).await }
+        },
+        state.parents_signal.clone(),
+        state.settings.coordinator_interval,
         shutdown.clone(),
     ));
     tasks.close();

@@ -1,5 +1,6 @@
-//! What every handler shares: the pool, the object store, the wake-up signal
-//! for long-polling agents, settings, and the shutdown token.
+//! What every handler shares: the pool, the object store, the wake-ups for
+//! long-polling agents and for the coordinator, settings, and the shutdown
+//! token.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +17,9 @@ pub struct AppState {
     /// Woken (all waiters) when jobs may have become claimable: a NOTIFY
     /// from any server instance, or an agent resumed here.
     pub job_signal: Arc<Notify>,
+    /// Woken (one permit) when a child job ended here, so the coordinator
+    /// advances its parent at once ([`crate::coordinator`]).
+    pub parents_signal: Arc<Notify>,
     pub settings: Arc<Settings>,
     pub shutdown: CancellationToken,
     pub auth_cache: Arc<crate::auth::AuthCache>,
@@ -37,6 +41,10 @@ pub struct Settings {
     /// Retry back-off: base · 2^(attempt−1), capped at `backoff_max`.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// How often the coordinator advances parents whose children ended on
+    /// another server or by the reaper (children that end here wake it at
+    /// once).
+    pub coordinator_interval: Duration,
     /// Largest accepted JSON body.
     pub max_body_bytes: usize,
     /// Serve the dashboard without a login (a local run only).
@@ -54,6 +62,7 @@ impl Default for Settings {
             max_lease_wait: Duration::from_secs(30),
             backoff_base: Duration::from_secs(2),
             backoff_max: Duration::from_secs(300),
+            coordinator_interval: Duration::from_millis(500),
             max_body_bytes: 1 << 20,
             dashboard_open: false,
         }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_core::health::HostHealth;
 use flotilla_core::job::{CommandJob, JobSpec};
-use flotilla_core::protocol::Register;
+use flotilla_core::protocol::{Complete, Register};
 use flotilla_e2e::procs::{Server, ServerOpts};
 use flotilla_server::queue::{claim, lease, submit};
 use flotilla_server::{agents, auth, serve};
@@ -35,8 +35,19 @@ fn noop_jobs(n: usize) -> Vec<submit::NewJob> {
             cost: 1,
             submitter: "bench".into(),
             parent_id: None,
+            child_index: None,
         })
         .collect()
+}
+
+/// A plain success report for the lease `token`.
+fn done(token: uuid::Uuid) -> Complete {
+    Complete {
+        lease_token: token,
+        exit_code: Some(0),
+        outputs: vec![],
+        result: None,
+    }
 }
 
 fn register(name: &str) -> Register {
@@ -101,9 +112,17 @@ async fn main() {
                     return lat;
                 };
                 lat.push(t.elapsed());
-                lease::complete(&db, agent, job.job_id, job.lease_token, Some(0), &[], None)
-                    .await
-                    .unwrap();
+                lease::complete(
+                    &db,
+                    lease::LeaseKey {
+                        agent,
+                        job: job.job_id,
+                        token: job.lease_token,
+                    },
+                    &done(job.lease_token),
+                )
+                .await
+                .unwrap();
             }
         }));
     }

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use flotilla_core::health::HostHealth;
-use flotilla_core::job::{CommandJob, FailureClass, JobSpec};
-use flotilla_core::protocol::Register;
+use flotilla_core::job::{CommandJob, FailureClass, JobSpec, JobState};
+use flotilla_core::protocol::{Complete, Register};
 use flotilla_server::queue::{claim, lease, reaper, submit};
 use flotilla_server::{agents, serve};
 use sqlx::PgPool;
@@ -41,6 +41,7 @@ fn job(submitter: &str, priority: i32, labels: &[(&str, &str)], cost: u32) -> su
         cost,
         submitter: submitter.into(),
         parent_id: None,
+        child_index: None,
     }
 }
 
@@ -66,6 +67,16 @@ async fn agent(db: &PgPool, name: &str, capacity: u32, labels: &[(&str, &str)]) 
 }
 
 const TTL: Duration = Duration::from_secs(60);
+
+/// A plain success report for the lease `token`.
+fn done(token: Uuid) -> Complete {
+    Complete {
+        lease_token: token,
+        exit_code: Some(0),
+        outputs: vec![],
+        result: None,
+    }
+}
 
 async fn submitter_of(db: &PgPool, id: Uuid) -> String {
     sqlx::query_scalar("SELECT submitter FROM jobs WHERE id = $1")
@@ -153,19 +164,24 @@ async fn failed_attempts_back_off_and_stale_leases_are_refused() {
     let id = submit::submit(&db, &[job("s", 0, &[], 1)]).await.unwrap()[0];
     let a = agent(&db, "a", 1, &[]).await;
     let first = claim::claim(&db, a, TTL).await.unwrap().unwrap();
-    let state = lease::fail(
+    let key = |token| lease::LeaseKey {
+        agent: a,
+        job: id,
+        token,
+    };
+    let ended = lease::fail(
         &db,
-        a,
-        id,
-        first.lease_token,
-        FailureClass::Retryable,
-        "exit 1",
-        Some(1),
+        key(first.lease_token),
+        lease::Failure {
+            class: FailureClass::Retryable,
+            message: "exit 1",
+            exit_code: Some(1),
+        },
         (Duration::from_secs(3600), Duration::from_secs(3600)),
     )
     .await
     .unwrap();
-    assert_eq!(state, "retrying");
+    assert_eq!(ended.state, JobState::Retrying);
     assert!(
         claim::claim(&db, a, TTL).await.unwrap().is_none(),
         "the back-off holds the job back"
@@ -181,7 +197,7 @@ async fn failed_attempts_back_off_and_stale_leases_are_refused() {
         .unwrap();
     assert_eq!(second.attempt, 2);
     // The first attempt's lease can no longer complete the job.
-    let err = lease::complete(&db, a, id, first.lease_token, Some(0), &[], None)
+    let err = lease::complete(&db, key(first.lease_token), &done(first.lease_token))
         .await
         .unwrap_err();
     assert!(matches!(err, lease::LeaseRefused::Stale { .. }), "{err}");
@@ -191,7 +207,7 @@ async fn failed_attempts_back_off_and_stale_leases_are_refused() {
         .await
         .unwrap();
     assert_eq!(reaped, vec![(id, "failed".to_string())]);
-    let err = lease::complete(&db, a, id, second.lease_token, Some(0), &[], None)
+    let err = lease::complete(&db, key(second.lease_token), &done(second.lease_token))
         .await
         .unwrap_err();
     assert!(matches!(err, lease::LeaseRefused::Stale { .. }), "{err}");

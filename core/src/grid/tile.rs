@@ -192,6 +192,15 @@ impl TileId {
     pub fn name(&self) -> String {
         self.to_string()
     }
+
+    /// The two objects a tile's embedding is published as (geotessera's
+    /// layout): `grid_X_Y.npy`, int8 (H,W,128), and `grid_X_Y_scales.npy`,
+    /// f32 (H,W). The encoder writes them, the agent uploads them and the
+    /// server copies them to their final keys under these names.
+    pub fn output_names(&self) -> [String; 2] {
+        let name = self.name();
+        [format!("{name}.npy"), format!("{name}_scales.npy")]
+    }
 }
 
 /// Writes `hundredths / 100` with two decimals, e.g. -5 → `-0.05`.

@@ -7,23 +7,22 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::Json;
-use flotilla_core::api::{AgentState, OutputView};
+use flotilla_core::api::OutputView;
 use flotilla_core::job::check_output_path;
 use flotilla_core::protocol::{
-    Complete, Fail, Heartbeat, HeartbeatReply, LeaseRef, LeaseReply, LeaseRequest, LogBatch,
-    Register, Registered,
+    Ack, Complete, Ended, Fail, Heartbeat, HeartbeatReply, LeaseRef, LeaseReply, LeaseRequest,
+    LogBatch, Register, Registered,
 };
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::body::JsonBody;
-use super::parse_id;
 use super::tokens::valid_agent_name;
 use crate::agents;
 use crate::auth::AgentAuth;
 use crate::error::{ApiError, ApiResult};
+use crate::extract::{parse_id, JsonBody};
 use crate::queue::claim;
-use crate::queue::lease::{self, LeaseRefused};
+use crate::queue::lease::{self, LeaseKey, LeaseRefused};
 use crate::state::AppState;
 
 impl From<LeaseRefused> for ApiError {
@@ -39,7 +38,7 @@ impl From<LeaseRefused> for ApiError {
 }
 
 /// The registered agent behind the token.
-async fn agent_id(state: &AppState, name: &str) -> ApiResult<Uuid> {
+pub(crate) async fn agent_id(state: &AppState, name: &str) -> ApiResult<Uuid> {
     if let Some(id) = state.auth_cache.agent_id(name) {
         return Ok(id);
     }
@@ -128,8 +127,19 @@ pub async fn heartbeat(
     Ok(Json(HeartbeatReply { state: st, leases }))
 }
 
-fn job_id(raw: &str) -> ApiResult<Uuid> {
-    parse_id(raw)
+/// The lease a job call is about: the job in the path, the caller's agent,
+/// the token in the body.
+async fn lease_key(
+    state: &AppState,
+    agent_name: &str,
+    id: &str,
+    token: Uuid,
+) -> ApiResult<LeaseKey> {
+    Ok(LeaseKey {
+        job: parse_id(id)?,
+        agent: agent_id(state, agent_name).await?,
+        token,
+    })
 }
 
 pub async fn start(
@@ -137,14 +147,13 @@ pub async fn start(
     AgentAuth(_, name): AgentAuth,
     Path(id): Path<String>,
     JsonBody(lr): JsonBody<LeaseRef>,
-) -> ApiResult<Json<serde_json::Value>> {
-    let id = job_id(&id)?;
-    if lr.job_id != id {
+) -> ApiResult<Json<Ack>> {
+    let key = lease_key(&state, &name, &id, lr.lease_token).await?;
+    if lr.job_id != key.job {
         return Err(ApiError::invalid("`job_id` does not match the path"));
     }
-    let agent = agent_id(&state, &name).await?;
-    lease::start(&state.db, agent, id, lr.lease_token).await?;
-    Ok(Json(serde_json::json!({ "ok": true })))
+    lease::start(&state.db, key).await?;
+    Ok(Json(Ack { ok: true }))
 }
 
 pub async fn log(
@@ -152,14 +161,13 @@ pub async fn log(
     AgentAuth(_, name): AgentAuth,
     Path(id): Path<String>,
     JsonBody(batch): JsonBody<LogBatch>,
-) -> ApiResult<Json<serde_json::Value>> {
-    let id = job_id(&id)?;
+) -> ApiResult<Json<Ack>> {
     if batch.lines.len() > 10_000 {
         return Err(ApiError::invalid("at most 10,000 lines per batch"));
     }
-    let agent = agent_id(&state, &name).await?;
-    lease::append_log(&state.db, agent, id, batch.lease_token, &batch.lines).await?;
-    Ok(Json(serde_json::json!({ "ok": true })))
+    let key = lease_key(&state, &name, &id, batch.lease_token).await?;
+    lease::append_log(&state.db, key, &batch.lines).await?;
+    Ok(Json(Ack { ok: true }))
 }
 
 pub async fn complete(
@@ -167,51 +175,30 @@ pub async fn complete(
     AgentAuth(_, name): AgentAuth,
     Path(id): Path<String>,
     JsonBody(c): JsonBody<Complete>,
-) -> ApiResult<Json<serde_json::Value>> {
-    let id = job_id(&id)?;
-    let agent = agent_id(&state, &name).await?;
-    if let Some(tile) = crate::tiles::finish::tile_spec(&state.db, id).await? {
-        crate::tiles::finish::complete(&state, agent, id, &c, &tile).await?;
-        tracing::info!(agent = %name, job = %id, tile = %tile.tile, "tile job succeeded");
-        return Ok(Json(serde_json::json!({ "state": "succeeded" })));
+) -> ApiResult<Json<Ended>> {
+    let key = lease_key(&state, &name, &id, c.lease_token).await?;
+    let ended = crate::completion::complete(&state, key, &c).await?;
+    match &ended.tile {
+        Some(tile) => {
+            tracing::info!(agent = %name, job = %key.job, tile = %tile.tile, "tile job succeeded")
+        }
+        None => tracing::info!(agent = %name, job = %key.job, kind = %ended.kind, "job succeeded"),
     }
-    lease::complete(
-        &state.db,
-        agent,
-        id,
-        c.lease_token,
-        c.exit_code,
-        &c.outputs,
-        c.result.as_ref(),
-    )
-    .await?;
-    tracing::info!(agent = %name, job = %id, "job succeeded");
-    Ok(Json(serde_json::json!({ "state": "succeeded" })))
+    Ok(Json(Ended { state: ended.state }))
 }
 
 pub async fn fail(
     State(state): State<AppState>,
     AgentAuth(_, name): AgentAuth,
     Path(id): Path<String>,
-    JsonBody(f): JsonBody<Fail>,
-) -> ApiResult<Json<serde_json::Value>> {
-    let id = job_id(&id)?;
-    let agent = agent_id(&state, &name).await?;
-    let mut message = f.message;
-    message.truncate(4096);
-    let new_state = lease::fail(
-        &state.db,
-        agent,
-        id,
-        f.lease_token,
-        f.class,
-        &message,
-        f.exit_code,
-        (state.settings.backoff_base, state.settings.backoff_max),
-    )
-    .await?;
-    tracing::info!(agent = %name, job = %id, state = %new_state, %message, "attempt failed");
-    Ok(Json(serde_json::json!({ "state": new_state })))
+    JsonBody(mut f): JsonBody<Fail>,
+) -> ApiResult<Json<Ended>> {
+    let key = lease_key(&state, &name, &id, f.lease_token).await?;
+    f.message.truncate(4096);
+    let ended = crate::completion::fail(&state, key, &f).await?;
+    tracing::info!(agent = %name, job = %key.job, state = %ended.state, message = %f.message,
+                   "attempt failed");
+    Ok(Json(Ended { state: ended.state }))
 }
 
 #[derive(Deserialize)]
@@ -231,11 +218,11 @@ pub async fn upload_output(
     Query(q): Query<UploadQuery>,
     body: Body,
 ) -> ApiResult<Json<OutputView>> {
-    let id = job_id(&id)?;
     check_output_path(&name)
         .map_err(|why| ApiError::invalid(format!("output name `{name}` {why}")))?;
-    let agent = agent_id(&state, &agent_name).await?;
-    let attempt = lease::current_attempt(&state.db, agent, id, q.lease).await?;
+    let key = lease_key(&state, &agent_name, &id, q.lease).await?;
+    let id = key.job;
+    let attempt = lease::current_attempt(&state.db, key).await?;
     let key = format!("jobs/{id}/{attempt}/{name}");
     let path = object_store::path::Path::from(key.as_str());
     let (size, sha256) =
@@ -263,9 +250,4 @@ pub fn upload_error(what: &str, e: crate::store::StreamError) -> ApiError {
         StreamError::TooLarge { .. } => ApiError::PayloadTooLarge(format!("{what}: {e}")),
         StreamError::Store(e) => ApiError::Internal(e.into()),
     }
-}
-
-/// Whether an agent in this state should be given work.
-pub fn takes_work(state: AgentState) -> bool {
-    state == AgentState::Active
 }

@@ -2,7 +2,7 @@
 
 use axum::extract::{Path, State};
 use axum::Json;
-use flotilla_core::api::AgentList;
+use flotilla_core::api::{AgentList, SteerReply};
 
 use crate::agents::{self, Steer};
 use crate::auth::{AdminAuth, ClientAuth};
@@ -22,7 +22,7 @@ pub async fn steer(
     State(state): State<AppState>,
     AdminAuth(_): AdminAuth,
     Path((name, action)): Path<(String, String)>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<SteerReply>> {
     let steer = match action.as_str() {
         "pause" => Steer::Pause,
         "drain" => Steer::Drain,
@@ -39,7 +39,8 @@ pub async fn steer(
     if matches!(steer, Steer::Resume) {
         state.job_signal.notify_waiters();
     }
-    Ok(Json(
-        serde_json::json!({ "name": name, "state": new_state }),
-    ))
+    Ok(Json(SteerReply {
+        name,
+        state: new_state,
+    }))
 }

@@ -4,15 +4,15 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
-use flotilla_core::api::{Created, JobList, JobView, SubmitJob};
+use flotilla_core::api::{CancelReply, Created, FieldError, JobList, JobView, SubmitJob};
 use flotilla_core::job::{check_output_path, limits, JobSpec, JobState};
 use serde::Deserialize;
 
-use super::body::JsonBody;
-use super::{created, parse_id};
+use super::created;
 use crate::auth::{Caller, ClientAuth};
 use crate::error::{ApiError, ApiResult};
-use crate::queue::read::Cancelled;
+use crate::extract::{parse_id, JsonBody};
+use crate::queue::cancel::{self, Cancelled};
 use crate::queue::submit::NewJob;
 use crate::queue::{read, submit};
 use crate::state::AppState;
@@ -22,102 +22,124 @@ pub async fn submit(
     ClientAuth(caller): ClientAuth,
     JsonBody(body): JsonBody<SubmitJob>,
 ) -> ApiResult<impl IntoResponse> {
-    let job = validate(body, &caller)?;
+    let job = ValidJob::try_from(body)?.into_new_job(&caller);
     let ids = submit::submit(&state.db, &[job]).await?;
     Ok(created(Created { id: ids[0] }))
 }
 
-fn invalid(field: &str, what: impl std::fmt::Display) -> ApiError {
-    ApiError::Invalid {
-        message: format!("`{field}` {what}"),
-        detail: Some(serde_json::json!({ "path": field })),
+/// A submission whose fields have been checked; the submitter still
+/// defaults to the caller.
+pub struct ValidJob {
+    job: NewJob,
+    submitter: Option<String>,
+}
+
+impl ValidJob {
+    /// The job to insert, accounted to `submitter` or else to the caller.
+    pub fn into_new_job(self, caller: &Caller) -> NewJob {
+        NewJob {
+            submitter: self.submitter.unwrap_or_else(|| caller.submitter()),
+            ..self.job
+        }
     }
 }
 
-/// Turns a submission into a job to insert, or says which field is wrong.
-pub fn validate(body: SubmitJob, caller: &Caller) -> ApiResult<NewJob> {
-    match &body.spec {
-        JobSpec::Revdeps(_) => {
-            return Err(ApiError::invalid(
-                "revdeps jobs are made by the server: submit a run with POST /api/v1/revdeps",
-            ))
-        }
-        JobSpec::Tile(_) => {
-            return Err(ApiError::invalid(
-                "tile jobs are made by the server: submit a region with POST /api/v1/rois",
-            ))
-        }
-        JobSpec::Command(c) => {
-            if c.command.trim().is_empty() {
-                return Err(invalid("command", "is empty"));
+impl TryFrom<SubmitJob> for ValidJob {
+    type Error = FieldError;
+
+    /// Checks every field of a submission, naming the first that is wrong.
+    fn try_from(body: SubmitJob) -> Result<Self, FieldError> {
+        match &body.spec {
+            JobSpec::Revdeps(_) => {
+                return Err(FieldError::new(
+                    "kind",
+                    "revdeps jobs are made by the server: submit a run with POST /api/v1/revdeps",
+                ))
             }
-            if c.command.len() > limits::MAX_COMMAND_BYTES {
-                return Err(invalid(
-                    "command",
-                    format_args!("is longer than {} bytes", limits::MAX_COMMAND_BYTES),
-                ));
+            JobSpec::Tile(_) => {
+                return Err(FieldError::new(
+                    "kind",
+                    "tile jobs are made by the server: submit a region with POST /api/v1/rois",
+                ))
             }
-            if c.command.contains('\0') {
-                return Err(invalid("command", "contains a NUL byte"));
-            }
-            if let Some(t) = c.timeout_s {
-                if t == 0 || t > limits::MAX_TIMEOUT_S {
-                    return Err(invalid(
-                        "timeout_s",
-                        format_args!("must be between 1 and {}", limits::MAX_TIMEOUT_S),
+            JobSpec::Command(c) => {
+                if c.command.trim().is_empty() {
+                    return Err(FieldError::at("command", "is empty"));
+                }
+                if c.command.len() > limits::MAX_COMMAND_BYTES {
+                    return Err(FieldError::at(
+                        "command",
+                        format_args!("is longer than {} bytes", limits::MAX_COMMAND_BYTES),
                     ));
                 }
-            }
-            if c.outputs.len() > limits::MAX_OUTPUTS {
-                return Err(invalid(
-                    "outputs",
-                    format_args!("lists more than {} files", limits::MAX_OUTPUTS),
-                ));
-            }
-            for (i, o) in c.outputs.iter().enumerate() {
-                check_output_path(o).map_err(|why| invalid(&format!("outputs[{i}]"), why))?;
-            }
-            for k in c.env.keys() {
-                if k.is_empty() || k.contains('=') || k.contains('\0') {
-                    return Err(invalid(
-                        "env",
-                        format_args!("has a bad variable name {k:?}"),
+                if c.command.contains('\0') {
+                    return Err(FieldError::at("command", "contains a NUL byte"));
+                }
+                if let Some(t) = c.timeout_s {
+                    if t == 0 || t > limits::MAX_TIMEOUT_S {
+                        return Err(FieldError::at(
+                            "timeout_s",
+                            format_args!("must be between 1 and {}", limits::MAX_TIMEOUT_S),
+                        ));
+                    }
+                }
+                if c.outputs.len() > limits::MAX_OUTPUTS {
+                    return Err(FieldError::at(
+                        "outputs",
+                        format_args!("lists more than {} files", limits::MAX_OUTPUTS),
                     ));
+                }
+                for (i, o) in c.outputs.iter().enumerate() {
+                    check_output_path(o)
+                        .map_err(|why| FieldError::at(format!("outputs[{i}]"), why))?;
+                }
+                for k in c.env.keys() {
+                    if k.is_empty() || k.contains('=') || k.contains('\0') {
+                        return Err(FieldError::at(
+                            "env",
+                            format_args!("has a bad variable name {k:?}"),
+                        ));
+                    }
                 }
             }
         }
-    }
-    if !(1..=limits::MAX_ATTEMPTS).contains(&body.max_attempts) {
-        return Err(invalid(
-            "max_attempts",
-            format_args!("must be between 1 and {}", limits::MAX_ATTEMPTS),
-        ));
-    }
-    if !limits::PRIORITY_RANGE.contains(&body.priority) {
-        return Err(invalid("priority", "must be between -1000 and 1000"));
-    }
-    if body.cost == 0 || body.cost > 1024 {
-        return Err(invalid("cost", "must be between 1 and 1024 slots"));
-    }
-    if body.labels.len() > limits::MAX_LABELS || body.labels.keys().any(|k| k.is_empty()) {
-        return Err(invalid("labels", "must be at most 64 non-empty keys"));
-    }
-    let submitter = match body.submitter {
-        Some(s) if s.trim().is_empty() || s.len() > 200 => {
-            return Err(invalid("submitter", "must be 1 to 200 characters"))
+        if !(1..=limits::MAX_ATTEMPTS).contains(&body.max_attempts) {
+            return Err(FieldError::at(
+                "max_attempts",
+                format_args!("must be between 1 and {}", limits::MAX_ATTEMPTS),
+            ));
         }
-        Some(s) => s,
-        None => caller.submitter(),
-    };
-    Ok(NewJob {
-        spec: body.spec,
-        labels: body.labels,
-        priority: body.priority,
-        max_attempts: body.max_attempts,
-        cost: body.cost,
-        submitter,
-        parent_id: None,
-    })
+        if !limits::PRIORITY_RANGE.contains(&body.priority) {
+            return Err(FieldError::at("priority", "must be between -1000 and 1000"));
+        }
+        if body.cost == 0 || body.cost > 1024 {
+            return Err(FieldError::at("cost", "must be between 1 and 1024 slots"));
+        }
+        if body.labels.len() > limits::MAX_LABELS || body.labels.keys().any(|k| k.is_empty()) {
+            return Err(FieldError::at(
+                "labels",
+                "must be at most 64 non-empty keys",
+            ));
+        }
+        if let Some(s) = &body.submitter {
+            if s.trim().is_empty() || s.len() > 200 {
+                return Err(FieldError::at("submitter", "must be 1 to 200 characters"));
+            }
+        }
+        Ok(ValidJob {
+            submitter: body.submitter,
+            job: NewJob {
+                spec: body.spec,
+                labels: body.labels,
+                priority: body.priority,
+                max_attempts: body.max_attempts,
+                cost: body.cost,
+                submitter: String::new(),
+                parent_id: None,
+                child_index: None,
+            },
+        })
+    }
 }
 
 pub async fn show(
@@ -181,7 +203,7 @@ pub async fn cancel(
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
     let id = parse_id(&id)?;
-    let (status, msg) = match read::cancel(&state.db, id).await? {
+    let (status, msg) = match cancel::cancel(&state.db, id).await? {
         Cancelled::Now => (StatusCode::OK, "cancelled".to_string()),
         Cancelled::Requested => (
             StatusCode::ACCEPTED,
@@ -194,5 +216,5 @@ pub async fn cancel(
         }
         Cancelled::NotFound => return Err(ApiError::NotFound(format!("no job {id}"))),
     };
-    Ok((status, Json(serde_json::json!({ "id": id, "status": msg }))))
+    Ok((status, Json(CancelReply { id, status: msg })))
 }

@@ -2,24 +2,30 @@
 //! the agent protocol under `/api/agent/v1`, `/healthz`, `/metrics` and the
 //! dashboard under `/ui`.
 //!
+//! Each handler has one shape: state, caller, typed path and body (parsed
+//! into a `Valid…` type before anything acts), a call into the module that
+//! owns the tables, a typed reply from `flotilla_core::api`.
+//!
 //! - [`jobs`]: submit, show, list, log, cancel.
 //! - [`agents`]: list; pause, drain, resume.
-//! - [`tokens`]: make API and agent tokens.
+//! - [`tokens`]: make, list and revoke API and agent tokens.
 //! - [`revdeps`]: opam reverse-dependency runs.
-//! - [`rois`]: plan and submit regions of interest; tile stats.
-//! - [`datasets`]: datasets, their checkpoints, coverage imports.
+//! - [`rois`]: plan and submit regions of interest, follow them.
+//! - [`tiles`]: tiles per hour per agent.
+//! - [`datasets`]: datasets and their checkpoints.
+//! - [`coverage`]: import a geotessera manifest.
 //! - [`agent_protocol`]: what agents call.
 //! - [`tile_inputs`]: a tile job's checkpoint and inputs, for agents.
-//! - [`body`]: the JSON body extractor that answers in the error envelope.
 
 pub mod agent_protocol;
 pub mod agents;
-pub mod body;
+pub mod coverage;
 pub mod datasets;
 pub mod jobs;
 pub mod revdeps;
 pub mod rois;
 pub mod tile_inputs;
+pub mod tiles;
 pub mod tokens;
 
 use axum::extract::{DefaultBodyLimit, State};
@@ -27,6 +33,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use axum::Router;
 
+use crate::dashboard;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
@@ -47,7 +54,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/rois", post(rois::submit))
         .route("/api/v1/rois/plan", post(rois::plan))
         .route("/api/v1/rois/{id}", get(rois::show))
-        .route("/api/v1/tiles/stats", get(rois::stats))
+        .route("/api/v1/tiles/stats", get(tiles::stats))
         .route("/api/v1/datasets", post(datasets::add).get(datasets::list))
         .route(
             "/api/v1/datasets/{name}/checkpoint",
@@ -55,8 +62,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             "/api/v1/coverage/import",
-            post(datasets::import_coverage)
-                .layer(DefaultBodyLimit::max(datasets::MAX_MANIFEST_BYTES)),
+            post(coverage::import).layer(DefaultBodyLimit::max(coverage::MAX_MANIFEST_BYTES)),
         )
         .route(
             "/api/agent/v1/jobs/{id}/checkpoint",
@@ -82,19 +88,16 @@ pub fn router(state: AppState) -> Router {
             put(agent_protocol::upload_output).layer(DefaultBodyLimit::disable()),
         )
         .route("/metrics", get(crate::metrics::metrics))
-        .route("/", get(crate::dashboard::root))
-        .route("/ui", get(crate::dashboard::overview))
-        .route("/ui/events", get(crate::dashboard::events))
+        .route("/", get(dashboard::root))
+        .route("/ui", get(dashboard::overview::page))
+        .route("/ui/events", get(dashboard::overview::events))
         .route(
             "/ui/login",
-            get(crate::dashboard::login_page).post(crate::dashboard::login),
+            get(dashboard::session::login_page).post(dashboard::session::login),
         )
-        .route("/ui/logout", post(crate::dashboard::logout))
-        .route("/ui/jobs/{id}", get(crate::dashboard::job))
-        .route(
-            "/ui/jobs/{id}/log/stream",
-            get(crate::dashboard::log_stream),
-        )
+        .route("/ui/logout", post(dashboard::session::logout))
+        .route("/ui/jobs/{id}", get(dashboard::job::page))
+        .route("/ui/jobs/{id}/log/stream", get(dashboard::job::log_stream))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::trace::TraceLayer::new_for_http())
@@ -109,12 +112,6 @@ async fn healthz(State(state): State<AppState>) -> ApiResult<&'static str> {
 
 async fn not_found() -> ApiError {
     ApiError::NotFound("no such route; the API lives under /api/v1".into())
-}
-
-/// Parses a UUID path segment with a useful message.
-pub fn parse_id(raw: &str) -> ApiResult<uuid::Uuid> {
-    raw.parse()
-        .map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a job id (a UUID)")))
 }
 
 pub(crate) fn created<T: serde::Serialize>(body: T) -> (StatusCode, axum::Json<T>) {

@@ -4,13 +4,14 @@
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::Json;
+use flotilla_core::api::revdeps::{RunView, SubmitRevdeps};
 use flotilla_core::api::Created;
 
-use super::body::JsonBody;
-use super::{created, parse_id};
+use super::created;
 use crate::auth::ClientAuth;
 use crate::error::{ApiError, ApiResult};
-use crate::revdeps::{self, RunView, SubmitRevdeps};
+use crate::extract::{parse_id, JsonBody};
+use crate::revdeps::{self, ValidRevdeps};
 use crate::state::AppState;
 
 pub async fn submit(
@@ -18,8 +19,8 @@ pub async fn submit(
     ClientAuth(caller): ClientAuth,
     JsonBody(body): JsonBody<SubmitRevdeps>,
 ) -> ApiResult<impl IntoResponse> {
-    revdeps::validate(&body).map_err(ApiError::invalid)?;
-    let id = revdeps::submit(&state.db, &body, &caller.submitter()).await?;
+    let run = ValidRevdeps::try_from(body)?;
+    let id = revdeps::submit(&state.db, run, &caller.submitter()).await?;
     Ok(created(Created { id }))
 }
 

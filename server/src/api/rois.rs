@@ -1,24 +1,18 @@
-//! `/api/v1/rois`: plan and submit a region of interest for a year of a dataset, and follow its progress; `/api/v1/tiles/stats`: tiles per hour per agent.
+//! `/api/v1/rois`: plan and submit a region of interest for a year of a dataset, and follow its progress.
 
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::Json;
 
-use super::body::JsonBody;
-use super::{created, parse_id};
+use flotilla_core::api::rois::{PlanCounts, RoiRequest, RoiView};
+
+use super::created;
 use crate::auth::ClientAuth;
 use crate::error::{ApiError, ApiResult};
+use crate::extract::{parse_id, JsonBody};
 use crate::state::AppState;
 use crate::tiles::datasets::{self, Dataset};
-use crate::tiles::finish::{self, AgentTileRate};
-use crate::tiles::plan::{self, PlanCounts, RoiRequest, RoiView, ValidRoi};
-
-fn check(body: RoiRequest) -> ApiResult<ValidRoi> {
-    body.validate().map_err(|e| ApiError::Invalid {
-        message: e.message,
-        detail: Some(serde_json::json!({ "path": e.field })),
-    })
-}
+use crate::tiles::plan::{self, ValidRoi};
 
 async fn dataset(state: &AppState, name: &str) -> ApiResult<Dataset> {
     datasets::get(&state.db, name)
@@ -38,7 +32,7 @@ pub async fn plan(
     ClientAuth(_): ClientAuth,
     JsonBody(body): JsonBody<RoiRequest>,
 ) -> ApiResult<Json<PlanCounts>> {
-    let roi = check(body)?;
+    let roi = ValidRoi::try_from(body)?;
     dataset(&state, &roi.dataset).await?;
     Ok(Json(plan::plan(&state.db, &roi).await?))
 }
@@ -50,7 +44,7 @@ pub async fn submit(
     JsonBody(body): JsonBody<RoiRequest>,
 ) -> ApiResult<axum::response::Response> {
     let dry_run = body.dry_run;
-    let roi = check(body)?;
+    let roi = ValidRoi::try_from(body)?;
     let ds = dataset(&state, &roi.dataset).await?;
     if dry_run {
         return Ok(Json(plan::plan(&state.db, &roi).await?).into_response());
@@ -86,11 +80,4 @@ pub async fn show(
         .await?
         .map(Json)
         .ok_or_else(|| ApiError::NotFound(format!("no ROI {id}")))
-}
-
-pub async fn stats(
-    State(state): State<AppState>,
-    ClientAuth(_): ClientAuth,
-) -> ApiResult<Json<Vec<AgentTileRate>>> {
-    Ok(Json(finish::rates(&state.db).await?))
 }

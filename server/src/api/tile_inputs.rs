@@ -7,13 +7,14 @@ use futures::TryStreamExt;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::parse_id;
-use crate::agents;
+use super::agent_protocol::agent_id;
 use crate::auth::AgentAuth;
 use crate::error::{ApiError, ApiResult};
-use crate::queue::lease;
+use crate::extract::parse_id;
+use crate::queue::lease::{self, LeaseKey};
+use crate::queue::read;
 use crate::state::AppState;
-use crate::tiles::{datasets, finish};
+use crate::tiles::datasets;
 
 #[derive(Deserialize)]
 pub struct LeaseQuery {
@@ -28,11 +29,17 @@ async fn held_tile(
     token: Uuid,
 ) -> ApiResult<(flotilla_core::job::TileJob, datasets::Dataset)> {
     let id = parse_id(id)?;
-    let agent = agents::id_of(&state.db, agent_name)
-        .await?
-        .ok_or_else(|| ApiError::Conflict(format!("agent `{agent_name}` is not registered")))?;
-    lease::current_attempt(&state.db, agent, id, token).await?;
-    let tile = finish::tile_spec(&state.db, id)
+    let agent = agent_id(state, agent_name).await?;
+    lease::current_attempt(
+        &state.db,
+        LeaseKey {
+            agent,
+            job: id,
+            token,
+        },
+    )
+    .await?;
+    let tile = read::tile_spec(&state.db, id)
         .await?
         .ok_or_else(|| ApiError::invalid(format!("job {id} is not a tile job")))?;
     let ds = datasets::get(&state.db, &tile.dataset)

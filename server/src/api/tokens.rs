@@ -5,10 +5,10 @@ use axum::response::IntoResponse;
 use axum::Json;
 use flotilla_core::api::{CreateToken, TokenCreated, TokenList, TokenRole, TokenView};
 
-use super::body::JsonBody;
 use super::created;
 use crate::auth::{self, AdminAuth};
 use crate::error::{ApiError, ApiResult};
+use crate::extract::JsonBody;
 use crate::state::AppState;
 
 pub async fn create(

@@ -65,7 +65,7 @@ async fn run_with_pg(
     crate::serve::migrate(&db).await?;
 
     let admin_file = data.join("admin.token");
-    let admin = super::read_or_make_token(&admin_file)?;
+    let admin = super::serve::read_or_make_token(&admin_file)?;
     crate::auth::ensure_token(&db, &admin, TokenRole::Admin, None, "admin").await?;
 
     let store = crate::store::open(&data.join("store").to_string_lossy())?;
@@ -79,7 +79,7 @@ async fn run_with_pg(
         })?;
     let addr = listener.local_addr()?;
     let url = format!("http://{addr}");
-    super::write_private(&data.join("server.url"), &url)?;
+    super::serve::write_private(&data.join("server.url"), &url)?;
 
     let mut settings =
         crate::state::Settings::with_lease_ttl(Duration::from_millis(args.lease_ttl_ms.max(100)));
@@ -96,7 +96,7 @@ async fn run_with_pg(
     for i in 1..=args.agents {
         let name = format!("local-{i}");
         let token_file = data.join("agents").join(format!("{name}.token"));
-        let token = super::read_or_make_token(&token_file)?;
+        let token = super::serve::read_or_make_token(&token_file)?;
         crate::auth::ensure_token(&db, &token, TokenRole::Agent, Some(&name), &name).await?;
         agents.push(spawn_agent(&url, &name, &token_file, data, args.capacity)?);
     }

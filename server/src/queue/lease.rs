@@ -1,14 +1,65 @@
 //! What an agent does with a lease. Each call is guarded by job id, lease
-//! token and agent id together: a call from an older attempt, or about a job
-//! another agent holds, changes nothing and is refused with a reason.
+//! token and agent id together (a [`LeaseKey`]): a call from an older
+//! attempt, or about a job another agent holds, changes nothing and is
+//! refused with a reason.
 
 use std::time::Duration;
 
-use flotilla_core::api::Progress;
-use flotilla_core::job::FailureClass;
-use flotilla_core::protocol::{HeldLease, LeaseAction, LeaseStatus, LogLine};
-use sqlx::PgPool;
+use flotilla_core::job::{FailureClass, JobKind, JobSpec, JobState, TileJob};
+use flotilla_core::protocol::{Complete, HeldLease, LeaseAction, LeaseStatus, LogLine};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
+
+/// One agent's lease on one job, as every lease-guarded call names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseKey {
+    pub agent: Uuid,
+    pub job: Uuid,
+    /// The lease token of the attempt the call is about.
+    pub token: Uuid,
+}
+
+/// What a finished attempt ended: for the caller to dispatch on (a tile's
+/// results, a parent to advance) without reading the job again.
+#[derive(Debug, Clone)]
+pub struct Ended {
+    pub attempt: i32,
+    pub state: JobState,
+    pub kind: JobKind,
+    /// The run or ROI the job belongs to, if any.
+    pub parent: Option<Uuid>,
+    /// A tile job's spec (only tile jobs need theirs at completion).
+    pub tile: Option<TileJob>,
+}
+
+/// The columns a finishing statement returns for [`Ended`].
+type EndedRow = (i32, String, String, Option<Uuid>, Option<serde_json::Value>);
+
+/// The `RETURNING` list that fills an [`EndedRow`] (the spec only for tiles:
+/// a revdeps shard's spec holds thousands of candidates).
+const ENDED_COLUMNS: &str =
+    "j.attempt, j.state, j.kind, j.parent_id, CASE WHEN j.kind = 'tile' THEN j.spec END";
+
+fn ended(row: EndedRow) -> Result<Ended, sqlx::Error> {
+    let decode =
+        |index: &str, e: Box<dyn std::error::Error + Send + Sync>| sqlx::Error::ColumnDecode {
+            index: index.into(),
+            source: e,
+        };
+    let (attempt, state, kind, parent, spec) = row;
+    let tile = match spec.map(serde_json::from_value::<JobSpec>) {
+        Some(Ok(JobSpec::Tile(t))) => Some(t),
+        Some(Ok(_)) | None => None,
+        Some(Err(e)) => return Err(decode("spec", Box::new(e))),
+    };
+    Ok(Ended {
+        attempt,
+        state: state.parse().map_err(|e| decode("state", Box::new(e)))?,
+        kind: kind.parse().map_err(|e| decode("kind", Box::new(e)))?,
+        parent,
+        tile,
+    })
+}
 
 /// Why a lease-guarded call changed nothing.
 #[derive(Debug, thiserror::Error)]
@@ -34,11 +85,12 @@ pub enum LeaseRefused {
 type LeaseRow = (Option<Uuid>, Option<Uuid>, String, i32);
 
 /// Works out why a guarded statement touched no row.
-async fn refusal(db: &PgPool, job: Uuid, token: Uuid, agent: Uuid) -> LeaseRefused {
+async fn refusal(conn: &mut PgConnection, key: LeaseKey) -> LeaseRefused {
+    let LeaseKey { agent, job, token } = key;
     let row: Result<Option<LeaseRow>, _> =
         sqlx::query_as("SELECT agent_id, lease_token, state, attempt FROM jobs WHERE id = $1")
             .bind(job)
-            .fetch_optional(db)
+            .fetch_optional(&mut *conn)
             .await;
     match row {
         Err(e) => LeaseRefused::Db(e),
@@ -53,7 +105,7 @@ async fn refusal(db: &PgPool, job: Uuid, token: Uuid, agent: Uuid) -> LeaseRefus
             .bind(job)
             .bind(token)
             .bind(agent)
-            .fetch_one(db)
+            .fetch_one(&mut *conn)
             .await
             .unwrap_or(false);
             // Never ours, and someone else's or not this token: not yours.
@@ -72,8 +124,16 @@ async fn refusal(db: &PgPool, job: Uuid, token: Uuid, agent: Uuid) -> LeaseRefus
     }
 }
 
+/// [`refusal`] on a connection of the pool.
+async fn refused(db: &PgPool, key: LeaseKey) -> LeaseRefused {
+    match db.acquire().await {
+        Ok(mut conn) => refusal(&mut conn, key).await,
+        Err(e) => LeaseRefused::Db(e),
+    }
+}
+
 /// The job's process is running.
-pub async fn start(db: &PgPool, agent: Uuid, job: Uuid, token: Uuid) -> Result<(), LeaseRefused> {
+pub async fn start(db: &PgPool, key: LeaseKey) -> Result<(), LeaseRefused> {
     let done = sqlx::query(
         "WITH j AS (
              UPDATE jobs SET state = 'running', started_at = COALESCE(started_at, now())
@@ -82,13 +142,13 @@ pub async fn start(db: &PgPool, agent: Uuid, job: Uuid, token: Uuid) -> Result<(
          UPDATE job_attempts a SET started_at = now() FROM j
          WHERE a.job_id = j.id AND a.attempt = j.attempt",
     )
-    .bind(job)
-    .bind(token)
-    .bind(agent)
+    .bind(key.job)
+    .bind(key.token)
+    .bind(key.agent)
     .execute(db)
     .await?;
     if done.rows_affected() == 0 {
-        return Err(refusal(db, job, token, agent).await);
+        return Err(refused(db, key).await);
     }
     Ok(())
 }
@@ -146,13 +206,7 @@ pub async fn heartbeat(
 }
 
 /// Appends lines to the job's log under the current attempt.
-pub async fn append_log(
-    db: &PgPool,
-    agent: Uuid,
-    job: Uuid,
-    token: Uuid,
-    lines: &[LogLine],
-) -> Result<(), LeaseRefused> {
+pub async fn append_log(db: &PgPool, key: LeaseKey, lines: &[LogLine]) -> Result<(), LeaseRefused> {
     let streams: Vec<&str> = lines.iter().map(|l| l.stream.as_str()).collect();
     // PostgreSQL text cannot hold NUL.
     let texts: Vec<String> = lines
@@ -169,39 +223,40 @@ pub async fn append_log(
                       ORDER BY x.n)
          SELECT attempt FROM j",
     )
-    .bind(job)
-    .bind(token)
-    .bind(agent)
+    .bind(key.job)
+    .bind(key.token)
+    .bind(key.agent)
     .bind(&streams)
     .bind(&texts)
     .fetch_optional(db)
     .await?;
     match holds {
         Some(_) => Ok(()),
-        None => Err(refusal(db, job, token, agent).await),
+        None => Err(refused(db, key).await),
     }
 }
 
 /// The attempt number if `token` is the current lease of `job` held by
 /// `agent`.
-pub async fn current_attempt(
-    db: &PgPool,
-    agent: Uuid,
-    job: Uuid,
-    token: Uuid,
-) -> Result<i32, LeaseRefused> {
+pub async fn current_attempt(db: &PgPool, key: LeaseKey) -> Result<i32, LeaseRefused> {
+    let mut conn = db.acquire().await?;
+    current_attempt_on(&mut conn, key).await
+}
+
+/// [`current_attempt`] on the caller's connection (or transaction).
+async fn current_attempt_on(conn: &mut PgConnection, key: LeaseKey) -> Result<i32, LeaseRefused> {
     let attempt: Option<i32> = sqlx::query_scalar(
         "SELECT attempt FROM jobs WHERE id = $1 AND lease_token = $2 AND agent_id = $3
            AND state IN ('leased', 'running')",
     )
-    .bind(job)
-    .bind(token)
-    .bind(agent)
-    .fetch_optional(db)
+    .bind(key.job)
+    .bind(key.token)
+    .bind(key.agent)
+    .fetch_optional(&mut *conn)
     .await?;
     match attempt {
         Some(a) => Ok(a),
-        None => Err(refusal(db, job, token, agent).await),
+        None => Err(refusal(conn, key).await),
     }
 }
 
@@ -233,20 +288,19 @@ pub async fn record_output(
     Ok(())
 }
 
-/// The one statement that records success: guarded by lease, agent and
-/// state, and by every named output having been stored under the attempt.
-/// Returns the attempt, or `None` when it changed nothing.
-#[allow(clippy::too_many_arguments)]
-async fn succeed_statement<'e, E: sqlx::PgExecutor<'e>>(
-    conn: E,
-    agent: Uuid,
-    job: Uuid,
-    token: Uuid,
-    exit_code: Option<i32>,
-    outputs: &[String],
-    result: Option<&serde_json::Value>,
-) -> Result<Option<i32>, sqlx::Error> {
-    sqlx::query_scalar(
+/// Marks the job succeeded if `key` is still its lease and every output
+/// named was stored under this attempt, in the caller's transaction: one
+/// statement, so a crash leaves either the lease or the success, never half
+/// of each. Work that must appear together with the success (a tile's
+/// results at their final keys and its coverage) goes in the same
+/// transaction; the job row stays locked until the caller commits, and
+/// nothing counts until then.
+pub async fn complete_in(
+    tx: &mut PgConnection,
+    key: LeaseKey,
+    c: &Complete,
+) -> Result<Ended, LeaseRefused> {
+    let row: Option<EndedRow> = sqlx::query_as(&format!(
         "WITH j AS (
              UPDATE jobs SET state = 'succeeded', finished_at = now(), exit_code = $4,
                              result = $5, lease_token = NULL, lease_expires_at = NULL,
@@ -258,47 +312,34 @@ async fn succeed_statement<'e, E: sqlx::PgExecutor<'e>>(
                    WHERE NOT EXISTS (SELECT 1 FROM job_outputs jo
                                      WHERE jo.job_id = $1 AND jo.attempt = jobs.attempt
                                        AND jo.name = o.name))
-             RETURNING id, attempt)
-         UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded', exit_code = $4
-         FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt
-         RETURNING j.attempt",
-    )
-    .bind(job)
-    .bind(token)
-    .bind(agent)
-    .bind(exit_code)
-    .bind(result)
-    .bind(outputs)
-    .fetch_optional(conn)
-    .await
-}
-
-/// Marks the job succeeded if `token` is still its lease and every output
-/// named was stored under this attempt: one statement, so a crash leaves
-/// either the lease or the success, never half of each.
-pub async fn complete(
-    db: &PgPool,
-    agent: Uuid,
-    job: Uuid,
-    token: Uuid,
-    exit_code: Option<i32>,
-    outputs: &[String],
-    result: Option<&serde_json::Value>,
-) -> Result<(), LeaseRefused> {
-    let attempt = succeed_statement(db, agent, job, token, exit_code, outputs, result).await?;
-    if attempt.is_some() {
-        return Ok(());
+             RETURNING *),
+         a AS (
+             UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded', exit_code = $4
+             FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt)
+         SELECT {ENDED_COLUMNS} FROM j"
+    ))
+    .bind(key.job)
+    .bind(key.token)
+    .bind(key.agent)
+    .bind(c.exit_code)
+    .bind(c.result.as_ref())
+    .bind(&c.outputs)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(row) = row {
+        return Ok(ended(row)?);
     }
     // Nothing changed: either the lease is not current, or an output is
     // missing.
-    let attempt = current_attempt(db, agent, job, token).await?;
+    let attempt = current_attempt_on(tx, key).await?;
     let stored: Vec<String> =
         sqlx::query_scalar("SELECT name FROM job_outputs WHERE job_id = $1 AND attempt = $2")
-            .bind(job)
+            .bind(key.job)
             .bind(attempt)
-            .fetch_all(db)
+            .fetch_all(&mut *tx)
             .await?;
-    let missing = outputs
+    let missing = c
+        .outputs
         .iter()
         .find(|o| !stored.contains(o))
         .cloned()
@@ -308,54 +349,39 @@ pub async fn complete(
     )))
 }
 
-/// [`complete`] inside the caller's transaction, for work that must appear
-/// together with the success (a tile's results at their final keys and its
-/// coverage): the job row stays locked until the caller commits, and
-/// nothing counts until then. Returns the attempt that succeeded.
-#[allow(clippy::too_many_arguments)]
-pub async fn complete_in(
-    db: &PgPool,
-    tx: &mut sqlx::PgConnection,
-    agent: Uuid,
-    job: Uuid,
-    token: Uuid,
-    exit_code: Option<i32>,
-    outputs: &[String],
-    result: Option<&serde_json::Value>,
-) -> Result<i32, LeaseRefused> {
-    let attempt =
-        succeed_statement(&mut *tx, agent, job, token, exit_code, outputs, result).await?;
-    if let Some(attempt) = attempt {
-        return Ok(attempt);
-    }
-    let attempt = current_attempt(db, agent, job, token).await?;
-    Err(LeaseRefused::Invalid(format!(
-        "an output of attempt {attempt} was not uploaded; upload every output before completing"
-    )))
+/// [`complete_in`] in a transaction of its own.
+pub async fn complete(db: &PgPool, key: LeaseKey, c: &Complete) -> Result<Ended, LeaseRefused> {
+    let mut tx = db.begin().await?;
+    let ended = complete_in(&mut tx, key, c).await?;
+    tx.commit().await?;
+    Ok(ended)
+}
+
+/// What an agent reports about a failed attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct Failure<'a> {
+    pub class: FailureClass,
+    pub message: &'a str,
+    pub exit_code: Option<i32>,
 }
 
 /// Ends the attempt as failed. Retryable failures (and timeouts) queue the
 /// job again after a back-off while attempts remain; a cancel request wins
 /// over everything.
-#[allow(clippy::too_many_arguments)]
 pub async fn fail(
     db: &PgPool,
-    agent: Uuid,
-    job: Uuid,
-    token: Uuid,
-    class: FailureClass,
-    message: &str,
-    exit_code: Option<i32>,
+    key: LeaseKey,
+    failure: Failure<'_>,
     backoff: (Duration, Duration),
-) -> Result<String, LeaseRefused> {
-    let (retryable, outcome) = match class {
+) -> Result<Ended, LeaseRefused> {
+    let (retryable, outcome) = match failure.class {
         FailureClass::Retryable => (true, "failed"),
         FailureClass::TimedOut => (true, "timed_out"),
         FailureClass::Fatal => (false, "failed"),
         FailureClass::Cancelled => (false, "cancelled"),
     };
-    let cancelled = class == FailureClass::Cancelled;
-    let new_state: Option<(String, i32)> = sqlx::query_as(
+    let cancelled = failure.class == FailureClass::Cancelled;
+    let row: Option<EndedRow> = sqlx::query_as(&format!(
         "WITH j AS (
              UPDATE jobs SET
                  state = CASE WHEN cancel_requested OR $6 THEN 'cancelled'
@@ -367,36 +393,27 @@ pub async fn fail(
                  lease_token = NULL, lease_expires_at = NULL,
                  exit_code = $9, error = $5
              WHERE id = $1 AND lease_token = $2 AND agent_id = $3 AND state IN ('leased', 'running')
-             RETURNING id, attempt, state)
-         UPDATE job_attempts a SET finished_at = now(), outcome = $10, exit_code = $9, message = $5
-         FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt
-         RETURNING j.state, j.attempt",
-    )
-    .bind(job)
-    .bind(token)
-    .bind(agent)
+             RETURNING *),
+         a AS (
+             UPDATE job_attempts a SET finished_at = now(), outcome = $10, exit_code = $9,
+                                       message = $5
+             FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt)
+         SELECT {ENDED_COLUMNS} FROM j"
+    ))
+    .bind(key.job)
+    .bind(key.token)
+    .bind(key.agent)
     .bind(retryable)
-    .bind(message)
+    .bind(failure.message)
     .bind(cancelled)
     .bind(backoff.0.as_millis() as i64)
     .bind(backoff.1.as_millis() as i64)
-    .bind(exit_code)
+    .bind(failure.exit_code)
     .bind(outcome)
     .fetch_optional(db)
     .await?;
-    match new_state {
-        Some((state, _)) => Ok(state),
-        None => Err(refusal(db, job, token, agent).await),
-    }
-}
-
-/// A progress value from the wire, if both parts are sane.
-pub fn progress_of(done: Option<i64>, total: Option<i64>) -> Option<Progress> {
-    match (done, total) {
-        (Some(d), Some(t)) if d >= 0 && t >= 0 => Some(Progress {
-            done: d as u64,
-            total: t as u64,
-        }),
-        _ => None,
+    match row {
+        Some(row) => Ok(ended(row)?),
+        None => Err(refused(db, key).await),
     }
 }

@@ -7,24 +7,20 @@
 //! a state the next start continues from, and a call from a stale attempt
 //! changes nothing.
 //!
-//! - [`submit`]: insert jobs in one transaction, with fair-share tags, and
-//!   NOTIFY waiting agents.
+//! - [`submit`]: insert jobs in one transaction, with fair-share tags.
+//! - [`wakeup`]: NOTIFY on submit, and the LISTEN that wakes long-polling
+//!   agents on every server.
 //! - [`claim`]: the `FOR UPDATE SKIP LOCKED` claim that also sets the lease.
-//! - [`lease`]: what an agent does with a lease: start, heartbeat, log,
-//!   output, complete, fail.
+//! - [`lease`]: what an agent does with a lease ([`lease::LeaseKey`]):
+//!   start, heartbeat, log, output, complete, fail.
 //! - [`reaper`]: re-queues jobs whose lease expired, with back-off.
-//! - [`read`]: job views, lists and logs for the API; cancel.
+//! - [`cancel`]: cancel a job, at once or at the agent's next heartbeat.
+//! - [`read`]: job views, lists, counts and logs for the API and dashboard.
 
+pub mod cancel;
 pub mod claim;
 pub mod lease;
 pub mod read;
 pub mod reaper;
 pub mod submit;
-
-/// The NOTIFY channel that wakes long-polling agents on every server.
-pub const JOBS_CHANNEL: &str = "flotilla_jobs";
-
-/// SQL list of the states in which a job holds a lease.
-pub const ACTIVE: &str = "('leased', 'running')";
-/// SQL list of the states in which a job waits to be claimed.
-pub const READY: &str = "('queued', 'retrying')";
+pub mod wakeup;

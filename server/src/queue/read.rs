@@ -1,14 +1,12 @@
-//! Reading jobs for the API (views, lists, logs) and cancelling them.
+//! Reading jobs for the API and the dashboard: views, lists, counts, logs.
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use flotilla_core::api::{JobView, OutputView};
-use flotilla_core::job::JobState;
+use flotilla_core::api::{JobView, OutputView, Progress};
+use flotilla_core::job::{JobKind, JobSpec, JobState, TileJob};
 use sqlx::PgPool;
 use uuid::Uuid;
-
-use super::lease::progress_of;
 
 #[derive(sqlx::FromRow)]
 struct JobRow {
@@ -39,15 +37,21 @@ const SELECT_JOB: &str = "SELECT j.id, j.kind, j.state, j.attempt, j.max_attempt
         j.result
  FROM jobs j LEFT JOIN agents a ON a.id = j.agent_id";
 
-fn view(row: JobRow, outputs: Vec<OutputView>) -> Result<JobView, sqlx::Error> {
-    let state: JobState = row.state.parse().map_err(|e| sqlx::Error::ColumnDecode {
-        index: "state".into(),
+fn decode_error(index: &str, e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Error {
+    sqlx::Error::ColumnDecode {
+        index: index.into(),
         source: Box::new(e),
-    })?;
+    }
+}
+
+fn view(row: JobRow, outputs: Vec<OutputView>) -> Result<JobView, sqlx::Error> {
+    let state: JobState = row.state.parse().map_err(|e| decode_error("state", e))?;
+    let kind: JobKind = row.kind.parse().map_err(|e| decode_error("kind", e))?;
+    let spec: JobSpec = serde_json::from_value(row.spec).map_err(|e| decode_error("spec", e))?;
     let labels: BTreeMap<String, String> = serde_json::from_value(row.labels).unwrap_or_default();
     Ok(JobView {
         id: row.id,
-        kind: row.kind,
+        kind,
         state,
         attempt: row.attempt as u32,
         max_attempts: row.max_attempts as u32,
@@ -63,9 +67,20 @@ fn view(row: JobRow, outputs: Vec<OutputView>) -> Result<JobView, sqlx::Error> {
         cancel_requested: row.cancel_requested,
         progress: progress_of(row.progress_done, row.progress_total),
         outputs,
-        spec: row.spec,
+        spec,
         result: row.result,
     })
+}
+
+/// A progress value from the database, if both parts are sane.
+fn progress_of(done: Option<i64>, total: Option<i64>) -> Option<Progress> {
+    match (done, total) {
+        (Some(d), Some(t)) if d >= 0 && t >= 0 => Some(Progress {
+            done: d as u64,
+            total: t as u64,
+        }),
+        _ => None,
+    }
 }
 
 /// The outputs of the attempt that succeeded (none before success).
@@ -157,42 +172,15 @@ pub async fn log_text(db: &PgPool, id: Uuid, after_seq: i64) -> Result<(String, 
     Ok((text, last_seq))
 }
 
-/// What a cancel did.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Cancelled {
-    /// It had not started: cancelled now.
-    Now,
-    /// It is running: the agent is told on its next heartbeat.
-    Requested,
-    /// It had already finished in this state.
-    AlreadyFinal(JobState),
-    NotFound,
-}
-
-pub async fn cancel(db: &PgPool, id: Uuid) -> Result<Cancelled, sqlx::Error> {
-    let row: Option<(String,)> = sqlx::query_as(
-        "UPDATE jobs SET cancel_requested = true,
-             state = CASE WHEN state IN ('queued', 'retrying') THEN 'cancelled' ELSE state END,
-             finished_at = CASE WHEN state IN ('queued', 'retrying') THEN now() ELSE finished_at END
-         WHERE id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')
-         RETURNING state",
-    )
-    .bind(id)
-    .fetch_optional(db)
-    .await?;
-    if let Some((state,)) = row {
-        return Ok(if state == "cancelled" {
-            Cancelled::Now
-        } else {
-            Cancelled::Requested
-        });
-    }
-    let state: Option<String> = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1")
-        .bind(id)
-        .fetch_optional(db)
-        .await?;
-    Ok(match state.and_then(|s| s.parse().ok()) {
-        Some(s) => Cancelled::AlreadyFinal(s),
-        None => Cancelled::NotFound,
+/// The spec of tile job `id` (`None`: no such job, or not a tile job).
+pub async fn tile_spec(db: &PgPool, id: Uuid) -> Result<Option<TileJob>, sqlx::Error> {
+    let spec: Option<serde_json::Value> =
+        sqlx::query_scalar("SELECT spec FROM jobs WHERE id = $1 AND kind = 'tile'")
+            .bind(id)
+            .fetch_optional(db)
+            .await?;
+    Ok(match spec.map(serde_json::from_value) {
+        Some(Ok(JobSpec::Tile(t))) => Some(t),
+        _ => None,
     })
 }

@@ -5,7 +5,7 @@ use flotilla_core::job::JobSpec;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::JOBS_CHANNEL;
+use super::wakeup::notify_jobs;
 
 /// A validated job ready to insert.
 #[derive(Debug, Clone)]
@@ -16,7 +16,11 @@ pub struct NewJob {
     pub max_attempts: u32,
     pub cost: u32,
     pub submitter: String,
+    /// The run or ROI this job belongs to.
     pub parent_id: Option<Uuid>,
+    /// Its place among its parent's children (a revdeps shard's index), so
+    /// a parent reads its children in order without parsing their specs.
+    pub child_index: Option<i32>,
 }
 
 /// Inserts `jobs` (all of one submitter) in one transaction and wakes the
@@ -74,6 +78,7 @@ pub async fn submit_in(
     let mut sub_col = Vec::with_capacity(jobs.len());
     let mut max_col = Vec::with_capacity(jobs.len());
     let mut parent_col = Vec::with_capacity(jobs.len());
+    let mut index_col = Vec::with_capacity(jobs.len());
     for job in jobs {
         // Time-ordered ids: the primary key and tile_jobs' job index grow at
         // their right edge instead of splitting random pages (1M random v4
@@ -89,12 +94,14 @@ pub async fn submit_in(
         sub_col.push(job.submitter.clone());
         max_col.push(job.max_attempts as i32);
         parent_col.push(job.parent_id);
+        index_col.push(job.child_index);
     }
     sqlx::query(
         "INSERT INTO jobs (id, kind, spec, priority, labels, cost, submitter, share_seq,
-                           max_attempts, parent_id)
+                           max_attempts, parent_id, child_index)
          SELECT * FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::int[], $5::jsonb[],
-                              $6::int[], $7::text[], $8::bigint[], $9::int[], $10::uuid[])",
+                              $6::int[], $7::text[], $8::bigint[], $9::int[], $10::uuid[],
+                              $11::int[])",
     )
     .bind(&id_col)
     .bind(&kind_col)
@@ -106,17 +113,9 @@ pub async fn submit_in(
     .bind(&tags)
     .bind(&max_col)
     .bind(&parent_col)
+    .bind(&index_col)
     .execute(&mut *tx)
     .await?;
     notify_jobs(&mut *tx).await?;
     Ok(ids)
-}
-
-/// Queues a wake-up for agents; delivered when the transaction commits.
-pub async fn notify_jobs(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(JOBS_CHANNEL)
-        .execute(conn)
-        .await?;
-    Ok(())
 }

@@ -4,7 +4,6 @@ use bytes::Bytes;
 use flotilla_core::grid::TileId;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::Field;
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 /// Rows per insert statement.
@@ -113,19 +112,6 @@ pub fn read_manifest(bytes: Bytes) -> Result<(Vec<ManifestTile>, usize), Manifes
         });
     }
     Ok((tiles, rows))
-}
-
-/// What an import did.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Imported {
-    pub dataset: String,
-    /// Rows in the manifest.
-    pub rows: u64,
-    /// Rows naming an existing tile (both sizes > 0).
-    pub tiles: u64,
-    /// Of those, coverage rows written (new or updated imports; a fleet
-    /// result is never replaced by an import).
-    pub recorded: u64,
 }
 
 /// Records imported tiles for `dataset`, in one transaction.

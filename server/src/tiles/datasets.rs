@@ -1,24 +1,11 @@
-//! Datasets: a model checkpoint in the object store and where a tile's inputs come from.
+//! Datasets: a model checkpoint in the object store and where a tile's inputs come from. Owns the `datasets` table.
 
-use serde::{Deserialize, Serialize};
+use flotilla_core::api::datasets::{DatasetView, NewDataset};
+use flotilla_core::api::FieldError;
 use sqlx::PgPool;
 
-/// What `POST /api/v1/datasets` takes.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewDataset {
-    pub name: String,
-    /// Inputs are the objects `{input_prefix}/{year}/{tile}/bands.npy` etc.
-    #[serde(default)]
-    pub input_prefix: Option<String>,
-    /// Or a shell command the agent runs to fetch them (see
-    /// `flotilla_core::job::TileJob::fetch_command`).
-    #[serde(default)]
-    pub fetch_command: Option<String>,
-}
-
-/// A dataset as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
+/// A row of `datasets`.
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Dataset {
     pub name: String,
     pub checkpoint_key: Option<String>,
@@ -29,36 +16,73 @@ pub struct Dataset {
     pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
-/// Says what is wrong with a dataset, or nothing.
-pub fn validate(d: &NewDataset) -> Result<(), String> {
-    if !super::valid_dataset_name(&d.name) {
-        return Err(format!(
-            "`name` {:?} is not a dataset name: 1 to 64 of A-Z a-z 0-9 _ . - (not starting with .)",
-            d.name
-        ));
-    }
-    match (&d.input_prefix, &d.fetch_command) {
-        (None, None) => {
-            return Err(
-                "give `input_prefix` (inputs in the object store) or `fetch_command`".into(),
-            )
+impl From<Dataset> for DatasetView {
+    fn from(d: Dataset) -> Self {
+        DatasetView {
+            name: d.name,
+            checkpoint_key: d.checkpoint_key,
+            checkpoint_sha256: d.checkpoint_sha256,
+            checkpoint_size: d.checkpoint_size,
+            input_prefix: d.input_prefix,
+            fetch_command: d.fetch_command,
+            created_at: d.created_at,
         }
-        (Some(p), _) => {
-            let p = p.trim_matches('/');
-            if p.is_empty() {
-                return Err("`input_prefix` is empty".into());
+    }
+}
+
+/// A dataset registration whose fields have been checked.
+#[derive(Debug, Clone)]
+pub struct ValidDataset {
+    pub name: String,
+    pub input_prefix: Option<String>,
+    pub fetch_command: Option<String>,
+}
+
+impl TryFrom<NewDataset> for ValidDataset {
+    type Error = FieldError;
+
+    fn try_from(d: NewDataset) -> Result<Self, FieldError> {
+        if !super::valid_dataset_name(&d.name) {
+            return Err(FieldError::new(
+                "name",
+                format!(
+                    "`name` {:?} is not a dataset name: 1 to 64 of A-Z a-z 0-9 _ . - \
+                     (not starting with .)",
+                    d.name
+                ),
+            ));
+        }
+        let input_prefix = match (&d.input_prefix, &d.fetch_command) {
+            (None, None) => {
+                return Err(FieldError::new(
+                    "input_prefix",
+                    "give `input_prefix` (inputs in the object store) or `fetch_command`",
+                ))
             }
-            flotilla_core::job::check_output_path(p)
-                .map_err(|why| format!("`input_prefix` {why}"))?;
-        }
-        (None, Some(c)) if c.trim().is_empty() => return Err("`fetch_command` is empty".into()),
-        _ => {}
+            (Some(p), _) => {
+                let p = p.trim_matches('/');
+                if p.is_empty() {
+                    return Err(FieldError::at("input_prefix", "is empty"));
+                }
+                flotilla_core::job::check_output_path(p)
+                    .map_err(|why| FieldError::at("input_prefix", why))?;
+                Some(p.to_string())
+            }
+            (None, Some(c)) if c.trim().is_empty() => {
+                return Err(FieldError::at("fetch_command", "is empty"))
+            }
+            (None, Some(_)) => None,
+        };
+        Ok(ValidDataset {
+            name: d.name,
+            input_prefix,
+            fetch_command: d.fetch_command,
+        })
     }
-    Ok(())
 }
 
 /// Registers or updates a dataset (the checkpoint is kept).
-pub async fn upsert(db: &PgPool, d: &NewDataset) -> Result<Dataset, sqlx::Error> {
+pub async fn upsert(db: &PgPool, d: &ValidDataset) -> Result<Dataset, sqlx::Error> {
     sqlx::query_as(
         "INSERT INTO datasets (name, input_prefix, fetch_command) VALUES ($1, $2, $3)
          ON CONFLICT (name) DO UPDATE SET input_prefix = EXCLUDED.input_prefix,
@@ -66,7 +90,7 @@ pub async fn upsert(db: &PgPool, d: &NewDataset) -> Result<Dataset, sqlx::Error>
          RETURNING *",
     )
     .bind(&d.name)
-    .bind(d.input_prefix.as_deref().map(|p| p.trim_matches('/')))
+    .bind(&d.input_prefix)
     .bind(&d.fetch_command)
     .fetch_one(db)
     .await

@@ -9,20 +9,18 @@
 //! - [`finish`]: a tile job's completion: copy its outputs to
 //!   `{dataset}/{year}/grid_X_Y/` and record coverage in the completion's
 //!   transaction.
+//! - [`stats`]: tiles per hour per agent.
 
 pub mod coverage;
 pub mod datasets;
 pub mod finish;
 pub mod plan;
+pub mod stats;
+
+use flotilla_core::api::FieldError;
 
 /// Years a tile may be encoded for: Sentinel-2 data starts in mid-2015.
 pub const YEARS: std::ops::RangeInclusive<i32> = 2015..=2100;
-
-/// The output objects of a tile job, as the agent uploads them.
-pub fn output_names(tile: &flotilla_core::grid::TileId) -> [String; 2] {
-    let name = tile.name();
-    [format!("{name}.npy"), format!("{name}_scales.npy")]
-}
 
 /// Where a finished tile's outputs live in the store.
 pub fn final_prefix(dataset: &str, year: i32, tile: &flotilla_core::grid::TileId) -> String {
@@ -41,14 +39,17 @@ pub fn valid_dataset_name(name: &str) -> bool {
 }
 
 /// Checks a year against [`YEARS`], naming the problem.
-pub fn check_year(year: i32) -> Result<(), String> {
+pub fn check_year(year: i32) -> Result<(), FieldError> {
     if YEARS.contains(&year) {
         Ok(())
     } else {
-        Err(format!(
-            "`year` {year} is out of range: TESSERA years run from {} to {}",
-            YEARS.start(),
-            YEARS.end()
+        Err(FieldError::new(
+            "year",
+            format!(
+                "`year` {year} is out of range: TESSERA years run from {} to {}",
+                YEARS.start(),
+                YEARS.end()
+            ),
         ))
     }
 }

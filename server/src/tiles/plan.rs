@@ -2,10 +2,11 @@
 
 use std::collections::HashSet;
 
+use flotilla_core::api::rois::{PlanCounts, RoiCreated, RoiRequest, RoiView};
+use flotilla_core::api::FieldError;
 use flotilla_core::grid::TileId;
 use flotilla_core::job::{JobSpec, TileJob};
 use flotilla_core::roi::{Region, TileSet};
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -15,26 +16,6 @@ use crate::queue::submit::{submit_in, NewJob};
 /// small enough that its parameter arrays stay well under PostgreSQL's
 /// 1 GB message limit.
 pub const INSERT_BATCH: usize = 50_000;
-
-/// What `POST /api/v1/rois` and `POST /api/v1/rois/plan` take.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RoiRequest {
-    pub name: String,
-    pub year: i32,
-    pub dataset: String,
-    /// A GeoJSON Polygon, MultiPolygon, Feature or FeatureCollection.
-    #[serde(default)]
-    pub geojson: Option<serde_json::Value>,
-    /// `[min_lon, min_lat, max_lon, max_lat]`.
-    #[serde(default)]
-    pub bbox: Option<[f64; 4]>,
-    /// Plan only: count, submit nothing.
-    #[serde(default)]
-    pub dry_run: bool,
-    #[serde(default)]
-    pub priority: i32,
-}
 
 /// A request whose region, year and name have been checked.
 #[derive(Debug, Clone)]
@@ -48,80 +29,60 @@ pub struct ValidRoi {
     pub priority: i32,
 }
 
-/// A problem with an ROI request: the field and what is wrong.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{message}")]
-pub struct RoiInvalid {
-    pub field: &'static str,
-    pub message: String,
-}
+impl TryFrom<RoiRequest> for ValidRoi {
+    type Error = FieldError;
 
-fn invalid(field: &'static str, message: impl Into<String>) -> RoiInvalid {
-    RoiInvalid {
-        field,
-        message: message.into(),
-    }
-}
-
-impl RoiRequest {
     /// Parses the region and checks the rest (not whether the dataset exists).
-    pub fn validate(self) -> Result<ValidRoi, RoiInvalid> {
-        if self.name.trim().is_empty() || self.name.len() > 200 {
-            return Err(invalid("name", "`name` must be 1 to 200 characters"));
-        }
-        super::check_year(self.year).map_err(|m| invalid("year", m))?;
-        if !super::valid_dataset_name(&self.dataset) {
-            return Err(invalid(
-                "dataset",
-                format!("`dataset` {:?} is not a dataset name", self.dataset),
+    fn try_from(req: RoiRequest) -> Result<Self, FieldError> {
+        if req.name.trim().is_empty() || req.name.len() > 200 {
+            return Err(FieldError::new(
+                "name",
+                "`name` must be 1 to 200 characters",
             ));
         }
-        if !flotilla_core::job::limits::PRIORITY_RANGE.contains(&self.priority) {
-            return Err(invalid("priority", "`priority` must be in -1000..=1000"));
+        super::check_year(req.year)?;
+        if !super::valid_dataset_name(&req.dataset) {
+            return Err(FieldError::new(
+                "dataset",
+                format!("`dataset` {:?} is not a dataset name", req.dataset),
+            ));
         }
-        let (region, region_json) = match (self.geojson, self.bbox) {
+        if !flotilla_core::job::limits::PRIORITY_RANGE.contains(&req.priority) {
+            return Err(FieldError::new(
+                "priority",
+                "`priority` must be in -1000..=1000",
+            ));
+        }
+        let (region, region_json) = match (req.geojson, req.bbox) {
             (Some(_), Some(_)) => {
-                return Err(invalid("geojson", "give `geojson` or `bbox`, not both"))
+                return Err(FieldError::new("geojson", "give `geojson` or `bbox`, not both"))
             }
             (None, None) => {
-                return Err(invalid(
+                return Err(FieldError::new(
                     "geojson",
                     "give the region as `geojson` (Polygon or MultiPolygon) or `bbox` [min_lon, min_lat, max_lon, max_lat]",
                 ))
             }
             (Some(g), None) => {
                 let region = Region::from_geojson(&g)
-                    .map_err(|e| invalid("geojson", format!("`geojson`: {e}")))?;
+                    .map_err(|e| FieldError::new("geojson", format!("`geojson`: {e}")))?;
                 (region, serde_json::json!({ "geojson": g }))
             }
             (None, Some([w, s, e, n])) => {
                 let region = Region::from_bbox(w, s, e, n)
-                    .map_err(|e| invalid("bbox", format!("`bbox`: {e}")))?;
+                    .map_err(|e| FieldError::new("bbox", format!("`bbox`: {e}")))?;
                 (region, serde_json::json!({ "bbox": [w, s, e, n] }))
             }
         };
         Ok(ValidRoi {
-            name: self.name,
-            year: self.year,
-            dataset: self.dataset,
+            name: req.name,
+            year: req.year,
+            dataset: req.dataset,
             region,
             region_json,
-            priority: self.priority,
+            priority: req.priority,
         })
     }
-}
-
-/// How an ROI splits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlanCounts {
-    /// Tiles whose cell meets the region.
-    pub total: u64,
-    /// Of those, embeddings that exist (fleet results and imports).
-    pub present: u64,
-    /// Not present, but a job for it is queued or running already.
-    pub in_flight: u64,
-    /// Neither: a new job each.
-    pub missing: u64,
 }
 
 /// The tiles to make and the counts.
@@ -202,19 +163,6 @@ pub async fn plan(db: &PgPool, roi: &ValidRoi) -> Result<PlanCounts, sqlx::Error
         .counts)
 }
 
-/// What a submission made.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RoiCreated {
-    pub id: Uuid,
-    #[serde(flatten)]
-    pub counts: PlanCounts,
-    /// Jobs added (= missing).
-    pub submitted: u64,
-    /// Milliseconds spent planning and inserting (for the benchmark).
-    pub plan_ms: u64,
-    pub insert_ms: u64,
-}
-
 /// Plans and inserts one job per missing tile, the ROI row and the tile →
 /// job rows, in one transaction. Submissions of the same (dataset, year)
 /// are serialised by an advisory lock, so two at once cannot both find a
@@ -272,6 +220,7 @@ pub async fn submit(
                 cost: 1,
                 submitter: submitter.to_string(),
                 parent_id: Some(id),
+                child_index: None,
             })
             .collect();
         let ids = submit_in(&mut tx, &jobs).await?;
@@ -304,39 +253,19 @@ pub async fn submit(
 }
 
 /// An ROI with its progress.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RoiView {
-    pub id: Uuid,
-    pub name: String,
-    pub dataset: String,
-    pub year: i32,
-    pub total: i64,
-    pub present: i64,
-    pub in_flight: i64,
-    pub submitted: i64,
-    pub created_at: chrono::DateTime<chrono::Utc>,
-    /// This ROI's jobs by state.
-    pub jobs: std::collections::BTreeMap<String, i64>,
-    /// Pixels encoded of the pixels known, over this ROI's running and
-    /// finished jobs.
-    pub pixels_done: i64,
-    pub pixels_total: i64,
-    /// Every job of this ROI has finished (succeeded, failed or cancelled).
-    pub finished: bool,
-}
-
 pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<RoiView>, sqlx::Error> {
-    type Row = (
-        Uuid,
-        String,
-        String,
-        i32,
-        i64,
-        i64,
-        i64,
-        i64,
-        chrono::DateTime<chrono::Utc>,
-    );
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        id: Uuid,
+        name: String,
+        dataset: String,
+        year: i32,
+        total: i64,
+        present: i64,
+        in_flight: i64,
+        submitted: i64,
+        created_at: chrono::DateTime<chrono::Utc>,
+    }
     let row: Option<Row> = sqlx::query_as(
         "SELECT id, name, dataset, year, total, present, in_flight, submitted, created_at
          FROM rois WHERE id = $1",
@@ -344,8 +273,7 @@ pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<RoiView>, sqlx::Error> 
     .bind(id)
     .fetch_optional(db)
     .await?;
-    let Some((id, name, dataset, year, total, present, in_flight, submitted, created_at)) = row
-    else {
+    let Some(roi) = row else {
         return Ok(None);
     };
     let states: Vec<(String, i64, i64, i64)> = sqlx::query_as(
@@ -353,22 +281,22 @@ pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<RoiView>, sqlx::Error> 
                 COALESCE(sum(progress_total), 0)::bigint
          FROM jobs WHERE parent_id = $1 GROUP BY state",
     )
-    .bind(id)
+    .bind(roi.id)
     .fetch_all(db)
     .await?;
     let finished = states
         .iter()
         .all(|(s, ..)| matches!(s.as_str(), "succeeded" | "failed" | "cancelled"));
     Ok(Some(RoiView {
-        id,
-        name,
-        dataset,
-        year,
-        total,
-        present,
-        in_flight,
-        submitted,
-        created_at,
+        id: roi.id,
+        name: roi.name,
+        dataset: roi.dataset,
+        year: roi.year,
+        total: roi.total,
+        present: roi.present,
+        in_flight: roi.in_flight,
+        submitted: roi.submitted,
+        created_at: roi.created_at,
         pixels_done: states.iter().map(|s| s.2).sum(),
         pixels_total: states.iter().map(|s| s.3).sum(),
         jobs: states.into_iter().map(|(s, n, _, _)| (s, n)).collect(),

@@ -1,6 +1,7 @@
-//! `JsonBody<T>`: like axum's `Json`, but every rejection is an [`ApiError`]
-//! in the JSON envelope, naming the line and column of a syntax error and
-//! the field of a type error.
+//! Request extraction shared by the API and the dashboard: [`JsonBody`]
+//! (axum's `Json`, but every rejection is an [`ApiError`] in the JSON
+//! envelope, naming the line and column of a syntax error and the field of a
+//! type error) and [`parse_id`] for id path segments.
 
 use axum::extract::{FromRequest, Request};
 use futures::StreamExt;
@@ -28,6 +29,12 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
         }
         parse(&bytes).map(JsonBody)
     }
+}
+
+/// Parses a UUID path segment with a useful message.
+pub fn parse_id(raw: &str) -> Result<uuid::Uuid, ApiError> {
+    raw.parse()
+        .map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a job id (a UUID)")))
 }
 
 /// Parses JSON with an error that says where and what.

@@ -1,6 +1,9 @@
-//! Wakes long-polling agents when jobs arrive: a `LISTEN` on the jobs channel
-//! that any server instance NOTIFYs, reconnecting after errors. While it is
-//! down, lease requests still poll, so nothing is missed, only later.
+//! Waking long-polling agents when jobs arrive: [`notify_jobs`] queues a
+//! NOTIFY with a submission's transaction, and [`run`] LISTENs on the
+//! channel that any server instance NOTIFYs, waking this server's waiting
+//! lease requests (`AppState::job_signal`) and reconnecting after errors.
+//! While it is down, lease requests still poll, so nothing is missed, only
+//! later.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,8 +13,20 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::queue::JOBS_CHANNEL;
+/// The NOTIFY channel that wakes long-polling agents on every server.
+pub const JOBS_CHANNEL: &str = "flotilla_jobs";
 
+/// Queues a wake-up for agents; delivered when the transaction commits.
+pub async fn notify_jobs(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(JOBS_CHANNEL)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Listens until `shutdown`, waking `signal`'s waiters on every NOTIFY and
+/// after every reconnect.
 pub async fn run(db: PgPool, signal: Arc<Notify>, shutdown: CancellationToken) {
     let mut backoff = Duration::from_millis(200);
     loop {

@@ -1,0 +1,135 @@
+//! `/api/v1/agents`: agents as the operator sees them, and steering them.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::health::HostHealth;
+use crate::job::JobKind;
+
+/// Lifecycle of an agent as the operator sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentState {
+    /// Takes work.
+    Active,
+    /// Takes no new work until resumed; running work goes on.
+    Paused,
+    /// Finishes running work, takes no new; becomes `drained` when idle.
+    Draining,
+    /// Drained and idle: safe to stop.
+    Drained,
+}
+
+impl AgentState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentState::Active => "active",
+            AgentState::Paused => "paused",
+            AgentState::Draining => "draining",
+            AgentState::Drained => "drained",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            AgentState::Active,
+            AgentState::Paused,
+            AgentState::Draining,
+            AgentState::Drained,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == s)
+    }
+}
+
+/// One entry of `GET /api/v1/agents`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentView {
+    pub name: String,
+    pub state: AgentState,
+    /// Seen within the last few heartbeat intervals.
+    pub online: bool,
+    pub labels: BTreeMap<String, String>,
+    pub kinds: Vec<JobKind>,
+    pub capacity: u32,
+    /// Slots in use by leased and running jobs.
+    pub slots_in_use: u32,
+    pub running_jobs: u32,
+    pub registered_at: DateTime<Utc>,
+    pub last_seen_at: Option<DateTime<Utc>>,
+    pub health: Option<HostHealth>,
+    /// The work-directory disk is over 90 % full.
+    pub disk_nearly_full: bool,
+    pub devices: Devices,
+}
+
+impl AgentView {
+    /// The tile encoder's backend, as the agent registered it (`None`: the
+    /// agent runs no tile jobs).
+    pub fn encoder_backend(&self) -> Option<&str> {
+        self.devices.encoder.as_ref().map(|e| e.backend.as_str())
+    }
+
+    /// Why the agent does not use each faster encoder backend, as it
+    /// registered them: `(backend, reason)`.
+    pub fn encoder_unavailable(&self) -> Vec<(&str, &str)> {
+        self.devices
+            .encoder
+            .iter()
+            .flat_map(|e| e.unavailable.iter())
+            .map(|(b, why)| (b.as_str(), why.as_str()))
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentList {
+    pub agents: Vec<AgentView>,
+}
+
+/// `POST /api/v1/agents/{name}/{pause|drain|resume}`: the agent's new state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SteerReply {
+    pub name: String,
+    pub state: AgentState,
+}
+
+/// What an agent computes on, as it registers it (`devices`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Devices {
+    /// The CPU model.
+    #[serde(default)]
+    pub cpu: Option<String>,
+    /// The tile encoder in use; `None` when the agent runs no tile jobs.
+    #[serde(default)]
+    pub encoder: Option<EncoderInfo>,
+}
+
+/// The tile encoder an agent runs, and why it does not run a faster one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EncoderInfo {
+    /// The backend in use (`cuda`, `onednn`, `cpu`, `reference`).
+    pub backend: String,
+    /// Its device profile.
+    #[serde(default)]
+    pub profile: Option<EncoderProfile>,
+    /// Each faster backend that is not used, and why (say, a GPU box whose
+    /// agent cannot load cuBLAS): backend name → reason.
+    #[serde(default)]
+    pub unavailable: BTreeMap<String, String>,
+}
+
+/// The encoder's device profile as the operator sees it (the encoder's own
+/// `DeviceProfile` serialises to this shape; core does not depend on the
+/// encoder).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EncoderProfile {
+    /// CPU model or GPU name the profile was measured on.
+    pub device: String,
+    pub backend: String,
+    pub chunk_pixels: usize,
+    pub block_pixels: usize,
+    pub threads: usize,
+    pub dtype: String,
+}

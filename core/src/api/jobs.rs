@@ -1,0 +1,105 @@
+//! `/api/v1/jobs`: a submission, a job as clients see it, lists, and the
+//! answer to a cancel.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{OutputView, Progress};
+use crate::job::{JobKind, JobSpec, JobState};
+
+/// `POST /api/v1/jobs`. The spec's fields sit at the top level beside these,
+/// tagged by `kind`:
+/// `{"kind":"command","command":"…","labels":{…},"priority":0,
+///   "max_attempts":3,"timeout_s":600,"outputs":["path",…]}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitJob {
+    #[serde(flatten)]
+    pub spec: JobSpec,
+    /// Labels an agent must carry (each key with this exact value).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Higher runs first. Within one priority, submitters share fairly.
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Slots of an agent's capacity this job occupies.
+    #[serde(default = "default_cost")]
+    pub cost: u32,
+    /// Who the job is accounted to for fair share; defaults to the token's
+    /// name.
+    #[serde(default)]
+    pub submitter: Option<String>,
+}
+
+pub fn default_max_attempts() -> u32 {
+    3
+}
+pub fn default_cost() -> u32 {
+    1
+}
+
+/// `GET /api/v1/jobs/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobView {
+    pub id: Uuid,
+    pub kind: JobKind,
+    pub state: JobState,
+    /// Attempts started so far (0 before the first lease).
+    pub attempt: u32,
+    pub max_attempts: u32,
+    /// Name of the agent running (or that last ran) the job.
+    pub agent: Option<String>,
+    pub priority: i32,
+    pub submitter: String,
+    pub labels: BTreeMap<String, String>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
+    pub cancel_requested: bool,
+    pub progress: Option<Progress>,
+    pub outputs: Vec<OutputView>,
+    pub spec: JobSpec,
+    /// What the agent reported with its success, if anything (a tile job:
+    /// seconds spent on the checkpoint, fetching, encoding and uploading).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+}
+
+impl JobView {
+    /// What the job does, in one line for tables: a command job's command,
+    /// a tile job's tile and year, a revdeps step's target; at most `width`
+    /// characters.
+    pub fn summary(&self, width: usize) -> String {
+        let text = match &self.spec {
+            JobSpec::Command(c) => c.command.clone(),
+            JobSpec::Tile(t) => format!("tile {} {} ({})", t.tile, t.year, t.dataset),
+            JobSpec::Revdeps(r) => match &r.step {
+                crate::job::RevdepsStep::Plan => format!("revdeps plan {}", r.target),
+                crate::job::RevdepsStep::Solve { shard, .. } => {
+                    format!("revdeps solve {} shard {shard}", r.target)
+                }
+            },
+        };
+        text.chars().take(width).collect()
+    }
+}
+
+/// `POST /api/v1/jobs/{id}/cancel`: what the cancel did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CancelReply {
+    pub id: Uuid,
+    /// `cancelled`, or that the agent was asked to stop the job.
+    pub status: String,
+}
+
+/// `GET /api/v1/jobs?state=…&limit=…`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobList {
+    pub jobs: Vec<JobView>,
+}

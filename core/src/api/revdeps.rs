@@ -1,0 +1,190 @@
+//! `/api/v1/revdeps`: an opam reverse-dependency run as clients submit it,
+//! and its state, progress and answer.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::job::{RevdepsQuery, RevdepsVariant};
+
+/// `POST /api/v1/revdeps`. The host variables default to the Debian 12
+/// host of [`RevdepsVariant::debian_12`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRevdeps {
+    /// `name.version`, e.g. `dune.3.20.2`.
+    pub target: String,
+    /// The invariant compiler, `name.version`.
+    pub compiler: String,
+    /// The opam repository on the agents' hosts, `PATH[:REV]`.
+    pub repo: String,
+    #[serde(default = "defaults::arch")]
+    pub arch: String,
+    #[serde(default = "defaults::os")]
+    pub os: String,
+    #[serde(default = "defaults::os_family")]
+    pub os_family: String,
+    #[serde(default = "defaults::os_distribution")]
+    pub os_distribution: String,
+    #[serde(default = "defaults::os_version")]
+    pub os_version: String,
+    #[serde(default = "defaults::opam_version")]
+    pub opam_version: String,
+    #[serde(default)]
+    pub query: RevdepsQuery,
+    /// Candidates per phase-2 shard: above this many, phase 2 is split into
+    /// shards that run as separate jobs.
+    #[serde(default = "defaults::shard_size")]
+    pub shard_size: u32,
+    #[serde(default)]
+    pub priority: i32,
+    /// Slots each step occupies on an agent (phase 2 uses that many threads).
+    #[serde(default = "defaults::cost")]
+    pub cost: u32,
+}
+
+impl SubmitRevdeps {
+    /// A submission with every default: the union query on a Debian 12 host.
+    pub fn new(target: String, compiler: String, repo: String) -> Self {
+        let v = RevdepsVariant::debian_12(compiler);
+        SubmitRevdeps {
+            target,
+            compiler: v.compiler,
+            repo,
+            arch: v.arch,
+            os: v.os,
+            os_family: v.os_family,
+            os_distribution: v.os_distribution,
+            os_version: v.os_version,
+            opam_version: v.opam_version,
+            query: RevdepsQuery::default(),
+            shard_size: defaults::shard_size(),
+            priority: 0,
+            cost: defaults::cost(),
+        }
+    }
+
+    /// The switch the question is asked in.
+    pub fn variant(&self) -> RevdepsVariant {
+        RevdepsVariant {
+            compiler: self.compiler.clone(),
+            arch: self.arch.clone(),
+            os: self.os.clone(),
+            os_family: self.os_family.clone(),
+            os_distribution: self.os_distribution.clone(),
+            os_version: self.os_version.clone(),
+            opam_version: self.opam_version.clone(),
+        }
+    }
+}
+
+/// serde defaults, each taken from [`RevdepsVariant::debian_12`] so the
+/// host defaults are written once.
+mod defaults {
+    use crate::job::RevdepsVariant;
+
+    fn host() -> RevdepsVariant {
+        RevdepsVariant::debian_12(String::new())
+    }
+    pub fn arch() -> String {
+        host().arch
+    }
+    pub fn os() -> String {
+        host().os
+    }
+    pub fn os_family() -> String {
+        host().os_family
+    }
+    pub fn os_distribution() -> String {
+        host().os_distribution
+    }
+    pub fn os_version() -> String {
+        host().os_version
+    }
+    pub fn opam_version() -> String {
+        host().opam_version
+    }
+    pub fn shard_size() -> u32 {
+        4000
+    }
+    pub fn cost() -> u32 {
+        1
+    }
+}
+
+/// Where a run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// Phase 1 (the plan job) has not finished.
+    Planning,
+    /// Phase 2's shards are running.
+    Solving,
+    /// The answer is in `result`.
+    Done,
+    /// A step failed; `error` says which and why.
+    Failed,
+}
+
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Planning => "planning",
+            RunState::Solving => "solving",
+            RunState::Done => "done",
+            RunState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            RunState::Planning,
+            RunState::Solving,
+            RunState::Done,
+            RunState::Failed,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
+    }
+}
+
+/// Where a run's time went, in milliseconds (each known once its phase
+/// ended).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunTimings {
+    /// Reading the repository, in phase 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase1_ms: Option<u64>,
+    /// Phase 2 over all shards, and its longest shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase2_ms_sum: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase2_ms_max: Option<u64>,
+    /// Submission to answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_ms: Option<u64>,
+}
+
+/// `GET /api/v1/revdeps/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunView {
+    pub id: Uuid,
+    pub state: RunState,
+    pub target: String,
+    pub repo: String,
+    pub query: RevdepsQuery,
+    pub variant: RevdepsVariant,
+    pub plan_job: Uuid,
+    /// Candidates phase 1 found (once planned).
+    pub candidates: Option<i32>,
+    pub shards: Option<i32>,
+    pub shards_done: i64,
+    /// The answer, `name.version` a line, once done.
+    pub result: Option<Vec<String>>,
+    pub timings: Option<RunTimings>,
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}

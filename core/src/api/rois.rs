@@ -1,0 +1,115 @@
+//! `/api/v1/rois`: a region of interest for a year of a dataset — its plan
+//! (which tiles are missing), its submission and its progress; and
+//! `/api/v1/tiles/stats`, tiles per hour per agent.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// What `POST /api/v1/rois` and `POST /api/v1/rois/plan` take.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoiRequest {
+    pub name: String,
+    pub year: i32,
+    pub dataset: String,
+    /// A GeoJSON Polygon, MultiPolygon, Feature or FeatureCollection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub geojson: Option<serde_json::Value>,
+    /// `[min_lon, min_lat, max_lon, max_lat]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bbox: Option<[f64; 4]>,
+    /// Plan only: count, submit nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    #[serde(default)]
+    pub priority: i32,
+}
+
+/// How an ROI splits (`POST /api/v1/rois/plan`, and inside [`RoiCreated`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanCounts {
+    /// Tiles whose cell meets the region.
+    pub total: u64,
+    /// Of those, embeddings that exist (fleet results and imports).
+    pub present: u64,
+    /// Not present, but a job for it is queued or running already.
+    pub in_flight: u64,
+    /// Neither: a new job each.
+    pub missing: u64,
+}
+
+/// `201` answer to `POST /api/v1/rois`: what a submission made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RoiCreated {
+    pub id: Uuid,
+    #[serde(flatten)]
+    pub counts: PlanCounts,
+    /// Jobs added (= missing).
+    pub submitted: u64,
+    /// Milliseconds spent planning and inserting (for the benchmark).
+    pub plan_ms: u64,
+    pub insert_ms: u64,
+}
+
+/// `GET /api/v1/rois/{id}`: an ROI with its progress.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RoiView {
+    pub id: Uuid,
+    pub name: String,
+    pub dataset: String,
+    pub year: i32,
+    pub total: i64,
+    pub present: i64,
+    pub in_flight: i64,
+    pub submitted: i64,
+    pub created_at: DateTime<Utc>,
+    /// This ROI's jobs by state.
+    pub jobs: BTreeMap<String, i64>,
+    /// Pixels encoded of the pixels known, over this ROI's running and
+    /// finished jobs.
+    pub pixels_done: i64,
+    pub pixels_total: i64,
+    /// Every job of this ROI has finished (succeeded, failed or cancelled).
+    pub finished: bool,
+}
+
+impl RoiView {
+    /// One line of progress: tiles by state, and pixels when agents have
+    /// reported them (small tiles finish between two heartbeats).
+    pub fn progress_line(&self) -> String {
+        let count = |state: &str| self.jobs.get(state).copied().unwrap_or(0);
+        let done = count("succeeded");
+        let running = count("leased") + count("running");
+        let waiting = count("queued") + count("retrying");
+        let failed = count("failed") + count("cancelled");
+        let total = self.submitted;
+        let mut line = format!(
+            "tiles {done}/{total} done, {running} running, {waiting} waiting, {failed} failed"
+        );
+        if self.pixels_total > 0 {
+            line.push_str(&format!(
+                "; pixels {}/{} ({:.0} %)",
+                self.pixels_done,
+                self.pixels_total,
+                100.0 * self.pixels_done as f64 / self.pixels_total as f64
+            ));
+        }
+        line
+    }
+}
+
+/// One entry of `GET /api/v1/tiles/stats`: tiles per hour of one agent over
+/// the last hour, with the mean job time.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentTileRate {
+    pub agent: String,
+    pub tiles_last_hour: i64,
+    /// Tiles per hour at the mean job time of the last hour, times the
+    /// agent's slots: what it sustains while busy.
+    pub tiles_per_hour: f64,
+    pub mean_seconds: f64,
+    pub tiles_total: i64,
+}

@@ -1,0 +1,71 @@
+//! `/api/v1/tokens`: API and agent tokens (admin only); secrets are shown
+//! once, at creation.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// `POST /api/v1/tokens`: make an API token. Only an admin may.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateToken {
+    pub role: TokenRole,
+    /// For `agent` tokens: the agent name the token may register as.
+    #[serde(default)]
+    pub agent_name: Option<String>,
+    /// A note for the operator ("ci", "alice's laptop").
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenRole {
+    /// Everything, including making tokens and steering agents.
+    Admin,
+    /// Submits and reads jobs.
+    Client,
+    /// Speaks the agent protocol as one named agent.
+    Agent,
+}
+
+impl TokenRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenRole::Admin => "admin",
+            TokenRole::Client => "client",
+            TokenRole::Agent => "agent",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "admin" => Some(TokenRole::Admin),
+            "client" => Some(TokenRole::Client),
+            "agent" => Some(TokenRole::Agent),
+            _ => None,
+        }
+    }
+}
+
+/// The secret is shown once, here; the server keeps only its hash.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenCreated {
+    pub id: Uuid,
+    pub token: String,
+}
+
+/// One token as `GET /api/v1/tokens` lists it: never its secret.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenView {
+    pub id: Uuid,
+    pub role: TokenRole,
+    pub agent_name: Option<String>,
+    pub description: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// `GET /api/v1/tokens`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenList {
+    pub tokens: Vec<TokenView>,
+}

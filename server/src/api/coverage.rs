@@ -1,0 +1,43 @@
+//! `/api/v1/coverage/import`: record the tiles of a geotessera `manifest.parquet` as present.
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::Json;
+use flotilla_core::api::datasets::CoverageImported;
+use serde::Deserialize;
+
+use crate::auth::ClientAuth;
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use crate::tiles::coverage;
+
+/// Largest accepted manifest (geotessera's is tens of MB).
+pub const MAX_MANIFEST_BYTES: usize = 1 << 30;
+
+#[derive(Deserialize)]
+pub struct ImportQuery {
+    dataset: String,
+}
+
+/// Records the tiles of a geotessera `manifest.parquet` (the body) as
+/// present for `?dataset=`.
+pub async fn import(
+    State(state): State<AppState>,
+    ClientAuth(_): ClientAuth,
+    Query(q): Query<ImportQuery>,
+    body: Bytes,
+) -> ApiResult<Json<CoverageImported>> {
+    super::datasets::known(&state, &q.dataset).await?;
+    let (tiles, rows) = tokio::task::spawn_blocking(move || coverage::read_manifest(body))
+        .await
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!("manifest reader panicked: {e}")))?
+        .map_err(|e| ApiError::invalid(format!("manifest: {e}")))?;
+    let recorded = coverage::import(&state.db, &q.dataset, &tiles).await?;
+    tracing::info!(dataset = %q.dataset, rows, tiles = tiles.len(), recorded, "coverage imported");
+    Ok(Json(CoverageImported {
+        dataset: q.dataset,
+        rows: rows as u64,
+        tiles: tiles.len() as u64,
+        recorded,
+    }))
+}

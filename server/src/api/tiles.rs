@@ -1,0 +1,16 @@
+//! `/api/v1/tiles/stats`: tiles per hour per agent.
+
+use axum::extract::State;
+use axum::Json;
+use flotilla_core::api::rois::AgentTileRate;
+
+use crate::auth::ClientAuth;
+use crate::error::ApiResult;
+use crate::state::AppState;
+
+pub async fn stats(
+    State(state): State<AppState>,
+    ClientAuth(_): ClientAuth,
+) -> ApiResult<Json<Vec<AgentTileRate>>> {
+    Ok(Json(crate::tiles::stats::rates(&state.db).await?))
+}

@@ -1,0 +1,91 @@
+//! `flotilla agents [list|pause|drain|resume]`: the fleet, and steering it.
+
+use clap::{Args, Subcommand};
+use flotilla_core::api::{AgentList, SteerReply};
+
+use super::http::Conn;
+
+#[derive(Args)]
+pub struct AgentsArgs {
+    #[command(subcommand)]
+    action: Option<AgentAction>,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+#[derive(Subcommand)]
+enum AgentAction {
+    /// List agents (the default).
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take no new jobs until resumed.
+    Pause { name: String },
+    /// Finish running jobs, take no new; `drained` when idle.
+    Drain { name: String },
+    /// Take jobs again.
+    Resume { name: String },
+}
+
+pub async fn agents(args: AgentsArgs) -> anyhow::Result<()> {
+    let client = args.conn.client()?;
+    let (name, action) = match args.action.unwrap_or(AgentAction::List { json: false }) {
+        AgentAction::List { json } => {
+            let list: AgentList = client.get("/api/v1/agents").await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(());
+            }
+            println!(
+                "{:<16} {:<9} {:<7} {:>5} {:<24} {:>6} {:>9} {:<8}  NOTES",
+                "NAME", "STATE", "ONLINE", "SLOTS", "CPU", "CORES", "DISK FREE", "ENCODER"
+            );
+            for a in list.agents {
+                let (cpu, cores, disk) =
+                    a.health
+                        .as_ref()
+                        .map_or(("?".to_string(), 0, "?".to_string()), |h| {
+                            (
+                                h.cpu_model.chars().take(24).collect(),
+                                h.cores,
+                                format!("{:.1}G", h.disk_free_bytes as f64 / 1e9),
+                            )
+                        });
+                // The tile encoder's backend (`-`: the agent runs no tiles);
+                // `--json` has why faster backends are not used.
+                let encoder = a.encoder_backend().unwrap_or("-");
+                println!(
+                    "{:<16} {:<9} {:<7} {:>2}/{:<2} {:<24} {:>6} {:>9} {:<8}  {}",
+                    a.name,
+                    a.state.as_str(),
+                    if a.online { "yes" } else { "no" },
+                    a.slots_in_use,
+                    a.capacity,
+                    cpu,
+                    cores,
+                    disk,
+                    encoder,
+                    if a.disk_nearly_full {
+                        "DISK OVER 90% FULL"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            return Ok(());
+        }
+        AgentAction::Pause { name } => (name, "pause"),
+        AgentAction::Drain { name } => (name, "drain"),
+        AgentAction::Resume { name } => (name, "resume"),
+    };
+    let reply: SteerReply = client
+        .post(
+            &format!("/api/v1/agents/{name}/{action}"),
+            &serde_json::json!({}),
+        )
+        .await?;
+    println!("{}: {}", reply.name, reply.state.as_str());
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! The HTTP client of the client commands: where the server is (`--server`,
+//! or the URL `flotilla up` wrote), the API token, and typed calls that
+//! turn the error envelope into a message.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use flotilla_core::api::ErrorBody;
+use serde::de::DeserializeOwned;
+
+/// Where the server is and who we are. Defaults find a local `flotilla up`
+/// started in the current directory.
+#[derive(Args, Clone)]
+pub struct Conn {
+    /// Server URL [default: from ./flotilla-data/server.url, else
+    /// http://127.0.0.1:8470]
+    #[arg(long, env = "FLOTILLA_SERVER", global = true)]
+    pub server: Option<String>,
+    /// API token [default: the contents of --token-file]
+    #[arg(long, env = "FLOTILLA_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// File holding the API token [default: ./flotilla-data/admin.token]
+    #[arg(long, env = "FLOTILLA_TOKEN_FILE", global = true)]
+    pub token_file: Option<PathBuf>,
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Conn {
+    pub fn client(&self) -> anyhow::Result<Client> {
+        let base = match &self.server {
+            Some(s) => s.clone(),
+            None => std::fs::read_to_string("flotilla-data/server.url")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "http://127.0.0.1:8470".to_string()),
+        };
+        let token = match (&self.token, &self.token_file) {
+            (Some(t), _) => t.clone(),
+            (None, Some(f)) => std::fs::read_to_string(f)
+                .with_context(|| format!("reading token file {}", f.display()))?
+                .trim()
+                .to_string(),
+            (None, None) => std::fs::read_to_string("flotilla-data/admin.token")
+                .map(|s| s.trim().to_string())
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "no API token: pass --token or --token-file, set FLOTILLA_TOKEN, \
+                         or run from the directory where `flotilla up` wrote flotilla-data/"
+                    )
+                })?,
+        };
+        Ok(Client {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()?,
+            base: base.trim_end_matches('/').to_string(),
+            token,
+        })
+    }
+}
+
+impl Client {
+    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> anyhow::Result<T> {
+        let resp =
+            req.bearer_auth(&self.token).send().await.with_context(|| {
+                format!("cannot reach the server at {}; is it running?", self.base)
+            })?;
+        let status = resp.status();
+        let bytes = resp.bytes().await?;
+        if !status.is_success() {
+            match serde_json::from_slice::<ErrorBody>(&bytes) {
+                Ok(e) => bail!("{} ({}): {}", status, e.error.code, e.error.message),
+                Err(_) => bail!("{}: {}", status, String::from_utf8_lossy(&bytes)),
+            }
+        }
+        serde_json::from_slice(&bytes).context("unexpected answer from the server")
+    }
+
+    pub async fn text(&self, path: &str) -> anyhow::Result<String> {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await?;
+        let status = resp.status();
+        let text = resp.text().await?;
+        if !status.is_success() {
+            bail!("{status}: {text}");
+        }
+        Ok(text)
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
+    }
+
+    /// Sends a raw body (a checkpoint, a manifest) with `method`.
+    pub async fn send_bytes<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Vec<u8>,
+        content_type: &str,
+    ) -> anyhow::Result<T> {
+        self.send(
+            self.http
+                .request(method, format!("{}{path}", self.base))
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(body),
+        )
+        .await
+    }
+
+    pub async fn post<B: serde::Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
+            .await
+    }
+}

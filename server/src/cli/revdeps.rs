@@ -1,0 +1,112 @@
+//! `flotilla revdeps submit|show`: opam reverse-dependency runs.
+
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::Subcommand;
+use flotilla_core::api::revdeps::{RunState, RunView, SubmitRevdeps};
+use flotilla_core::api::Created;
+use flotilla_core::job::RevdepsQuery;
+
+use super::http::Conn;
+
+#[derive(Subcommand)]
+pub enum RevdepsCommand {
+    /// Which opam packages depend on TARGET and are coinstallable with it on
+    /// COMPILER: phase 1 on one agent, phase 2 sharded over free agents.
+    Submit {
+        /// `name.version`, e.g. dune.3.20.2.
+        target: String,
+        /// The opam repository on the agents, PATH[:REV].
+        #[arg(long)]
+        repo: String,
+        /// The invariant compiler, e.g. ocaml-base-compiler.4.14.2.
+        #[arg(long)]
+        compiler: String,
+        /// union, depopts, recursive or with-test-depopts.
+        #[arg(long, default_value = "union", value_parser = parse_query)]
+        query: RevdepsQuery,
+        /// Candidates per phase-2 shard.
+        #[arg(long, default_value_t = 4000)]
+        shard_size: u32,
+        /// Wait and print the answer, one `name.version` a line.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show a run (state, progress, timings) as JSON.
+    Show {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+pub async fn revdeps(cmd: RevdepsCommand) -> anyhow::Result<()> {
+    match cmd {
+        RevdepsCommand::Submit {
+            target,
+            repo,
+            compiler,
+            query,
+            shard_size,
+            wait,
+            conn,
+        } => {
+            let client = conn.client()?;
+            let body = SubmitRevdeps {
+                query,
+                shard_size,
+                ..SubmitRevdeps::new(target, compiler, repo)
+            };
+            let created: Created = client.post("/api/v1/revdeps", &body).await?;
+            if !wait {
+                println!("{}", created.id);
+                return Ok(());
+            }
+            eprintln!("run {}", created.id);
+            loop {
+                let run: RunView = client
+                    .get(&format!("/api/v1/revdeps/{}", created.id))
+                    .await?;
+                match run.state {
+                    RunState::Done => {
+                        for line in run.result.unwrap_or_default() {
+                            println!("{line}");
+                        }
+                        eprintln!(
+                            "timings: {}",
+                            serde_json::to_string(&run.timings.unwrap_or_default())?
+                        );
+                        return Ok(());
+                    }
+                    RunState::Failed => {
+                        bail!("run failed: {}", run.error.unwrap_or_default())
+                    }
+                    RunState::Planning | RunState::Solving => {
+                        let shown = |n: Option<i32>| n.map_or("?".to_string(), |n| n.to_string());
+                        eprint!(
+                            "\r{}: {} candidates, {}/{} shards done   ",
+                            run.state.as_str(),
+                            shown(run.candidates),
+                            run.shards_done,
+                            shown(run.shards)
+                        );
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        }
+        RevdepsCommand::Show { id, conn } => {
+            let run: RunView = conn.client()?.get(&format!("/api/v1/revdeps/{id}")).await?;
+            println!("{}", serde_json::to_string_pretty(&run)?);
+            Ok(())
+        }
+    }
+}
+
+fn parse_query(s: &str) -> Result<RevdepsQuery, String> {
+    s.parse()
+        .map_err(|e: flotilla_core::job::UnknownRevdepsQuery| e.to_string())
+}

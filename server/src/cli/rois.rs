@@ -1,0 +1,126 @@
+//! `flotilla roi submit|plan|show`: regions of interest — which tiles are
+//! missing, a job for each, and following them to the end.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use flotilla_core::api::rois::{PlanCounts, RoiCreated, RoiRequest, RoiView};
+use flotilla_core::roi::parse_bbox;
+
+use super::http::Conn;
+use super::print_json;
+
+#[derive(Args, Clone)]
+pub struct RegionArgs {
+    /// A name for the ROI.
+    #[arg(long)]
+    name: String,
+    /// The year to encode.
+    #[arg(long)]
+    year: i32,
+    /// The dataset (model and inputs), as registered with `flotilla datasets add`.
+    #[arg(long)]
+    dataset: String,
+    /// GeoJSON file: a Polygon, MultiPolygon, Feature or FeatureCollection.
+    #[arg(long, conflicts_with = "bbox", required_unless_present = "bbox")]
+    geojson: Option<PathBuf>,
+    /// min_lon,min_lat,max_lon,max_lat in degrees.
+    #[arg(long, allow_hyphen_values = true)]
+    bbox: Option<String>,
+}
+
+impl RegionArgs {
+    fn body(&self, dry_run: bool) -> anyhow::Result<RoiRequest> {
+        let geojson = match &self.geojson {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                let value: serde_json::Value = serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not JSON", path.display()))?;
+                Some(value)
+            }
+            None => None,
+        };
+        let bbox = match &self.bbox {
+            Some(b) => Some(parse_bbox(b).with_context(|| format!("--bbox {b:?}"))?),
+            None => None,
+        };
+        Ok(RoiRequest {
+            name: self.name.clone(),
+            year: self.year,
+            dataset: self.dataset.clone(),
+            geojson,
+            bbox,
+            dry_run,
+            priority: 0,
+        })
+    }
+}
+
+#[derive(Subcommand)]
+pub enum RoiCommand {
+    /// Submit a job for every tile of the region that is not encoded yet.
+    Submit {
+        #[command(flatten)]
+        region: RegionArgs,
+        /// Wait until every tile is done, printing progress.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Count total / present / in flight / missing tiles without submitting.
+    Plan {
+        #[command(flatten)]
+        region: RegionArgs,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// An ROI's progress as JSON.
+    Show {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+pub async fn roi(cmd: RoiCommand) -> anyhow::Result<()> {
+    match cmd {
+        RoiCommand::Plan { region, conn } => {
+            let c = conn.client()?;
+            let p: PlanCounts = c.post("/api/v1/rois/plan", &region.body(true)?).await?;
+            println!(
+                "total {}  present {}  in flight {}  missing {}",
+                p.total, p.present, p.in_flight, p.missing
+            );
+        }
+        RoiCommand::Submit { region, wait, conn } => {
+            let c = conn.client()?;
+            let made: RoiCreated = c.post("/api/v1/rois", &region.body(false)?).await?;
+            print_json(&made)?;
+            if wait {
+                let mut last = String::new();
+                loop {
+                    let r: RoiView = c.get(&format!("/api/v1/rois/{}", made.id)).await?;
+                    let line = r.progress_line();
+                    if line != last {
+                        eprintln!("{line}");
+                        last = line;
+                    }
+                    if r.finished {
+                        print_json(&r)?;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+        }
+        RoiCommand::Show { id, conn } => {
+            let r: RoiView = conn.client()?.get(&format!("/api/v1/rois/{id}")).await?;
+            print_json(&r)?;
+        }
+    }
+    Ok(())
+}

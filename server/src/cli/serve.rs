@@ -1,0 +1,111 @@
+//! `flotilla serve`: the production server, on an existing PostgreSQL and
+//! object store; and the token files it and `flotilla up` keep.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use flotilla_core::api::TokenRole;
+use sqlx::postgres::PgConnectOptions;
+
+use crate::state::Settings;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// PostgreSQL URL, e.g. postgres://flotilla@db/flotilla (a Unix socket:
+    /// postgres://user@localhost/db?host=/run/postgresql).
+    #[arg(long, env = "FLOTILLA_DATABASE_URL")]
+    pub database_url: String,
+    /// Object store: a directory, file:///dir, or s3://bucket/prefix (with
+    /// the usual AWS_* variables; AWS_ENDPOINT_URL for S3-compatible
+    /// services).
+    #[arg(long, env = "FLOTILLA_STORE")]
+    pub store: String,
+    /// Address to listen on; port 0 picks a free one (printed at start).
+    #[arg(long, env = "FLOTILLA_LISTEN", default_value = "127.0.0.1:8470")]
+    pub listen: SocketAddr,
+    /// File holding the admin token; made (mode 0600) with a fresh token if
+    /// it does not exist.
+    #[arg(long, env = "FLOTILLA_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// How long a lease lives without a heartbeat, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub lease_ttl_ms: u64,
+    /// Base of the retry back-off, in milliseconds (doubles per attempt).
+    #[arg(long, default_value_t = 2_000)]
+    pub backoff_base_ms: u64,
+    /// Serve the dashboard (/ui) without a login. Only for a machine whose
+    /// listening address nobody else can reach.
+    #[arg(long)]
+    pub no_dashboard_login: bool,
+}
+
+impl ServeArgs {
+    pub fn settings(&self) -> Settings {
+        let mut s = Settings::with_lease_ttl(Duration::from_millis(self.lease_ttl_ms.max(100)));
+        s.backoff_base = Duration::from_millis(self.backoff_base_ms);
+        s.dashboard_open = self.no_dashboard_login;
+        s
+    }
+}
+
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let opts: PgConnectOptions = args
+        .database_url
+        .parse()
+        .context("parsing --database-url")?;
+    let db = crate::serve::connect(opts, Duration::from_secs(60)).await?;
+    crate::serve::migrate(&db).await?;
+    if let Some(path) = &args.admin_token_file {
+        let token = read_or_make_token(path)?;
+        crate::auth::ensure_token(&db, &token, TokenRole::Admin, None, "admin").await?;
+    }
+    let store = crate::store::open(&args.store)?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    println!("flotilla: listening on http://{addr}");
+    let shutdown = crate::serve::shutdown_on_signals();
+    crate::serve::run(listener, db, store, args.settings(), shutdown).await
+}
+
+/// Reads a token file, or writes a fresh token to it with mode 0600.
+pub fn read_or_make_token(path: &std::path::Path) -> anyhow::Result<String> {
+    if path.exists() {
+        let t = std::fs::read_to_string(path)
+            .with_context(|| format!("reading token file {}", path.display()))?;
+        let t = t.trim().to_string();
+        anyhow::ensure!(!t.is_empty(), "token file {} is empty", path.display());
+        return Ok(t);
+    }
+    let token = crate::auth::new_secret();
+    write_private(path, &token)?;
+    Ok(token)
+}
+
+/// Writes `text` to `path` readable by the owner only, via a temporary file
+/// renamed into place.
+pub fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(text.as_bytes())?;
+    f.write_all(b"\n")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
+    Ok(())
+}

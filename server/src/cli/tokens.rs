@@ -1,0 +1,95 @@
+//! `flotilla tokens create|list|revoke`: API and agent tokens (admin only).
+
+use clap::Subcommand;
+use flotilla_core::api::{CreateToken, TokenCreated, TokenList, TokenRole, TokenView};
+
+use super::http::Conn;
+
+#[derive(Subcommand)]
+pub enum TokensCommand {
+    /// Make a token and print it (shown once; the server keeps a hash).
+    Create {
+        /// admin, client or agent.
+        #[arg(long, default_value = "client", value_parser = parse_role)]
+        role: TokenRole,
+        /// For agent tokens: the agent name it may register as.
+        #[arg(long)]
+        agent: Option<String>,
+        #[arg(long)]
+        description: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List tokens (id, role, agent, description, created, revoked); never their secrets.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Revoke a token by id: it stops working at once.
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
+    match cmd {
+        TokensCommand::List { conn } => {
+            let list: TokenList = conn.client()?.get("/api/v1/tokens").await?;
+            println!(
+                "{:<36}  {:<6}  {:<16}  {:<20}  {:<20}  DESCRIPTION",
+                "ID", "ROLE", "AGENT", "CREATED", "REVOKED"
+            );
+            for t in list.tokens {
+                println!(
+                    "{:<36}  {:<6}  {:<16}  {:<20}  {:<20}  {}",
+                    t.id,
+                    t.role.as_str(),
+                    t.agent_name.as_deref().unwrap_or("-"),
+                    t.created_at.format("%Y-%m-%d %H:%M:%S"),
+                    t.revoked_at
+                        .map(|r| r.format("%Y-%m-%d %H:%M:%S").to_string())
+                        .unwrap_or_else(|| "-".into()),
+                    t.description.as_deref().unwrap_or("")
+                );
+            }
+            Ok(())
+        }
+        TokensCommand::Revoke { id, conn } => {
+            let t: TokenView = conn
+                .client()?
+                .post(
+                    &format!("/api/v1/tokens/{id}/revoke"),
+                    &serde_json::json!({}),
+                )
+                .await?;
+            println!("revoked {} ({})", t.id, t.role.as_str());
+            Ok(())
+        }
+        TokensCommand::Create {
+            role,
+            agent,
+            description,
+            conn,
+        } => {
+            let t: TokenCreated = conn
+                .client()?
+                .post(
+                    "/api/v1/tokens",
+                    &CreateToken {
+                        role,
+                        agent_name: agent,
+                        description,
+                    },
+                )
+                .await?;
+            println!("{}", t.token);
+            Ok(())
+        }
+    }
+}
+
+fn parse_role(s: &str) -> Result<TokenRole, String> {
+    TokenRole::parse(s).ok_or_else(|| "must be admin, client or agent".to_string())
+}

@@ -1,0 +1,63 @@
+//! The one place an attempt's end is recorded: an agent's `complete` or
+//! `fail`. The finishing statement returns what it finished (kind, parent,
+//! a tile's spec), and the kind's own work is dispatched from here: a tile
+//! job's results are published in the transaction that marks it succeeded;
+//! a revdeps step wakes the coordinator ([`crate::coordinator`]) so its run
+//! advances at once instead of at the next interval.
+
+use flotilla_core::job::{JobKind, JobState};
+use flotilla_core::protocol::{Complete, Fail};
+
+use crate::error::{ApiError, ApiResult};
+use crate::queue::lease::{self, Ended, Failure, LeaseKey, LeaseRefused};
+use crate::state::AppState;
+use crate::tiles::finish::{self, FinishError};
+
+impl From<FinishError> for ApiError {
+    fn from(e: FinishError) -> Self {
+        match e {
+            FinishError::MissingOutput { .. } => ApiError::invalid(e.to_string()),
+            FinishError::Copy { .. } => ApiError::Internal(e.into()),
+            FinishError::Db(e) => e.into(),
+        }
+    }
+}
+
+/// Records a success, with the kind's own finishing in the same
+/// transaction: nothing of it counts unless all of it does.
+pub async fn complete(state: &AppState, key: LeaseKey, c: &Complete) -> ApiResult<Ended> {
+    let mut tx = state.db.begin().await?;
+    let ended = lease::complete_in(&mut tx, key, c).await?;
+    if let Some(tile) = &ended.tile {
+        finish::finish_in(&mut tx, state.store.as_ref(), key.job, ended.attempt, tile).await?;
+    }
+    tx.commit().await?;
+    after_end(state, &ended);
+    Ok(ended)
+}
+
+/// Records a failed attempt (retried after a back-off while attempts
+/// remain).
+pub async fn fail(state: &AppState, key: LeaseKey, f: &Fail) -> Result<Ended, LeaseRefused> {
+    let ended = lease::fail(
+        &state.db,
+        key,
+        Failure {
+            class: f.class,
+            message: &f.message,
+            exit_code: f.exit_code,
+        },
+        (state.settings.backoff_base, state.settings.backoff_max),
+    )
+    .await?;
+    after_end(state, &ended);
+    Ok(ended)
+}
+
+/// After the commit: a parent may have something to do.
+fn after_end(state: &AppState, ended: &Ended) {
+    let parent_waits = ended.kind == JobKind::Revdeps && ended.state != JobState::Retrying;
+    if parent_waits {
+        state.parents_signal.notify_one();
+    }
+}

@@ -1,0 +1,150 @@
+//! `/ui/jobs/{id}`: one job — state, attempt, outputs, its spec — and its
+//! log, streamed over server-sent events as it grows.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use askama::Template;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use serde::Deserialize;
+
+use super::{allowed, render, to_login};
+use crate::error::{ApiError, ApiResult};
+use crate::extract::parse_id;
+use crate::queue::read;
+use crate::state::AppState;
+
+struct OutputRow {
+    name: String,
+    key: String,
+    size: u64,
+    sha256: String,
+}
+
+#[derive(Template)]
+#[template(path = "job.html")]
+struct JobPage {
+    id: String,
+    state: &'static str,
+    final_state: bool,
+    kind: String,
+    attempt: String,
+    agent: String,
+    exit_code: String,
+    created: String,
+    finished: String,
+    error: String,
+    spec: String,
+    outputs: Vec<OutputRow>,
+    log: String,
+    last_seq: i64,
+    show_logout: bool,
+}
+
+pub async fn page(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    if !allowed(&state, &headers).await {
+        return Ok(to_login());
+    }
+    let id = parse_id(&id)?;
+    let j = read::get(&state.db, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    let (log, last_seq) = read::log_text(&state.db, id, 0).await?;
+    Ok(render(&JobPage {
+        id: id.to_string(),
+        state: j.state.as_str(),
+        final_state: j.state.is_final(),
+        kind: j.kind.to_string(),
+        attempt: format!("{}/{}", j.attempt, j.max_attempts),
+        agent: j.agent.clone().unwrap_or_default(),
+        exit_code: j.exit_code.map_or("-".into(), |c| c.to_string()),
+        created: j.created_at.to_rfc3339(),
+        finished: j.finished_at.map_or("-".into(), |t| t.to_rfc3339()),
+        error: j.error.clone().unwrap_or_default(),
+        spec: serde_json::to_string_pretty(&j.spec).unwrap_or_default(),
+        outputs: j
+            .outputs
+            .into_iter()
+            .map(|o| OutputRow {
+                name: o.name,
+                key: o.key,
+                size: o.size,
+                sha256: o.sha256,
+            })
+            .collect(),
+        log,
+        last_seq,
+        show_logout: !state.settings.dashboard_open,
+    })?
+    .into_response())
+}
+
+#[derive(Deserialize)]
+pub struct After {
+    #[serde(default)]
+    after: i64,
+}
+
+/// New log lines as they arrive; an `end` event once the job is final.
+pub async fn log_stream(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<After>,
+) -> ApiResult<Response> {
+    if !allowed(&state, &headers).await {
+        return Ok(StatusCode::UNAUTHORIZED.into_response());
+    }
+    let id = parse_id(&id)?;
+    let stream = log_events(state, id, q.after);
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+fn log_events(
+    state: AppState,
+    id: uuid::Uuid,
+    after: i64,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures::stream::unfold(
+        (state, after, false),
+        move |(state, after, ended)| async move {
+            if ended {
+                return None;
+            }
+            loop {
+                tokio::select! {
+                    _ = state.shutdown.cancelled() => return None,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+                let Ok((text, last)) = read::log_text(&state.db, id, after).await else {
+                    continue;
+                };
+                if !text.is_empty() {
+                    let data = text.trim_end_matches('\n').replace('\r', "");
+                    return Some((
+                        Ok(Event::default().event("lines").data(data)),
+                        (state, last, false),
+                    ));
+                }
+                let done =
+                    matches!(read::get(&state.db, id).await, Ok(Some(j)) if j.state.is_final());
+                if done {
+                    return Some((
+                        Ok(Event::default().event("end").data("")),
+                        (state, after, true),
+                    ));
+                }
+            }
+        },
+    )
+}

@@ -1,0 +1,203 @@
+//! `/ui`: job counts by state, the agents and the latest jobs, pushed anew
+//! over server-sent events while the page is open.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use askama::Template;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use flotilla_core::api::{AgentView, JobView};
+use flotilla_core::job::JobState;
+
+use super::{allowed, render, to_login};
+use crate::error::ApiResult;
+use crate::queue::read;
+use crate::state::AppState;
+
+struct StateCount {
+    name: &'static str,
+    count: i64,
+    percent: f64,
+}
+
+struct AgentRow {
+    name: String,
+    state: &'static str,
+    online: bool,
+    slots: String,
+    slot_percent: f64,
+    cpu: String,
+    cores: u32,
+    memory: String,
+    disk: String,
+    load: String,
+    kinds: String,
+    /// The tile encoder's backend, and why faster ones are not used.
+    encoder: String,
+    encoder_note: String,
+    disk_full: bool,
+}
+
+struct JobRow {
+    id: String,
+    short_id: String,
+    state: &'static str,
+    attempt: String,
+    agent: String,
+    submitter: String,
+    created: String,
+    progress: Option<f64>,
+    what: String,
+}
+
+#[derive(Template)]
+#[template(path = "overview_body.html")]
+struct OverviewBody {
+    total: i64,
+    states: Vec<StateCount>,
+    agents: Vec<AgentRow>,
+    jobs: Vec<JobRow>,
+}
+
+#[derive(Template)]
+#[template(path = "overview.html")]
+struct OverviewPage {
+    body: String,
+    show_logout: bool,
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn agent_row(a: AgentView) -> AgentRow {
+    let encoder = a.encoder_backend().unwrap_or("-").to_string();
+    let encoder_note = a
+        .encoder_unavailable()
+        .iter()
+        .map(|(b, why)| format!("{b}: {why}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let h = a.health.unwrap_or_default();
+    AgentRow {
+        slot_percent: if a.capacity == 0 {
+            0.0
+        } else {
+            100.0 * a.slots_in_use as f64 / a.capacity as f64
+        },
+        slots: format!("{}/{}", a.slots_in_use, a.capacity),
+        name: a.name,
+        state: a.state.as_str(),
+        online: a.online,
+        cpu: h.cpu_model.clone(),
+        cores: h.cores,
+        memory: gib(h.memory_available_bytes),
+        disk: gib(h.disk_free_bytes),
+        load: h.load_1m.map_or("-".into(), |l| format!("{l:.2}")),
+        kinds: a
+            .kinds
+            .iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        encoder,
+        encoder_note,
+        disk_full: a.disk_nearly_full,
+    }
+}
+
+fn job_row(j: JobView) -> JobRow {
+    let what = j.summary(120);
+    JobRow {
+        short_id: j.id.simple().to_string()[..8].to_string(),
+        id: j.id.to_string(),
+        state: j.state.as_str(),
+        attempt: format!("{}/{}", j.attempt, j.max_attempts),
+        agent: j.agent.unwrap_or_default(),
+        submitter: j.submitter,
+        created: j.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+        progress: j
+            .progress
+            .filter(|p| p.total > 0)
+            .map(|p| 100.0 * p.done as f64 / p.total as f64),
+        what,
+    }
+}
+
+async fn overview_body(state: &AppState) -> ApiResult<String> {
+    let counts = read::counts(&state.db).await?;
+    let total: i64 = counts.iter().map(|(_, n)| n).sum();
+    let states = JobState::ALL
+        .iter()
+        .map(|s| {
+            let count = counts
+                .iter()
+                .find(|(name, _)| name == s.as_str())
+                .map_or(0, |(_, n)| *n);
+            StateCount {
+                name: s.as_str(),
+                count,
+                percent: if total == 0 {
+                    0.0
+                } else {
+                    100.0 * count as f64 / total as f64
+                },
+            }
+        })
+        .collect();
+    let agents = crate::agents::list(&state.db, state.settings.heartbeat_interval)
+        .await?
+        .into_iter()
+        .map(agent_row)
+        .collect();
+    let jobs = read::list(&state.db, None, 50)
+        .await?
+        .into_iter()
+        .map(job_row)
+        .collect();
+    Ok(render(&OverviewBody {
+        total,
+        states,
+        agents,
+        jobs,
+    })?
+    .0)
+}
+
+pub async fn page(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
+    if !allowed(&state, &headers).await {
+        return Ok(to_login());
+    }
+    let body = overview_body(&state).await?;
+    Ok(render(&OverviewPage {
+        body,
+        show_logout: !state.settings.dashboard_open,
+    })?
+    .into_response())
+}
+
+/// Pushes a fresh overview every two seconds while the page is open.
+pub async fn events(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if !allowed(&state, &headers).await {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let stream = futures::stream::unfold(state, |state| async move {
+        tokio::select! {
+            _ = state.shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+        let event = match overview_body(&state).await {
+            Ok(html) => Event::default()
+                .event("overview")
+                .data(html.replace('\r', "")),
+            Err(_) => Event::default().comment("database unavailable"),
+        };
+        Some((Ok::<_, Infallible>(event), state))
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

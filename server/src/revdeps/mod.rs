@@ -1,0 +1,217 @@
+//! opam reverse-dependency runs: owns `revdeps_runs`. A run is one plan job
+//! (phase 1 on an agent) and then shard jobs (phase 2 on slices of the
+//! candidates, on whichever agents are free).
+//!
+//! - here: a submission checked ([`ValidRevdeps`]), recorded with its plan
+//!   job, and a run read back ([`get`]).
+//! - [`coordinator`]: what happens when a run's jobs end: shards made when
+//!   the plan succeeds, results merged when the last shard ends.
+
+pub mod coordinator;
+
+use chrono::{DateTime, Utc};
+use flotilla_core::api::revdeps::{RunState, RunTimings, RunView, SubmitRevdeps};
+use flotilla_core::api::FieldError;
+use flotilla_core::job::{JobSpec, RevdepsJob, RevdepsQuery, RevdepsStep, RevdepsVariant};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::queue::submit::{submit_in, NewJob};
+
+/// What every job of one run shares: the question and how its steps are
+/// queued. Made from a submission, and again from the run's row when its
+/// shards are made.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub target: String,
+    pub repo: String,
+    pub variant: RevdepsVariant,
+    pub query: RevdepsQuery,
+    pub priority: i32,
+    /// Slots each step occupies on an agent.
+    pub cost: u32,
+    pub submitter: String,
+}
+
+impl RunSpec {
+    /// Step `step` of run `run_id` as a job to queue; shards are children of
+    /// the run, at their index.
+    fn job(&self, run_id: Uuid, step: RevdepsStep) -> NewJob {
+        let child_index = match &step {
+            RevdepsStep::Plan => None,
+            RevdepsStep::Solve { shard, .. } => Some(*shard as i32),
+        };
+        NewJob {
+            spec: JobSpec::Revdeps(RevdepsJob {
+                run_id,
+                repo: self.repo.clone(),
+                target: self.target.clone(),
+                variant: self.variant.clone(),
+                query: self.query.as_str().to_string(),
+                step,
+            }),
+            labels: Default::default(),
+            priority: self.priority,
+            max_attempts: 3,
+            cost: self.cost,
+            submitter: self.submitter.clone(),
+            parent_id: child_index.map(|_| run_id),
+            child_index,
+        }
+    }
+}
+
+/// A submission whose fields have been checked.
+#[derive(Debug, Clone)]
+pub struct ValidRevdeps {
+    /// Everything but the submitter, which comes from the caller.
+    pub spec: RunSpec,
+    pub shard_size: u32,
+}
+
+impl TryFrom<SubmitRevdeps> for ValidRevdeps {
+    type Error = FieldError;
+
+    fn try_from(s: SubmitRevdeps) -> Result<Self, FieldError> {
+        let name_version = |field: &str, v: &str| -> Result<(), FieldError> {
+            match v.split_once('.') {
+                Some((n, ver))
+                    if !n.is_empty() && !ver.is_empty() && !v.contains(char::is_whitespace) =>
+                {
+                    Ok(())
+                }
+                _ => Err(FieldError::at(
+                    field,
+                    format_args!("must be name.version, got {v:?}"),
+                )),
+            }
+        };
+        name_version("target", &s.target)?;
+        name_version("compiler", &s.compiler)?;
+        if s.repo.trim().is_empty() {
+            return Err(FieldError::at(
+                "repo",
+                "is empty: give the repository path on the agents, PATH[:REV]",
+            ));
+        }
+        if s.shard_size == 0 {
+            return Err(FieldError::at("shard_size", "must be at least 1"));
+        }
+        if s.cost == 0 || s.cost > 1024 {
+            return Err(FieldError::at("cost", "must be between 1 and 1024"));
+        }
+        if !flotilla_core::job::limits::PRIORITY_RANGE.contains(&s.priority) {
+            return Err(FieldError::at("priority", "must be between -1000 and 1000"));
+        }
+        Ok(ValidRevdeps {
+            spec: RunSpec {
+                variant: s.variant(),
+                target: s.target,
+                repo: s.repo,
+                query: s.query,
+                priority: s.priority,
+                cost: s.cost,
+                submitter: String::new(),
+            },
+            shard_size: s.shard_size,
+        })
+    }
+}
+
+/// Records a run and queues its plan job, in one transaction.
+pub async fn submit(db: &PgPool, run: ValidRevdeps, submitter: &str) -> Result<Uuid, sqlx::Error> {
+    let run_id = Uuid::new_v4();
+    let spec = RunSpec {
+        submitter: submitter.to_string(),
+        ..run.spec
+    };
+    let mut tx = db.begin().await?;
+    let plan = submit_in(&mut tx, &[spec.job(run_id, RevdepsStep::Plan)]).await?[0];
+    sqlx::query(
+        "INSERT INTO revdeps_runs (id, target, repo, variant, query, shard_size, priority,
+                                   submitter, plan_job)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(run_id)
+    .bind(&spec.target)
+    .bind(&spec.repo)
+    .bind(serde_json::to_value(&spec.variant).expect("variant serialises"))
+    .bind(spec.query.as_str())
+    .bind(run.shard_size as i32)
+    .bind(spec.priority)
+    .bind(submitter)
+    .bind(plan)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(run_id)
+}
+
+#[derive(sqlx::FromRow)]
+struct RunRow {
+    id: Uuid,
+    state: String,
+    target: String,
+    repo: String,
+    query: String,
+    variant: serde_json::Value,
+    plan_job: Uuid,
+    candidates: Option<i32>,
+    shards: Option<i32>,
+    result: Option<serde_json::Value>,
+    timings: Option<serde_json::Value>,
+    error: Option<String>,
+    created_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+}
+
+fn decode_error(index: &str, e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Error {
+    sqlx::Error::ColumnDecode {
+        index: index.into(),
+        source: Box::new(e),
+    }
+}
+
+pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<RunView>, sqlx::Error> {
+    let row: Option<RunRow> = sqlx::query_as(
+        "SELECT id, state, target, repo, query, variant, plan_job, candidates, shards, result,
+                timings, error, created_at, finished_at
+         FROM revdeps_runs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    let Some(r) = row else { return Ok(None) };
+    let shards_done: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobs WHERE parent_id = $1 AND state = 'succeeded'",
+    )
+    .bind(id)
+    .fetch_one(db)
+    .await?;
+    Ok(Some(RunView {
+        id: r.id,
+        state: RunState::parse(&r.state).ok_or_else(|| {
+            decode_error(
+                "state",
+                std::io::Error::other(format!("run state {:?}", r.state)),
+            )
+        })?,
+        target: r.target,
+        repo: r.repo,
+        query: r.query.parse().map_err(|e| decode_error("query", e))?,
+        variant: serde_json::from_value(r.variant).map_err(|e| decode_error("variant", e))?,
+        plan_job: r.plan_job,
+        candidates: r.candidates,
+        shards: r.shards,
+        shards_done,
+        result: r.result.and_then(|v| serde_json::from_value(v).ok()),
+        timings: r
+            .timings
+            .map(serde_json::from_value::<RunTimings>)
+            .transpose()
+            .map_err(|e| decode_error("timings", e))?,
+        error: r.error,
+        created_at: r.created_at,
+        finished_at: r.finished_at,
+    }))
+}
