@@ -1,4 +1,4 @@
-//! What this agent computes on, as registration reports it: the CPU and the encoder setup.
+//! What this agent computes on (CPU, encoder), as registration reports it.
 
 use std::path::Path;
 

@@ -1,4 +1,4 @@
-//! Command jobs: a shell command in its work directory, its output lines to the log, its declared outputs uploaded.
+//! Command jobs: a shell command in its work directory, then its declared outputs uploaded.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,7 +12,8 @@ use crate::server_api::CallError;
 use super::JobContext;
 
 /// Runs the command to its end, then uploads each declared output. The log
-/// holds only the command's own lines: the agent adds none of its own.
+/// holds only the command's own lines, the agent adding none: a command's
+/// log is its output, which scripts that read it rely on.
 pub async fn run(ctx: &JobContext, cmd: &CommandJob) -> Result<Complete, Fail> {
     let fail = |class, message: String, exit_code| Fail {
         exit_code,

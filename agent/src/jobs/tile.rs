@@ -1,4 +1,4 @@
-//! Tile jobs: the checkpoint (cached by sha256), the tile's inputs, the encoder on a blocking thread, the outputs uploaded.
+//! Tile jobs: checkpoint, inputs, the encoder on a blocking thread, outputs uploaded.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;

@@ -1,4 +1,4 @@
-//! The agent's loops: register, lease while below capacity, heartbeat every lease, run and report each job.
+//! The agent's loops: lease while below capacity, heartbeat every lease, report each job once.
 //!
 //! Each job runs on its own task and is reported exactly once. Shutdown stops
 //! leasing, stops the running jobs and hands them back as retryable, so

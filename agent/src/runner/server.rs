@@ -1,4 +1,4 @@
-//! The server as the loops see it: a trait over the calls they make, so that tests can put a fake server in its place.
+//! The server as the loops see it: a trait, so that a test can fake it.
 
 use std::future::Future;
 use std::time::Duration;
