@@ -309,31 +309,52 @@ pub fn graph_formula(repo: &Repository, variant: &Variant, pkg: PkgId) -> Formul
     })
 }
 
-/// An atom of the CNF opam's graph is built from: a name and at most one
-/// version bound, or an atom whose filter drops it after the CNF is made.
-#[derive(Clone, Copy, Debug)]
-enum Leaf<'a> {
-    Bound(&'a str, Option<&'a (Relop, Version)>),
-    Dropped,
-}
+/// One atom of the CNF opam's graph is built from: a name and the versions
+/// its one version bound allows, or `None` for an atom whose filter drops
+/// it after the CNF is made.
+type Leaf<'a> = Option<(&'a str, Vec<PkgId>)>;
 
 /// `OpamFilter.atomise_extended`: `"a" {>= "1" & < "2"}` becomes the atoms
 /// `a >= 1` and `a < 2` under the same AND (an OR of bounds, under an OR).
-fn atomise(f: &Formula<GraphAtom>) -> Formula<Leaf<'_>> {
-    fn bounds<'a>(name: &'a str, vf: &'a VFormula) -> Formula<Leaf<'a>> {
+/// Each atom of the result indexes `leaves`, so that what it matches is
+/// found once however many CNF clauses repeat it.
+fn atomise<'a>(
+    repo: &Repository,
+    f: &'a Formula<GraphAtom>,
+    leaves: &mut Vec<Leaf<'a>>,
+) -> Formula<usize> {
+    fn leaf<'a>(leaves: &mut Vec<Leaf<'a>>, l: Leaf<'a>) -> Formula<usize> {
+        leaves.push(l);
+        Formula::Atom(leaves.len() - 1)
+    }
+    fn bounds<'a>(
+        repo: &Repository,
+        name: &'a str,
+        vf: &VFormula,
+        leaves: &mut Vec<Leaf<'a>>,
+    ) -> Formula<usize> {
+        let all = |v: &[VFormula], leaves: &mut Vec<Leaf<'a>>| -> Vec<Formula<usize>> {
+            v.iter().map(|x| bounds(repo, name, x, leaves)).collect()
+        };
         match vf {
-            Formula::Empty => Formula::Atom(Leaf::Bound(name, None)),
-            Formula::Atom(b) => Formula::Atom(Leaf::Bound(name, Some(b))),
-            Formula::And(v) => Formula::And(v.iter().map(|x| bounds(name, x)).collect()),
-            Formula::Or(v) => Formula::Or(v.iter().map(|x| bounds(name, x)).collect()),
+            Formula::Empty => leaf(
+                leaves,
+                Some((name, bound_matches(repo, name, None).collect())),
+            ),
+            Formula::Atom(b) => leaf(
+                leaves,
+                Some((name, bound_matches(repo, name, Some(b)).collect())),
+            ),
+            Formula::And(v) => Formula::And(all(v, leaves)),
+            Formula::Or(v) => Formula::Or(all(v, leaves)),
         }
     }
     match f {
         Formula::Empty => Formula::Empty,
-        Formula::Atom(g) if !g.kept => Formula::Atom(Leaf::Dropped),
-        Formula::Atom(g) => bounds(&g.atom.name, &g.atom.vf),
-        Formula::And(v) => Formula::And(v.iter().map(atomise).collect()),
-        Formula::Or(v) => Formula::Or(v.iter().map(atomise).collect()),
+        Formula::Atom(g) if !g.kept => leaf(leaves, None),
+        Formula::Atom(g) => bounds(repo, &g.atom.name, &g.atom.vf, leaves),
+        Formula::And(v) => Formula::And(v.iter().map(|x| atomise(repo, x, leaves)).collect()),
+        Formula::Or(v) => Formula::Or(v.iter().map(|x| atomise(repo, x, leaves)).collect()),
     }
 }
 
@@ -363,29 +384,23 @@ fn atomise(f: &Formula<GraphAtom>) -> Formula<Leaf<'_>> {
 /// in opam's answers for coq.9.1.1). A name strong anywhere ignores its weak
 /// clauses (`"dune" {>= "2.9"} & ("dune" {>= "3.22"} | "lwt")`: dune ≥ 2.9).
 pub fn graph_edges(repo: &Repository, f: &Formula<GraphAtom>) -> Vec<PkgId> {
-    let leaves = atomise(f);
+    let mut leaves: Vec<Leaf> = Vec::new();
+    let cnf = atomise(repo, f, &mut leaves);
     let mut strong: HashMap<&str, Vec<PkgId>> = HashMap::new();
     let mut weak: HashMap<&str, Vec<PkgId>> = HashMap::new();
-    for clause in leaves.cnf() {
+    for clause in cnf.cnf() {
         // Every name of the clause, with the versions its bounds allow
         // (possibly none); atoms dropped after the CNF leave the clause.
         let mut by_name: Vec<(&str, Vec<PkgId>)> = Vec::new();
-        for leaf in clause {
-            let &Leaf::Bound(name, bound) = leaf else {
-                continue;
-            };
-            let i = match by_name.iter().position(|(n, _)| *n == name) {
-                Some(i) => i,
-                None => {
-                    by_name.push((name, Vec::new()));
-                    by_name.len() - 1
+        for &(name, ref versions) in clause.iter().filter_map(|&&i| leaves[i].as_ref()) {
+            match by_name.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, v)) => {
+                    v.extend(versions);
+                    v.sort_unstable();
+                    v.dedup();
                 }
-            };
-            by_name[i].1.extend(bound_matches(repo, name, bound));
-        }
-        for (_, v) in &mut by_name {
-            v.sort_unstable();
-            v.dedup();
+                None => by_name.push((name, versions.clone())),
+            }
         }
         match by_name.len() {
             // Only dropped atoms: the clause is gone.
