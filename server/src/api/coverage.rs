@@ -1,4 +1,5 @@
-//! `/api/v1/coverage/import`: record the tiles of a geotessera `manifest.parquet` as present.
+//! `/api/v1/coverage/import`: the tiles of a geotessera `manifest.parquet`
+//! recorded as present.
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};

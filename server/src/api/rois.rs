@@ -1,4 +1,5 @@
-//! `/api/v1/rois`: plan and submit a region of interest for a year of a dataset, and follow its progress.
+//! `/api/v1/rois`: plan and submit a region of interest for a year of a
+//! dataset, and follow its progress.
 
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;

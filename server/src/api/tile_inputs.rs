@@ -1,4 +1,8 @@
-//! What a tile job reads, lease-guarded: `GET /api/agent/v1/jobs/{id}/checkpoint?lease=` (the dataset's checkpoint) and `GET …/jobs/{id}/inputs/{file}?lease=` (`{input_prefix}/{year}/{tile}/{file}` from the store).
+//! What a tile job reads, lease-guarded.
+//!
+//! - `GET /api/agent/v1/jobs/{id}/checkpoint?lease=`: the dataset's checkpoint.
+//! - `GET …/jobs/{id}/inputs/{file}?lease=`: the object
+//!   `{input_prefix}/{year}/{tile}/{file}`.
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};

@@ -1,4 +1,4 @@
-//! `/api/v1/tokens`: an admin makes, lists and revokes client, admin and agent tokens.
+//! `/api/v1/tokens`: an admin makes, lists and revokes tokens.
 
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;

@@ -1,4 +1,7 @@
-//! `flotilla tiles info|place`: tile geometry from `flotilla_core::grid`, as JSON (no server needed).
+//! `flotilla tiles info|place`: tile geometry as JSON, computed locally.
+//!
+//! Footprints and zone-grid placement come from `flotilla_core::grid`; no
+//! server is needed.
 
 use std::io::Write;
 

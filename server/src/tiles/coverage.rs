@@ -1,4 +1,7 @@
-//! Coverage: which (dataset, year, tile) embeddings exist — imported from a geotessera `manifest.parquet` or recorded when the fleet finishes a tile.
+//! Coverage: which (dataset, year, tile) embeddings exist.
+//!
+//! Rows come from an imported geotessera `manifest.parquet` or are recorded
+//! when the fleet finishes a tile.
 
 use bytes::Bytes;
 use flotilla_core::grid::TileId;

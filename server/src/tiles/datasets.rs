@@ -1,4 +1,4 @@
-//! Datasets: a model checkpoint in the object store and where a tile's inputs come from. Owns the `datasets` table.
+//! Datasets: a checkpoint and where tile inputs come from; owns `datasets`.
 
 use flotilla_core::api::datasets::{DatasetView, NewDataset};
 use flotilla_core::api::FieldError;

@@ -1,4 +1,7 @@
-//! A tile job's completion: its two outputs are copied to `{dataset}/{year}/grid_X_Y/` and its coverage recorded in the transaction that marks it succeeded.
+//! A tile job's completion, inside the transaction that marks it succeeded.
+//!
+//! Its two outputs are copied to `{dataset}/{year}/grid_X_Y/` and its
+//! coverage is recorded.
 //!
 //! Order: the job row is updated (locked) first, then the objects are copied
 //! from the attempt's own keys, then coverage is written, then the

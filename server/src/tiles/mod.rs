@@ -1,4 +1,6 @@
-//! TESSERA tiles on the server: datasets, coverage, ROI planning and submission, tile completion. Owns the `datasets`, `coverage`, `rois` and `tile_jobs` tables.
+//! TESSERA tiles on the server.
+//!
+//! Owns the `datasets`, `coverage`, `rois` and `tile_jobs` tables.
 //!
 //! - [`datasets`]: register a dataset (checkpoint in the store, where inputs
 //!   come from).

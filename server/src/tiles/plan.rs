@@ -1,4 +1,7 @@
-//! ROI planning and submission: region → tiles → minus coverage and live tile jobs → one job per missing tile, inserted in bulk in one transaction.
+//! ROI planning and submission.
+//!
+//! Region → tiles → minus coverage and live tile jobs → one job per missing
+//! tile, inserted in bulk in one transaction.
 
 use std::collections::HashSet;
 

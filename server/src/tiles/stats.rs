@@ -1,4 +1,4 @@
-//! Tiles per hour per agent (`GET /api/v1/tiles/stats`), from the tile jobs that succeeded.
+//! Tiles per hour per agent, from the tile jobs that succeeded.
 
 use flotilla_core::api::rois::AgentTileRate;
 
