@@ -1,0 +1,117 @@
+//! The `api_tokens` table: random secrets shown once, stored as sha256
+//! hashes; made, listed, revoked.
+
+use flotilla_core::api::{TokenRole, TokenView};
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// Tokens carry 256 random bits, so one unsalted sha256 is enough: there is
+/// no dictionary to attack, and a lookup stays one index probe.
+pub fn hash_token(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+/// A fresh secret: `flt_` and 64 hex digits.
+pub fn new_secret() -> String {
+    let mut bytes = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    format!("flt_{}", hex::encode(bytes))
+}
+
+/// Stores a new token and returns its id and secret.
+pub async fn create_token(
+    db: &PgPool,
+    role: TokenRole,
+    agent_name: Option<&str>,
+    description: Option<&str>,
+) -> Result<(Uuid, String), sqlx::Error> {
+    let secret = new_secret();
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO api_tokens (id, token_hash, role, agent_name, description)
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(id)
+    .bind(hash_token(&secret))
+    .bind(role.as_str())
+    .bind(agent_name)
+    .bind(description)
+    .execute(db)
+    .await?;
+    Ok((id, secret))
+}
+
+type TokenRow = (
+    Uuid,
+    String,
+    Option<String>,
+    Option<String>,
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+);
+
+fn token_view(row: TokenRow) -> Result<TokenView, sqlx::Error> {
+    let (id, role, agent_name, description, created_at, revoked_at) = row;
+    let role = TokenRole::parse(&role).ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: "role".into(),
+        source: format!("unknown role `{role}`").into(),
+    })?;
+    Ok(TokenView {
+        id,
+        role,
+        agent_name,
+        description,
+        created_at,
+        revoked_at,
+    })
+}
+
+/// Every token, newest first (hashes and secrets are never shown).
+pub async fn list_tokens(db: &PgPool) -> Result<Vec<TokenView>, sqlx::Error> {
+    let rows: Vec<TokenRow> = sqlx::query_as(
+        "SELECT id, role, agent_name, description, created_at, revoked_at
+         FROM api_tokens ORDER BY created_at DESC",
+    )
+    .fetch_all(db)
+    .await?;
+    rows.into_iter().map(token_view).collect()
+}
+
+/// Revokes token `id` (again is a no-op); `None` if there is no such token.
+/// The caller must also [`super::AuthCache::forget_tokens`].
+pub async fn revoke_token(db: &PgPool, id: Uuid) -> Result<Option<TokenView>, sqlx::Error> {
+    let row: Option<TokenRow> = sqlx::query_as(
+        "UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1
+         RETURNING id, role, agent_name, description, created_at, revoked_at",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    row.map(token_view).transpose()
+}
+
+/// Makes sure `secret` is a valid token of `role` (used for the admin token
+/// that `flotilla up` and `flotilla serve --admin-token-file` keep on disk).
+pub async fn ensure_token(
+    db: &PgPool,
+    secret: &str,
+    role: TokenRole,
+    agent_name: Option<&str>,
+    description: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO api_tokens (id, token_hash, role, agent_name, description)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (token_hash) DO NOTHING",
+    )
+    .bind(Uuid::new_v4())
+    .bind(hash_token(secret))
+    .bind(role.as_str())
+    .bind(agent_name)
+    .bind(description)
+    .execute(db)
+    .await?;
+    Ok(())
+}
