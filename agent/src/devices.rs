@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use flotilla_core::api::{Devices, EncoderInfo, EncoderProfile};
 use tessera_encoder::{BackendChoice, DeviceProfile};
 
 /// The encoder this agent runs: backend and device profile, chosen once at
@@ -24,30 +25,37 @@ impl EncoderSetup {
     /// What registration reports under `devices.encoder`: the backend in
     /// use, its profile, and why each faster backend is not used (say, a GPU
     /// box whose agent cannot load cuBLAS), for the operator to see.
-    pub fn describe(&self) -> serde_json::Value {
-        let unavailable: serde_json::Map<String, serde_json::Value> =
-            [BackendChoice::Cuda, BackendChoice::Onednn]
-                .into_iter()
-                .filter_map(|b| {
-                    tessera_encoder::backend::unavailable_reason(b)
-                        .map(|why| (b.name().to_string(), serde_json::Value::String(why)))
-                })
-                .collect();
-        serde_json::json!({
-            "backend": self.choice.name(),
-            "profile": serde_json::to_value(&self.profile).unwrap_or(serde_json::Value::Null),
-            "unavailable": unavailable,
-        })
+    pub fn describe(&self) -> EncoderInfo {
+        let unavailable = [BackendChoice::Cuda, BackendChoice::Onednn]
+            .into_iter()
+            .filter_map(|b| {
+                tessera_encoder::backend::unavailable_reason(b)
+                    .map(|why| (b.name().to_string(), why))
+            })
+            .collect();
+        let p = &self.profile;
+        EncoderInfo {
+            backend: self.choice.name().to_string(),
+            profile: Some(EncoderProfile {
+                device: p.device.clone(),
+                backend: p.backend.name().to_string(),
+                chunk_pixels: p.chunk_pixels,
+                block_pixels: p.block_pixels,
+                threads: p.threads,
+                dtype: p.dtype.name().to_string(),
+            }),
+            unavailable,
+        }
     }
 }
 
 /// `Register.devices`: the CPU model and, when this agent takes tile jobs,
 /// its encoder.
-pub fn registration(cpu_model: &str, encoder: Option<&EncoderSetup>) -> serde_json::Value {
-    serde_json::json!({
-        "cpu": cpu_model,
-        "encoder": encoder.map(EncoderSetup::describe),
-    })
+pub fn registration(cpu_model: &str, encoder: Option<&EncoderSetup>) -> Devices {
+    Devices {
+        cpu: Some(cpu_model.to_string()),
+        encoder: encoder.map(EncoderSetup::describe),
+    }
 }
 
 #[cfg(test)]
@@ -58,13 +66,12 @@ mod tests {
     fn registration_says_why_faster_backends_are_not_used() {
         let setup = EncoderSetup::detect(None).unwrap();
         let d = setup.describe();
-        assert_eq!(d["backend"], setup.choice.name());
-        let unavailable = d["unavailable"].as_object().expect("an object");
-        let cuda = unavailable.get("cuda").and_then(|v| v.as_str());
+        assert_eq!(d.backend, setup.choice.name());
+        let cuda = d.unavailable.get("cuda");
         if tessera_encoder::backend::cuda_usable() {
-            assert!(cuda.is_none(), "{d}");
+            assert!(cuda.is_none(), "{d:?}");
         } else {
-            assert!(cuda.is_some_and(|why| !why.is_empty()), "{d}");
+            assert!(cuda.is_some_and(|why| !why.is_empty()), "{d:?}");
         }
     }
 }

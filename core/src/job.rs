@@ -90,19 +90,14 @@ pub enum JobSpec {
 }
 
 impl JobSpec {
-    /// The kind of job this spec describes.
-    pub fn job_kind(&self) -> JobKind {
+    /// The kind of job this spec describes (its name is what the `jobs.kind`
+    /// column stores and is matched against the kinds an agent runs).
+    pub fn kind(&self) -> JobKind {
         match self {
             JobSpec::Command(_) => JobKind::Command,
             JobSpec::Revdeps(_) => JobKind::Revdeps,
             JobSpec::Tile(_) => JobKind::Tile,
         }
-    }
-
-    /// The kind name, as stored in the `jobs.kind` column and matched against
-    /// the kinds an agent says it can run.
-    pub fn kind(&self) -> &'static str {
-        self.job_kind().as_str()
     }
 }
 
@@ -214,8 +209,7 @@ pub struct RevdepsJob {
     /// `name.version`.
     pub target: String,
     pub variant: RevdepsVariant,
-    /// `union`, `depopts`, `recursive` or `with-test-depopts`.
-    pub query: String,
+    pub query: RevdepsQuery,
     pub step: RevdepsStep,
 }
 
@@ -418,7 +412,7 @@ mod tests {
     #[test]
     fn spec_parses_with_kind_tag_and_rejects_unknown_kind() {
         let spec: JobSpec = serde_json::from_str(r#"{"kind":"command","command":"true"}"#).unwrap();
-        assert_eq!(spec.kind(), "command");
+        assert_eq!(spec.kind(), JobKind::Command);
         let err = serde_json::from_str::<JobSpec>(r#"{"kind":"nope","command":"true"}"#)
             .unwrap_err()
             .to_string();

@@ -26,9 +26,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::api::{AgentState, Progress};
+use crate::api::{AgentState, Devices, Progress};
 use crate::health::HostHealth;
-use crate::job::{FailureClass, JobSpec, JobState};
+use crate::job::{FailureClass, JobKind, JobSpec, JobState};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Register {
@@ -37,14 +37,13 @@ pub struct Register {
     pub labels: BTreeMap<String, String>,
     /// Slots; a job occupies `cost` of them.
     pub capacity: u32,
-    /// Job kinds this agent can run (`command`, `tile`, `revdeps`, …).
-    pub kinds: Vec<String>,
+    /// Job kinds this agent can run.
+    pub kinds: Vec<JobKind>,
     pub version: String,
     pub health: HostHealth,
-    /// What the agent can compute on (CPU model, GPUs) and the encoder
-    /// profiles it uses, as free-form JSON for the dashboard.
+    /// What the agent computes on (CPU model) and the tile encoder it uses.
     #[serde(default)]
-    pub devices: serde_json::Value,
+    pub devices: Devices,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

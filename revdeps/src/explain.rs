@@ -1,9 +1,10 @@
 //! Why one package version is in or out of the answer: which formula selects
 //! it in phase 1, and whether (and why not) it is coinstallable in phase 2.
 
+use crate::encoding::{in_model, Encoding, Origin, L};
 use crate::formula::{Formula, RAtom};
 use crate::phase1::{self, GraphAtom, Query, DEPOPTS, RECURSIVE, WITH_TEST_DEPOPTS};
-use crate::phase2::{self, Encoding, Origin, L};
+use crate::phase2;
 use crate::repository::{PkgId, Repository};
 use crate::variant::Variant;
 use batsat::{lbool, SolverInterface};
@@ -149,7 +150,7 @@ pub fn explain(
         if s.solve_limited(&lits) == lbool::TRUE {
             any = true;
             let witness: Vec<String> = (0..repo.packages.len() as PkgId)
-                .filter(|&q| phase2::in_model(&s, q))
+                .filter(|&q| in_model(&s, q))
                 .map(|q| repo.display(q))
                 .collect();
             let _ = writeln!(

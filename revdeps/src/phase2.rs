@@ -13,9 +13,7 @@ use batsat::{lbool, SolverInterface};
 use rayon::prelude::*;
 use std::sync::atomic::AtomicBool;
 
-// The CNF lives in `encoding.rs`; re-exported here for callers that reach it
-// through phase 2 (`explain`).
-pub use crate::encoding::{in_model, Encoding, Origin, L};
+use crate::encoding::Encoding;
 
 /// opam's universe for `--coinstallable-with` (OpamSolver.coinstallable_subset):
 /// available packages only, dependencies with `build` and `post` true.

@@ -27,10 +27,10 @@ pub async fn register(db: &PgPool, reg: &Register) -> Result<(Uuid, AgentState),
     .bind(Uuid::new_v4())
     .bind(&reg.name)
     .bind(serde_json::to_value(&reg.labels).expect("labels serialise"))
-    .bind(&reg.kinds)
+    .bind(reg.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>())
     .bind(reg.capacity as i32)
     .bind(&reg.version)
-    .bind(&reg.devices)
+    .bind(serde_json::to_value(&reg.devices).expect("devices serialise"))
     .bind(serde_json::to_value(&reg.health).expect("health serialises"))
     .fetch_one(db)
     .await?;

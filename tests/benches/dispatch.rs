@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flotilla_core::health::HostHealth;
-use flotilla_core::job::{CommandJob, JobSpec};
+use flotilla_core::job::{CommandJob, JobKind, JobSpec};
 use flotilla_core::protocol::{Complete, Register};
 use flotilla_e2e::procs::{Server, ServerOpts};
 use flotilla_server::queue::{claim, lease, submit};
@@ -55,10 +55,10 @@ fn register(name: &str) -> Register {
         name: name.into(),
         labels: BTreeMap::new(),
         capacity: 1,
-        kinds: vec!["command".into()],
+        kinds: vec![JobKind::Command],
         version: "bench".into(),
         health: HostHealth::default(),
-        devices: serde_json::Value::Null,
+        devices: Default::default(),
     }
 }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use flotilla_core::health::HostHealth;
-use flotilla_core::job::{CommandJob, FailureClass, JobSpec, JobState};
+use flotilla_core::job::{CommandJob, FailureClass, JobKind, JobSpec, JobState};
 use flotilla_core::protocol::{Complete, Register};
 use flotilla_server::queue::{claim, lease, reaper, submit};
 use flotilla_server::{agents, serve};
@@ -55,10 +55,10 @@ async fn agent(db: &PgPool, name: &str, capacity: u32, labels: &[(&str, &str)]) 
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             capacity,
-            kinds: vec!["command".into()],
+            kinds: vec![JobKind::Command],
             version: "t".into(),
             health: HostHealth::default(),
-            devices: serde_json::Value::Null,
+            devices: Default::default(),
         },
     )
     .await
@@ -230,10 +230,10 @@ async fn agents_only_get_kinds_they_run() {
             name: "tiles-only".into(),
             labels: BTreeMap::new(),
             capacity: 4,
-            kinds: vec!["tile".into()],
+            kinds: vec![JobKind::Tile],
             version: "t".into(),
             health: HostHealth::default(),
-            devices: serde_json::Value::Null,
+            devices: Default::default(),
         },
     )
     .await

@@ -200,6 +200,32 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
         .join(YEAR.to_string())
         .join(fetch_tile);
     tiles::assert_same_outputs(&stored, &expected, fetch_tile);
+    // The agent's own lines (stream `agent`) reach the tile job's log.
+    let jobs = api.get("/api/v1/jobs?limit=1000").await;
+    let fetch_job = jobs["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["spec"]["tile"] == fetch_tile)
+        .unwrap_or_else(|| panic!("no job for {fetch_tile}: {jobs}"));
+    let log = api
+        .http
+        .get(format!(
+            "{}/api/v1/jobs/{}/log",
+            api.base,
+            fetch_job["id"].as_str().unwrap()
+        ))
+        .bearer_auth(&api.token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        log.contains("[agent] fetching inputs with command"),
+        "the agent's lines are missing from the log:\n{log}"
+    );
 
     // Done tiles are present: a re-submission adds nothing.
     let again = api.post("/api/v1/rois", roi("three, later", bbox)).await;

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_core::job::{FailureClass, JobSpec};
+use flotilla_core::job::{FailureClass, JobKind, JobSpec};
 use flotilla_core::protocol::{Complete, Fail, LeaseRef, LeasedJob};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -92,10 +92,10 @@ impl Kinds {
     }
 
     /// The kinds to register.
-    pub fn names(&self) -> Vec<String> {
-        let mut kinds = vec!["command".to_string(), "revdeps".to_string()];
+    pub fn names(&self) -> Vec<JobKind> {
+        let mut kinds = vec![JobKind::Command, JobKind::Revdeps];
         if self.tiles.is_some() {
-            kinds.push("tile".to_string());
+            kinds.push(JobKind::Tile);
         }
         kinds
     }

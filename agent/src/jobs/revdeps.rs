@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use flotilla_core::job::{
-    FailureClass, RevdepsCandidate, RevdepsJob, RevdepsPlan, RevdepsShardResult, RevdepsStep,
+    FailureClass, RevdepsCandidate, RevdepsJob, RevdepsPlan, RevdepsQuery, RevdepsShardResult,
+    RevdepsStep,
 };
 use flotilla_core::protocol::{Complete, Fail};
 use opam_revdeps::{answer, phase1, phase2, Candidate, Query, Repository, Source, Variant};
@@ -51,14 +52,14 @@ impl RepoCache {
     }
 }
 
-fn query(q: &str) -> Result<Query, String> {
-    Ok(match q {
-        "union" => Query::Union,
-        "depopts" => Query::Depopts,
-        "recursive" => Query::Recursive,
-        "with-test-depopts" => Query::WithTestDepopts,
-        other => return Err(format!("unknown query `{other}`")),
-    })
+/// The library's query for the contract's (one per variant, no fallback).
+fn query(q: RevdepsQuery) -> Query {
+    match q {
+        RevdepsQuery::Union => Query::Union,
+        RevdepsQuery::Depopts => Query::Depopts,
+        RevdepsQuery::Recursive => Query::Recursive,
+        RevdepsQuery::WithTestDepopts => Query::WithTestDepopts,
+    }
 }
 
 fn variant(job: &RevdepsJob) -> Result<Variant, String> {
@@ -163,7 +164,7 @@ pub async fn run(
 fn step(cache: &RepoCache, job: &RevdepsJob, threads: usize) -> Result<Found, String> {
     let (repo, load_ms) = cache.get(&job.repo)?;
     let variant = variant(job)?;
-    let q = query(&job.query)?;
+    let q = query(job.query);
     let target = repo
         .find(&job.target)
         .map_err(|e| format!("target {}: {e}", job.target))?;

@@ -17,17 +17,6 @@ use crate::server_api::{CallError, ServerApi};
 
 use super::JobContext;
 
-/// The input files of a tile in the geotessera preprocessing layout.
-pub const INPUT_FILES: [&str; 7] = [
-    "bands.npy",
-    "masks.npy",
-    "doys.npy",
-    "sar_ascending.npy",
-    "sar_ascending_doy.npy",
-    "sar_descending.npy",
-    "sar_descending_doy.npy",
-];
-
 /// How long a dataset's fetch command may run. A 0.1° tile's `bands.npy`
 /// alone is up to ~1.5 GB (60 frames × 1100 × 1100 px × 10 bands × u16):
 /// an hour allows for a source that delivers under 1 MB/s.
@@ -290,14 +279,14 @@ async fn run_in(
     ))
 }
 
-/// Downloads [`INPUT_FILES`] from the server (the dataset's input prefix).
+/// Downloads [`TileJob::INPUT_FILES`] from the server (the dataset's input prefix).
 async fn download_inputs(ctx: &JobContext, inputs: &Path) -> Result<(), StepError> {
     ctx.note(format!(
         "downloading {} input files from the server",
-        INPUT_FILES.len()
+        TileJob::INPUT_FILES.len()
     ))
     .await;
-    for file in INPUT_FILES {
+    for file in TileJob::INPUT_FILES {
         ctx.api
             .download(ctx.lease, &format!("inputs/{file}"), &inputs.join(file))
             .await

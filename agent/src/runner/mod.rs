@@ -281,7 +281,7 @@ impl<S: Server, E: Execute> Loops<S, E> {
                 ttl: Duration::from_millis(job.lease_ttl_ms),
             },
         );
-        tracing::info!(job = %job.job_id, attempt = job.attempt, kind = job.spec.kind(), "running");
+        tracing::info!(job = %job.job_id, attempt = job.attempt, kind = %job.spec.kind(), "running");
         let loops = self.clone();
         let shutdown = shutdown.clone();
         jobs.spawn(async move {

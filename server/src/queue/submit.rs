@@ -86,7 +86,7 @@ pub async fn submit_in(
         let id = Uuid::now_v7();
         ids.push(id);
         id_col.push(id);
-        kind_col.push(job.spec.kind().to_string());
+        kind_col.push(job.spec.kind().as_str());
         spec_col.push(serde_json::to_value(&job.spec).expect("JobSpec serialises to JSON"));
         prio_col.push(job.priority);
         label_col.push(serde_json::to_value(&job.labels).expect("labels serialise to JSON"));

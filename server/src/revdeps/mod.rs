@@ -47,7 +47,7 @@ impl RunSpec {
                 repo: self.repo.clone(),
                 target: self.target.clone(),
                 variant: self.variant.clone(),
-                query: self.query.as_str().to_string(),
+                query: self.query,
                 step,
             }),
             labels: Default::default(),
