@@ -1,5 +1,5 @@
 //! The one place an attempt's end is recorded: an agent's `complete` or
-//! `fail`. The finishing statement returns what it finished (kind, parent,
+//! `fail`. The finishing statement returns what it finished (kind, state,
 //! a tile's spec), and the kind's own work is dispatched from here: a tile
 //! job's results are published in the transaction that marks it succeeded;
 //! a revdeps step wakes the coordinator ([`crate::coordinator`]) so its run
@@ -9,7 +9,7 @@ use flotilla_core::job::{JobKind, JobState};
 use flotilla_core::protocol::{Complete, Fail};
 
 use crate::error::{ApiError, ApiResult};
-use crate::queue::lease::{self, Ended, Failure, LeaseKey, LeaseRefused};
+use crate::queue::lease::{self, AttemptEnd, Failure, LeaseKey, LeaseRefused};
 use crate::state::AppState;
 use crate::tiles::finish::{self, FinishError};
 
@@ -25,7 +25,7 @@ impl From<FinishError> for ApiError {
 
 /// Records a success, with the kind's own finishing in the same
 /// transaction: nothing of it counts unless all of it does.
-pub async fn complete(state: &AppState, key: LeaseKey, c: &Complete) -> ApiResult<Ended> {
+pub async fn complete(state: &AppState, key: LeaseKey, c: &Complete) -> ApiResult<AttemptEnd> {
     let mut tx = state.db.begin().await?;
     let ended = lease::complete_in(&mut tx, key, c).await?;
     if let Some(tile) = &ended.tile {
@@ -38,7 +38,7 @@ pub async fn complete(state: &AppState, key: LeaseKey, c: &Complete) -> ApiResul
 
 /// Records a failed attempt (retried after a back-off while attempts
 /// remain).
-pub async fn fail(state: &AppState, key: LeaseKey, f: &Fail) -> Result<Ended, LeaseRefused> {
+pub async fn fail(state: &AppState, key: LeaseKey, f: &Fail) -> Result<AttemptEnd, LeaseRefused> {
     let ended = lease::fail(
         &state.db,
         key,
@@ -54,10 +54,12 @@ pub async fn fail(state: &AppState, key: LeaseKey, f: &Fail) -> Result<Ended, Le
     Ok(ended)
 }
 
-/// After the commit: a parent may have something to do.
-fn after_end(state: &AppState, ended: &Ended) {
-    let parent_waits = ended.kind == JobKind::Revdeps && ended.state != JobState::Retrying;
-    if parent_waits {
+/// After the commit: a revdeps step that ended for good (a plan or a
+/// shard) may let its run advance. A tile's parent, its ROI, has nothing to
+/// do: its progress is read from its children.
+fn after_end(state: &AppState, ended: &AttemptEnd) {
+    let run_may_advance = ended.kind == JobKind::Revdeps && ended.state != JobState::Retrying;
+    if run_may_advance {
         state.parents_signal.notify_one();
     }
 }

@@ -118,3 +118,15 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// The error for a stored value that does not parse into its type (a
+/// state, a kind, a spec): the column's name and why.
+pub fn column_error(
+    column: &str,
+    e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> sqlx::Error {
+    sqlx::Error::ColumnDecode {
+        index: column.into(),
+        source: e.into(),
+    }
+}

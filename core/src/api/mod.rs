@@ -5,8 +5,9 @@
 //! - [`jobs`]: `/api/v1/jobs` — submit, show, list, log, cancel.
 //! - [`agents`]: `/api/v1/agents` — list; pause, drain, resume.
 //! - [`tokens`]: `/api/v1/tokens` — make, list, revoke API tokens.
-//! - [`rois`]: `/api/v1/rois` and `/api/v1/tiles/stats` — regions of
-//!   interest, their plans and progress, tiles per hour.
+//! - [`rois`]: `/api/v1/rois` — regions of interest, their plans and
+//!   progress.
+//! - [`tiles`]: `/api/v1/tiles/stats` — tiles per hour per agent.
 //! - [`revdeps`]: `/api/v1/revdeps` — opam reverse-dependency runs.
 //! - [`datasets`]: `/api/v1/datasets` and `/api/v1/coverage/import`.
 
@@ -15,6 +16,7 @@ pub mod datasets;
 pub mod jobs;
 pub mod revdeps;
 pub mod rois;
+pub mod tiles;
 pub mod tokens;
 
 pub use agents::*;

@@ -135,8 +135,15 @@ impl RunState {
             RunState::Failed => "failed",
         }
     }
+}
 
-    pub fn parse(s: &str) -> Option<Self> {
+#[derive(Debug, thiserror::Error)]
+#[error("unknown run state `{0}`")]
+pub struct UnknownRunState(pub String);
+
+impl std::str::FromStr for RunState {
+    type Err = UnknownRunState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         [
             RunState::Planning,
             RunState::Solving,
@@ -145,6 +152,7 @@ impl RunState {
         ]
         .into_iter()
         .find(|r| r.as_str() == s)
+        .ok_or_else(|| UnknownRunState(s.to_string()))
     }
 }
 

@@ -1,6 +1,5 @@
 //! `/api/v1/rois`: a region of interest for a year of a dataset — its plan
-//! (which tiles are missing), its submission and its progress; and
-//! `/api/v1/tiles/stats`, tiles per hour per agent.
+//! (which tiles are missing), its submission and its progress.
 
 use std::collections::BTreeMap;
 
@@ -99,17 +98,4 @@ impl RoiView {
         }
         line
     }
-}
-
-/// One entry of `GET /api/v1/tiles/stats`: tiles per hour of one agent over
-/// the last hour, with the mean job time.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AgentTileRate {
-    pub agent: String,
-    pub tiles_last_hour: i64,
-    /// Tiles per hour at the mean job time of the last hour, times the
-    /// agent's slots: what it sustains while busy.
-    pub tiles_per_hour: f64,
-    pub mean_seconds: f64,
-    pub tiles_total: i64,
 }

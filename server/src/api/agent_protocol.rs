@@ -220,9 +220,9 @@ pub async fn upload_output(
 ) -> ApiResult<Json<OutputView>> {
     check_output_path(&name)
         .map_err(|why| ApiError::invalid(format!("output name `{name}` {why}")))?;
-    let key = lease_key(&state, &agent_name, &id, q.lease).await?;
-    let id = key.job;
-    let attempt = lease::current_attempt(&state.db, key).await?;
+    let lease = lease_key(&state, &agent_name, &id, q.lease).await?;
+    let id = lease.job;
+    let attempt = lease::current_attempt(&state.db, lease).await?;
     let key = format!("jobs/{id}/{attempt}/{name}");
     let path = object_store::path::Path::from(key.as_str());
     let (size, sha256) =

@@ -2,7 +2,7 @@
 
 use axum::extract::State;
 use axum::Json;
-use flotilla_core::api::rois::AgentTileRate;
+use flotilla_core::api::tiles::AgentTileRate;
 
 use crate::auth::ClientAuth;
 use crate::error::ApiResult;

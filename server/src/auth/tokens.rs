@@ -54,10 +54,8 @@ type TokenRow = (
 
 fn token_view(row: TokenRow) -> Result<TokenView, sqlx::Error> {
     let (id, role, agent_name, description, created_at, revoked_at) = row;
-    let role = TokenRole::parse(&role).ok_or_else(|| sqlx::Error::ColumnDecode {
-        index: "role".into(),
-        source: format!("unknown role `{role}`").into(),
-    })?;
+    let role = TokenRole::parse(&role)
+        .ok_or_else(|| crate::error::column_error("role", format!("unknown role `{role}`")))?;
     Ok(TokenView {
         id,
         role,

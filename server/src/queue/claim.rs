@@ -56,10 +56,8 @@ pub async fn claim(
     let Some((job_id, attempt, spec, cost)) = row else {
         return Ok(None);
     };
-    let spec: JobSpec = serde_json::from_value(spec).map_err(|e| sqlx::Error::ColumnDecode {
-        index: "spec".into(),
-        source: Box::new(e),
-    })?;
+    let spec: JobSpec =
+        serde_json::from_value(spec).map_err(|e| crate::error::column_error("spec", e))?;
     Ok(Some(LeasedJob {
         job_id,
         attempt: attempt as u32,

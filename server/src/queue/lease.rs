@@ -10,6 +10,8 @@ use flotilla_core::protocol::{Complete, HeldLease, LeaseAction, LeaseStatus, Log
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::error::column_error;
+
 /// One agent's lease on one job, as every lease-guarded call names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseKey {
@@ -19,44 +21,38 @@ pub struct LeaseKey {
     pub token: Uuid,
 }
 
-/// What a finished attempt ended: for the caller to dispatch on (a tile's
-/// results, a parent to advance) without reading the job again.
+/// How an attempt ended, as the finishing statement returns it: for the
+/// caller to dispatch on by kind (a tile's results, a run to advance)
+/// without reading the job again.
 #[derive(Debug, Clone)]
-pub struct Ended {
+pub struct AttemptEnd {
     pub attempt: i32,
+    /// The job's state afterwards.
     pub state: JobState,
     pub kind: JobKind,
-    /// The run or ROI the job belongs to, if any.
-    pub parent: Option<Uuid>,
     /// A tile job's spec (only tile jobs need theirs at completion).
     pub tile: Option<TileJob>,
 }
 
-/// The columns a finishing statement returns for [`Ended`].
-type EndedRow = (i32, String, String, Option<Uuid>, Option<serde_json::Value>);
+/// The columns a finishing statement returns for [`AttemptEnd`].
+type EndRow = (i32, String, String, Option<serde_json::Value>);
 
-/// The `RETURNING` list that fills an [`EndedRow`] (the spec only for tiles:
-/// a revdeps shard's spec holds thousands of candidates).
-const ENDED_COLUMNS: &str =
-    "j.attempt, j.state, j.kind, j.parent_id, CASE WHEN j.kind = 'tile' THEN j.spec END";
+/// What the finishing `UPDATE jobs` returns: the spec only for tiles (a
+/// revdeps shard's spec holds thousands of candidates).
+const END_RETURNING: &str =
+    "RETURNING id, attempt, state, kind, CASE WHEN kind = 'tile' THEN spec END AS tile_spec";
 
-fn ended(row: EndedRow) -> Result<Ended, sqlx::Error> {
-    let decode =
-        |index: &str, e: Box<dyn std::error::Error + Send + Sync>| sqlx::Error::ColumnDecode {
-            index: index.into(),
-            source: e,
-        };
-    let (attempt, state, kind, parent, spec) = row;
+fn attempt_end(row: EndRow) -> Result<AttemptEnd, sqlx::Error> {
+    let (attempt, state, kind, spec) = row;
     let tile = match spec.map(serde_json::from_value::<JobSpec>) {
         Some(Ok(JobSpec::Tile(t))) => Some(t),
         Some(Ok(_)) | None => None,
-        Some(Err(e)) => return Err(decode("spec", Box::new(e))),
+        Some(Err(e)) => return Err(column_error("spec", e)),
     };
-    Ok(Ended {
+    Ok(AttemptEnd {
         attempt,
-        state: state.parse().map_err(|e| decode("state", Box::new(e)))?,
-        kind: kind.parse().map_err(|e| decode("kind", Box::new(e)))?,
-        parent,
+        state: state.parse().map_err(|e| column_error("state", e))?,
+        kind: kind.parse().map_err(|e| column_error("kind", e))?,
         tile,
     })
 }
@@ -299,8 +295,8 @@ pub async fn complete_in(
     tx: &mut PgConnection,
     key: LeaseKey,
     c: &Complete,
-) -> Result<Ended, LeaseRefused> {
-    let row: Option<EndedRow> = sqlx::query_as(&format!(
+) -> Result<AttemptEnd, LeaseRefused> {
+    let row: Option<EndRow> = sqlx::query_as(&format!(
         "WITH j AS (
              UPDATE jobs SET state = 'succeeded', finished_at = now(), exit_code = $4,
                              result = $5, lease_token = NULL, lease_expires_at = NULL,
@@ -312,11 +308,11 @@ pub async fn complete_in(
                    WHERE NOT EXISTS (SELECT 1 FROM job_outputs jo
                                      WHERE jo.job_id = $1 AND jo.attempt = jobs.attempt
                                        AND jo.name = o.name))
-             RETURNING *),
+             {END_RETURNING}),
          a AS (
              UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded', exit_code = $4
              FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt)
-         SELECT {ENDED_COLUMNS} FROM j"
+         SELECT attempt, state, kind, tile_spec FROM j"
     ))
     .bind(key.job)
     .bind(key.token)
@@ -327,7 +323,7 @@ pub async fn complete_in(
     .fetch_optional(&mut *tx)
     .await?;
     if let Some(row) = row {
-        return Ok(ended(row)?);
+        return Ok(attempt_end(row)?);
     }
     // Nothing changed: either the lease is not current, or an output is
     // missing.
@@ -349,12 +345,15 @@ pub async fn complete_in(
     )))
 }
 
-/// [`complete_in`] in a transaction of its own.
-pub async fn complete(db: &PgPool, key: LeaseKey, c: &Complete) -> Result<Ended, LeaseRefused> {
-    let mut tx = db.begin().await?;
-    let ended = complete_in(&mut tx, key, c).await?;
-    tx.commit().await?;
-    Ok(ended)
+/// [`complete_in`] on a connection of its own: the one statement commits
+/// by itself (for callers with nothing to add to the success).
+pub async fn complete(
+    db: &PgPool,
+    key: LeaseKey,
+    c: &Complete,
+) -> Result<AttemptEnd, LeaseRefused> {
+    let mut conn = db.acquire().await?;
+    complete_in(&mut conn, key, c).await
 }
 
 /// What an agent reports about a failed attempt.
@@ -373,7 +372,7 @@ pub async fn fail(
     key: LeaseKey,
     failure: Failure<'_>,
     backoff: (Duration, Duration),
-) -> Result<Ended, LeaseRefused> {
+) -> Result<AttemptEnd, LeaseRefused> {
     let (retryable, outcome) = match failure.class {
         FailureClass::Retryable => (true, "failed"),
         FailureClass::TimedOut => (true, "timed_out"),
@@ -381,7 +380,7 @@ pub async fn fail(
         FailureClass::Cancelled => (false, "cancelled"),
     };
     let cancelled = failure.class == FailureClass::Cancelled;
-    let row: Option<EndedRow> = sqlx::query_as(&format!(
+    let row: Option<EndRow> = sqlx::query_as(&format!(
         "WITH j AS (
              UPDATE jobs SET
                  state = CASE WHEN cancel_requested OR $6 THEN 'cancelled'
@@ -393,12 +392,12 @@ pub async fn fail(
                  lease_token = NULL, lease_expires_at = NULL,
                  exit_code = $9, error = $5
              WHERE id = $1 AND lease_token = $2 AND agent_id = $3 AND state IN ('leased', 'running')
-             RETURNING *),
+             {END_RETURNING}),
          a AS (
              UPDATE job_attempts a SET finished_at = now(), outcome = $10, exit_code = $9,
                                        message = $5
              FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt)
-         SELECT {ENDED_COLUMNS} FROM j"
+         SELECT attempt, state, kind, tile_spec FROM j"
     ))
     .bind(key.job)
     .bind(key.token)
@@ -413,7 +412,7 @@ pub async fn fail(
     .fetch_optional(db)
     .await?;
     match row {
-        Some(row) => Ok(ended(row)?),
+        Some(row) => Ok(attempt_end(row)?),
         None => Err(refused(db, key).await),
     }
 }

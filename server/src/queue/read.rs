@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use flotilla_core::api::{JobView, OutputView, Progress};
 use flotilla_core::job::{JobKind, JobSpec, JobState, TileJob};
+
+use crate::error::column_error;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -37,17 +39,10 @@ const SELECT_JOB: &str = "SELECT j.id, j.kind, j.state, j.attempt, j.max_attempt
         j.result
  FROM jobs j LEFT JOIN agents a ON a.id = j.agent_id";
 
-fn decode_error(index: &str, e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Error {
-    sqlx::Error::ColumnDecode {
-        index: index.into(),
-        source: Box::new(e),
-    }
-}
-
 fn view(row: JobRow, outputs: Vec<OutputView>) -> Result<JobView, sqlx::Error> {
-    let state: JobState = row.state.parse().map_err(|e| decode_error("state", e))?;
-    let kind: JobKind = row.kind.parse().map_err(|e| decode_error("kind", e))?;
-    let spec: JobSpec = serde_json::from_value(row.spec).map_err(|e| decode_error("spec", e))?;
+    let state: JobState = row.state.parse().map_err(|e| column_error("state", e))?;
+    let kind: JobKind = row.kind.parse().map_err(|e| column_error("kind", e))?;
+    let spec: JobSpec = serde_json::from_value(row.spec).map_err(|e| column_error("spec", e))?;
     let labels: BTreeMap<String, String> = serde_json::from_value(row.labels).unwrap_or_default();
     Ok(JobView {
         id: row.id,

@@ -4,7 +4,7 @@
 //! state in one transaction, so any number of servers may run [`advance`]
 //! at once and each change happens once.
 
-use flotilla_core::api::revdeps::RunState;
+use flotilla_core::api::revdeps::{RunState, RunTimings};
 use flotilla_core::job::{
     RevdepsPlan, RevdepsQuery, RevdepsShardResult, RevdepsStep, RevdepsVariant,
 };
@@ -15,7 +15,8 @@ use super::RunSpec;
 use crate::queue::submit::submit_in;
 
 /// One pass over every open run: plans that ended get their shards (or the
-/// run fails); runs whose shards all ended get merged.
+/// run fails); runs whose shards all ended get merged. A run that cannot be
+/// advanced is failed with the reason, never left to block the pass.
 pub async fn advance(db: &PgPool) -> anyhow::Result<()> {
     let planned: Vec<(Uuid, String, Option<serde_json::Value>, Option<String>)> = sqlx::query_as(
         "SELECT r.id, j.state, j.result, j.error FROM revdeps_runs r JOIN jobs j ON j.id = r.plan_job
@@ -47,7 +48,9 @@ pub async fn advance(db: &PgPool) -> anyhow::Result<()> {
                 continue;
             }
         };
-        make_shards(db, run, plan).await?;
+        if let Err(e) = make_shards(db, run, plan).await {
+            give_up_unless_transient(db, run, RunState::Planning, "making shards", e).await?;
+        }
     }
     let solving: Vec<(Uuid,)> = sqlx::query_as(
         "SELECT r.id FROM revdeps_runs r WHERE r.state = 'solving'
@@ -57,9 +60,30 @@ pub async fn advance(db: &PgPool) -> anyhow::Result<()> {
     .fetch_all(db)
     .await?;
     for (run,) in solving {
-        merge(db, run).await?;
+        if let Err(e) = merge(db, run).await {
+            give_up_unless_transient(db, run, RunState::Solving, "merging shards", e).await?;
+        }
     }
     Ok(())
+}
+
+/// A step of one run went wrong. A database error may pass: it is logged
+/// and the next pass tries again. Anything else (a row or result that does
+/// not parse) will not: the run fails with the reason, so it neither stays
+/// open forever nor stops the pass from reaching the other runs.
+async fn give_up_unless_transient(
+    db: &PgPool,
+    run: Uuid,
+    from: RunState,
+    step: &str,
+    e: anyhow::Error,
+) -> Result<(), sqlx::Error> {
+    if e.downcast_ref::<sqlx::Error>().is_some() {
+        tracing::warn!(%run, error = %e, "{step}: will retry");
+        return Ok(());
+    }
+    tracing::warn!(%run, error = %e, "{step}: the run fails");
+    fail(db, run, from, &format!("{step}: {e}")).await
 }
 
 async fn fail(db: &PgPool, run: Uuid, from: RunState, why: &str) -> Result<(), sqlx::Error> {
@@ -127,7 +151,11 @@ async fn make_shards(db: &PgPool, run: Uuid, plan: RevdepsPlan) -> anyhow::Resul
         })
         .collect();
     submit_in(&mut tx, &shards).await?;
-    let timings = serde_json::json!({"load_ms": plan.load_ms, "phase1_ms": plan.phase1_ms});
+    let timings = serde_json::to_value(RunTimings {
+        load_ms: Some(plan.load_ms),
+        phase1_ms: Some(plan.phase1_ms),
+        ..RunTimings::default()
+    })?;
     let next = if shards.is_empty() {
         RunState::Done
     } else {
@@ -154,16 +182,19 @@ async fn make_shards(db: &PgPool, run: Uuid, plan: RevdepsPlan) -> anyhow::Resul
 /// One shard job as the merge reads it, in shard order.
 #[derive(sqlx::FromRow)]
 struct ShardRow {
-    child_index: Option<i32>,
+    shard: Option<i32>,
     state: String,
     result: Option<serde_json::Value>,
     error: Option<String>,
 }
 
 async fn merge(db: &PgPool, run: Uuid) -> anyhow::Result<()> {
+    // Shards made before migration 5 (or by an older server) carry their
+    // index only in their spec.
     let shards: Vec<ShardRow> = sqlx::query_as(
-        "SELECT child_index, state, result, error FROM jobs WHERE parent_id = $1
-         ORDER BY child_index",
+        "SELECT COALESCE(child_index, (spec -> 'step' -> 'solve' ->> 'shard')::integer) AS shard,
+                state, result, error
+         FROM jobs WHERE parent_id = $1 ORDER BY shard",
     )
     .bind(run)
     .fetch_all(db)
@@ -186,8 +217,8 @@ async fn merge(db: &PgPool, run: Uuid) -> anyhow::Result<()> {
     let mut parts: Vec<RevdepsShardResult> = Vec::with_capacity(shards.len());
     for s in shards {
         let shard = s
-            .child_index
-            .ok_or_else(|| anyhow::anyhow!("run {run} has a child without a shard index"))?;
+            .shard
+            .ok_or_else(|| anyhow::anyhow!("run {run} has a child that is not a solve step"))?;
         let r: RevdepsShardResult = serde_json::from_value(
             s.result
                 .ok_or_else(|| anyhow::anyhow!("shard {shard} of {run} has no result"))?,

@@ -10,12 +10,13 @@
 pub mod coordinator;
 
 use chrono::{DateTime, Utc};
-use flotilla_core::api::revdeps::{RunState, RunTimings, RunView, SubmitRevdeps};
+use flotilla_core::api::revdeps::{RunTimings, RunView, SubmitRevdeps};
 use flotilla_core::api::FieldError;
 use flotilla_core::job::{JobSpec, RevdepsJob, RevdepsQuery, RevdepsStep, RevdepsVariant};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::error::column_error;
 use crate::queue::submit::{submit_in, NewJob};
 
 /// What every job of one run shares: the question and how its steps are
@@ -100,9 +101,6 @@ impl TryFrom<SubmitRevdeps> for ValidRevdeps {
         if s.cost == 0 || s.cost > 1024 {
             return Err(FieldError::at("cost", "must be between 1 and 1024"));
         }
-        if !flotilla_core::job::limits::PRIORITY_RANGE.contains(&s.priority) {
-            return Err(FieldError::at("priority", "must be between -1000 and 1000"));
-        }
         Ok(ValidRevdeps {
             spec: RunSpec {
                 variant: s.variant(),
@@ -165,13 +163,6 @@ struct RunRow {
     finished_at: Option<DateTime<Utc>>,
 }
 
-fn decode_error(index: &str, e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Error {
-    sqlx::Error::ColumnDecode {
-        index: index.into(),
-        source: Box::new(e),
-    }
-}
-
 pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<RunView>, sqlx::Error> {
     let row: Option<RunRow> = sqlx::query_as(
         "SELECT id, state, target, repo, query, variant, plan_job, candidates, shards, result,
@@ -190,16 +181,11 @@ pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<RunView>, sqlx::Error> 
     .await?;
     Ok(Some(RunView {
         id: r.id,
-        state: RunState::parse(&r.state).ok_or_else(|| {
-            decode_error(
-                "state",
-                std::io::Error::other(format!("run state {:?}", r.state)),
-            )
-        })?,
+        state: r.state.parse().map_err(|e| column_error("state", e))?,
         target: r.target,
         repo: r.repo,
-        query: r.query.parse().map_err(|e| decode_error("query", e))?,
-        variant: serde_json::from_value(r.variant).map_err(|e| decode_error("variant", e))?,
+        query: r.query.parse().map_err(|e| column_error("query", e))?,
+        variant: serde_json::from_value(r.variant).map_err(|e| column_error("variant", e))?,
         plan_job: r.plan_job,
         candidates: r.candidates,
         shards: r.shards,
@@ -209,7 +195,7 @@ pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<RunView>, sqlx::Error> 
             .timings
             .map(serde_json::from_value::<RunTimings>)
             .transpose()
-            .map_err(|e| decode_error("timings", e))?,
+            .map_err(|e| column_error("timings", e))?,
         error: r.error,
         created_at: r.created_at,
         finished_at: r.finished_at,

@@ -1,6 +1,6 @@
 //! Tiles per hour per agent, from the tile jobs that succeeded.
 
-use flotilla_core::api::rois::AgentTileRate;
+use flotilla_core::api::tiles::AgentTileRate;
 
 /// Tiles per hour per agent over the last hour, with the mean job time.
 pub async fn rates(db: &sqlx::PgPool) -> Result<Vec<AgentTileRate>, sqlx::Error> {
