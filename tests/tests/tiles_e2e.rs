@@ -208,20 +208,15 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
         .iter()
         .find(|j| j["spec"]["tile"] == fetch_tile)
         .unwrap_or_else(|| panic!("no job for {fetch_tile}: {jobs}"));
-    let log = api
-        .http
-        .get(format!(
-            "{}/api/v1/jobs/{}/log",
-            api.base,
-            fetch_job["id"].as_str().unwrap()
-        ))
-        .bearer_auth(&api.token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (status, log) = api
+        .raw(
+            reqwest::Method::GET,
+            &format!("/api/v1/jobs/{}/log", fetch_job["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{log}");
+    let log = log.as_str().unwrap_or_default();
     assert!(
         log.contains("[agent] fetching inputs with command"),
         "the agent's lines are missing from the log:\n{log}"
