@@ -16,6 +16,7 @@
 //! - [`grid`]: TESSERA tile grid geometry — tile ids, UTM projection, zone
 //!   grids.
 //! - [`roi`]: regions of interest (GeoJSON or a bbox) and the tiles they cover.
+//! - [`text`]: cutting text to a byte limit on a character boundary.
 
 pub mod api;
 pub mod grid;
@@ -23,3 +24,4 @@ pub mod health;
 pub mod job;
 pub mod protocol;
 pub mod roi;
+pub mod text;

@@ -171,6 +171,10 @@ pub struct Complete {
     pub result: Option<serde_json::Value>,
 }
 
+/// The longest failure message the server keeps; longer ones are cut (on a
+/// character boundary) by the agent before sending and again by the server.
+pub const MAX_FAIL_MESSAGE_BYTES: usize = 4096;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Fail {
     pub lease_token: Uuid,

@@ -363,6 +363,24 @@ async fn bad_input_is_refused_and_changes_nothing() {
         )
         .await;
     assert_eq!(log.1.as_str().unwrap(), "", "no log line was written");
+
+    // A failure message longer than the server keeps, cut inside a
+    // multi-byte character at 4 KiB: the server cuts it on a character
+    // boundary and records the failure (once it panicked, the agent retried
+    // the report forever and the job stayed running).
+    let (status, v) = a1
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/agent/v1/jobs/{id}/fail"),
+            Some(json!({"lease_token": token, "class": "fatal", "message": "€".repeat(2000)})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let j = api.job(&id).await;
+    assert_eq!(j.state, JobState::Failed, "{j:?}");
+    let error = j.error.unwrap_or_default();
+    assert_eq!(error.len(), 4095, "cut at the last boundary before 4096");
+    assert!(error.chars().all(|c| c == '€'));
 }
 
 /// Pause, drain and resume steer which agent takes work, and survive a

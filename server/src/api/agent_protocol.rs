@@ -11,8 +11,9 @@ use flotilla_core::api::OutputView;
 use flotilla_core::job::check_output_path;
 use flotilla_core::protocol::{
     Ack, Complete, Ended, Fail, Heartbeat, HeartbeatReply, LeaseRef, LeaseReply, LeaseRequest,
-    LogBatch, Register, Registered,
+    LogBatch, Register, Registered, MAX_FAIL_MESSAGE_BYTES,
 };
+use flotilla_core::text::truncate_on_char_boundary;
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -194,7 +195,7 @@ pub async fn fail(
     JsonBody(mut f): JsonBody<Fail>,
 ) -> ApiResult<Json<Ended>> {
     let key = lease_key(&state, &name, &id, f.lease_token).await?;
-    f.message.truncate(4096);
+    truncate_on_char_boundary(&mut f.message, MAX_FAIL_MESSAGE_BYTES);
     let ended = crate::completion::fail(&state, key, &f).await?;
     tracing::info!(agent = %name, job = %key.job, state = %ended.state, message = %f.message,
                    "attempt failed");

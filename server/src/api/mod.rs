@@ -100,6 +100,10 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/jobs/{id}/log/stream", get(dashboard::job::log_stream))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
+        // A handler that panics answers 500 instead of dropping the
+        // connection, which an agent would take for an unreachable server
+        // and retry forever.
+        .layer(tower_http::catch_panic::CatchPanicLayer::new())
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
