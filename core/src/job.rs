@@ -360,6 +360,10 @@ pub mod limits {
     pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
     pub const MAX_OUTPUTS: usize = 256;
     pub const MAX_LABELS: usize = 64;
+    /// A job's working directory, a revdeps run's repository path.
+    pub const MAX_PATH_BYTES: usize = 1024;
+    /// A `name.version` (a revdeps target or compiler).
+    pub const MAX_NAME_VERSION_BYTES: usize = 256;
     pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
 }
 

@@ -260,6 +260,19 @@ async fn bad_input_is_refused_and_changes_nothing() {
             "max_attempts",
         ),
         (
+            // Once accepted: the agent's "cannot make work directory …"
+            // then ran past every message limit.
+            "oversize workdir",
+            format!(
+                r#"{{"kind":"command","command":"x","workdir":"{}"}}"#,
+                "€".repeat(2000)
+            )
+            .into_bytes(),
+            Some(&admin),
+            422,
+            "`workdir` is longer than 1024 bytes",
+        ),
+        (
             "oversize body",
             format!(
                 r#"{{"kind":"command","command":"{}"}}"#,

@@ -114,6 +114,33 @@ async fn dune_split_over_three_agents_matches_one_process() {
         .as_str()
         .unwrap()
         .contains("`target`"));
+    // Unbounded names once made messages no limit held (a `fail` report
+    // panicked on them): each is bounded, and the field named.
+    for (field, body) in [
+        (
+            "target",
+            json!({"target": format!("dune.{}", "€".repeat(100)),
+                   "compiler": "ocaml-base-compiler.4.14.2", "repo": "/x"}),
+        ),
+        (
+            "repo",
+            json!({"target": "dune.3.20.2", "compiler": "ocaml-base-compiler.4.14.2",
+                   "repo": "€".repeat(400)}),
+        ),
+    ] {
+        let (status, v) = api
+            .raw(reqwest::Method::POST, "/api/v1/revdeps", Some(body))
+            .await;
+        assert_eq!(status, 422, "{v}");
+        assert_eq!(v["error"]["detail"]["path"], field, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("is longer than"),
+            "{v}"
+        );
+    }
 }
 
 async fn futures_agents(server: &flotilla_e2e::procs::Server) -> Vec<Agent> {

@@ -75,6 +75,17 @@ impl TryFrom<SubmitJob> for ValidJob {
                 if c.command.contains('\0') {
                     return Err(FieldError::at("command", "contains a NUL byte"));
                 }
+                if let Some(w) = &c.workdir {
+                    if w.len() > limits::MAX_PATH_BYTES {
+                        return Err(FieldError::at(
+                            "workdir",
+                            format_args!("is longer than {} bytes", limits::MAX_PATH_BYTES),
+                        ));
+                    }
+                    if w.contains('\0') {
+                        return Err(FieldError::at("workdir", "contains a NUL byte"));
+                    }
+                }
                 if let Some(t) = c.timeout_s {
                     if t == 0 || t > limits::MAX_TIMEOUT_S {
                         return Err(FieldError::at(

@@ -12,7 +12,7 @@ pub mod coordinator;
 use chrono::{DateTime, Utc};
 use flotilla_core::api::revdeps::{RunTimings, RunView, SubmitRevdeps};
 use flotilla_core::api::FieldError;
-use flotilla_core::job::{JobSpec, RevdepsJob, RevdepsQuery, RevdepsStep, RevdepsVariant};
+use flotilla_core::job::{limits, JobSpec, RevdepsJob, RevdepsQuery, RevdepsStep, RevdepsVariant};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -75,6 +75,12 @@ impl TryFrom<SubmitRevdeps> for ValidRevdeps {
 
     fn try_from(s: SubmitRevdeps) -> Result<Self, FieldError> {
         let name_version = |field: &str, v: &str| -> Result<(), FieldError> {
+            if v.len() > limits::MAX_NAME_VERSION_BYTES {
+                return Err(FieldError::at(
+                    field,
+                    format_args!("is longer than {} bytes", limits::MAX_NAME_VERSION_BYTES),
+                ));
+            }
             match v.split_once('.') {
                 Some((n, ver))
                     if !n.is_empty() && !ver.is_empty() && !v.contains(char::is_whitespace) =>
@@ -89,6 +95,12 @@ impl TryFrom<SubmitRevdeps> for ValidRevdeps {
         };
         name_version("target", &s.target)?;
         name_version("compiler", &s.compiler)?;
+        if s.repo.len() > limits::MAX_PATH_BYTES {
+            return Err(FieldError::at(
+                "repo",
+                format_args!("is longer than {} bytes", limits::MAX_PATH_BYTES),
+            ));
+        }
         if s.repo.trim().is_empty() {
             return Err(FieldError::at(
                 "repo",
