@@ -10,7 +10,7 @@ use std::time::Duration;
 use flotilla_core::api::{ErrorBody, OutputView};
 use flotilla_core::protocol::{
     paths, Complete, Fail, Heartbeat, HeartbeatReply, LeaseRef, LeaseReply, LeaseRequest, LogBatch,
-    Register, Registered,
+    Register, Registered, INSTANCE_HEADER,
 };
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::Serialize;
@@ -53,13 +53,27 @@ pub enum CallError {
 
 impl CallError {
     /// The server said our lease is gone: stale (`stale_lease`), not ours
-    /// (`forbidden`), no such job (`not_found`), or no such agent
-    /// (`conflict`: "call register first"; its leases went with it).
+    /// (`forbidden`), no such job (`not_found`), no such agent (`conflict`:
+    /// "call register first"; its leases went with it), or another process
+    /// registered under our name (`superseded`; it handed our leases back).
     pub fn lease_gone(&self) -> bool {
         self.refused_as(
-            &["stale_lease", "forbidden", "not_found", "conflict"],
+            &["stale_lease", "forbidden", "not_found", "conflict", "superseded"],
             &[403, 404, 409],
         )
+    }
+
+    /// Another process registered under this agent's name after this one:
+    /// this process must stop.
+    pub fn superseded(&self) -> bool {
+        matches!(self, CallError::Refused { code, .. } if code == "superseded")
+    }
+
+    /// `register` refused because another process under this name is still
+    /// online; it may go silent (a restart), so registering again later can
+    /// succeed.
+    pub fn name_in_use(&self) -> bool {
+        matches!(self, CallError::Refused { status: 409, code, .. } if code == "conflict")
     }
 
     /// The server refused for a reason a retry will not change: what was
@@ -120,17 +134,35 @@ pub struct ServerApi {
     http: reqwest::Client,
     base: String,
     token: String,
+    /// This process's [`Register::instance`], sent on every call.
+    instance: Uuid,
 }
 
 impl ServerApi {
+    /// A client for one agent process: a fresh instance id, sent in
+    /// [`INSTANCE_HEADER`] on every request.
     pub fn new(base: &str, token: &str) -> anyhow::Result<Self> {
+        let instance = Uuid::new_v4();
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            INSTANCE_HEADER,
+            reqwest::header::HeaderValue::from_str(&instance.to_string())
+                .expect("a uuid is a valid header value"),
+        );
         Ok(ServerApi {
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(5))
+                .default_headers(headers)
                 .build()?,
             base: base.trim_end_matches('/').to_string(),
             token: token.to_string(),
+            instance,
         })
+    }
+
+    /// This process's instance id, for [`Register::instance`].
+    pub fn instance(&self) -> Uuid {
+        self.instance
     }
 
     async fn once<B: Serialize, T: DeserializeOwned>(

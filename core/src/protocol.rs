@@ -5,7 +5,15 @@
 //! stale_lease`), so a job is recorded done once.
 //!
 //! - `POST register` [`Register`] → [`Registered`]: says who the agent is
-//!   and what it can run; repeated at every agent start.
+//!   and what it can run; repeated at every agent start. Each agent process
+//!   picks a random [`Register::instance`] and sends it in the
+//!   [`INSTANCE_HEADER`] of every later call: the server answers only the
+//!   process that registered last (`409 superseded` to any other), refuses a
+//!   second process under a name whose first is still online (`409
+//!   conflict`), and, when a new process takes over from one that went
+//!   silent, fails that one's leases itself so the jobs retry at once. A
+//!   lease is thus bound to the process that took it; no call returns lease
+//!   tokens to anyone but that process.
 //! - `POST lease` [`LeaseRequest`] → [`LeaseReply`]: long poll; waits up to
 //!   `wait_ms` for a job that fits.
 //! - `POST heartbeat` [`Heartbeat`] → [`HeartbeatReply`]: extends every lease
@@ -30,9 +38,15 @@ use crate::api::{AgentState, Devices, Progress};
 use crate::health::HostHealth;
 use crate::job::{FailureClass, JobKind, JobSpec, JobState};
 
+/// The header that carries [`Register::instance`] on every agent call after
+/// `register`.
+pub const INSTANCE_HEADER: &str = "flotilla-agent-instance";
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Register {
     pub name: String,
+    /// Random per agent process (a restart picks a new one).
+    pub instance: Uuid,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// Slots; a job occupies `cost` of them.
@@ -52,10 +66,9 @@ pub struct Registered {
     /// How often to heartbeat; a lease lives for a few of these.
     pub heartbeat_interval_ms: u64,
     pub state: AgentState,
-    /// Leases the server still thinks this agent holds (after an agent
-    /// restart these are orphans: the agent fails them so they retry at once
-    /// instead of waiting for expiry).
-    pub held_leases: Vec<LeaseRef>,
+    /// Leases of an earlier process under this name that the server failed
+    /// at this registration (they retry elsewhere at once).
+    pub orphans_failed: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

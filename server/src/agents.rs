@@ -1,8 +1,8 @@
 //! The `agents` table: registration, health, operator state
 //! (active/paused/draining/drained), and the list the API and dashboard show.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use flotilla_core::api::{AgentState, AgentView};
@@ -11,17 +11,21 @@ use flotilla_core::protocol::{LeaseRef, Register};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-/// Registers (or re-registers) an agent by name. Operator state survives
-/// re-registration: a paused agent that restarts stays paused.
-pub async fn register(db: &PgPool, reg: &Register) -> Result<(Uuid, AgentState), sqlx::Error> {
+/// Registers (or re-registers) an agent by name, making `reg.instance` the
+/// process that may call for it. Operator state survives re-registration: a
+/// paused agent that restarts stays paused.
+pub async fn register<'e, E: sqlx::PgExecutor<'e>>(
+    db: E,
+    reg: &Register,
+) -> Result<(Uuid, AgentState), sqlx::Error> {
     let (id, state): (Uuid, String) = sqlx::query_as(
         "INSERT INTO agents (id, name, labels, kinds, capacity, version, devices, health,
-                             last_seen_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
+                             last_seen_at, instance)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9)
          ON CONFLICT (name) DO UPDATE SET
              labels = EXCLUDED.labels, kinds = EXCLUDED.kinds, capacity = EXCLUDED.capacity,
              version = EXCLUDED.version, devices = EXCLUDED.devices, health = EXCLUDED.health,
-             last_seen_at = now(), registered_at = now()
+             last_seen_at = now(), registered_at = now(), instance = EXCLUDED.instance
          RETURNING id, state",
     )
     .bind(Uuid::new_v4())
@@ -32,9 +36,138 @@ pub async fn register(db: &PgPool, reg: &Register) -> Result<(Uuid, AgentState),
     .bind(&reg.version)
     .bind(serde_json::to_value(&reg.devices).expect("devices serialise"))
     .bind(serde_json::to_value(&reg.health).expect("health serialises"))
+    .bind(reg.instance)
     .fetch_one(db)
     .await?;
     Ok((id, parse_state(&state)))
+}
+
+/// What a registration did.
+#[derive(Debug)]
+pub struct Registration {
+    pub agent: Uuid,
+    pub state: AgentState,
+    /// Leases an earlier process under this name still held: the caller
+    /// fails them (that process is gone, or it would have been refused).
+    pub orphans: Vec<LeaseRef>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    /// Another process registered under this name and is still calling.
+    #[error(
+        "agent `{name}` is already running as another process (its last call was {seen_ms} ms \
+         ago); two processes may not share a name. Stop the other one, give this one another \
+         name, or wait until the other has been silent for the lease TTL"
+    )]
+    NameInUse { name: String, seen_ms: i64 },
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+/// Registers `reg` unless another process holds the name and was seen
+/// within `online_within` (the lease TTL: a process silent that long has
+/// lost its leases anyway). A process that re-registers (same instance)
+/// keeps its leases; a new one takes over and gets the old one's leases
+/// back as orphans, in one transaction, so two registrations racing for a
+/// name cannot both win.
+pub async fn register_instance(
+    db: &PgPool,
+    reg: &Register,
+    online_within: Duration,
+) -> Result<Registration, RegisterError> {
+    let mut tx = db.begin().await?;
+    let current: Option<(Uuid, Option<Uuid>, Option<i64>)> = sqlx::query_as(
+        "SELECT id, instance,
+                (extract(epoch FROM now() - last_seen_at) * 1000)::bigint
+         FROM agents WHERE name = $1 FOR UPDATE",
+    )
+    .bind(&reg.name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let taking_over = match current {
+        Some((_, Some(instance), Some(seen_ms))) if instance != reg.instance => {
+            if seen_ms < online_within.as_millis() as i64 {
+                return Err(RegisterError::NameInUse {
+                    name: reg.name.clone(),
+                    seen_ms,
+                });
+            }
+            true
+        }
+        Some((_, Some(instance), _)) => instance != reg.instance,
+        // Registered by a version without instances, or never seen: any
+        // lease it holds is an orphan.
+        Some(_) => true,
+        None => false,
+    };
+    let (agent, state) = register(&mut *tx, reg).await?;
+    let orphans = if taking_over {
+        held_leases(&mut *tx, agent).await?
+    } else {
+        Vec::new()
+    };
+    tx.commit().await?;
+    Ok(Registration {
+        agent,
+        state,
+        orphans,
+    })
+}
+
+/// Which process of each agent may call: the instance of its last
+/// registration. Cached per server for [`crate::auth::CACHE_TTL`]; a
+/// mismatch is always re-read from the database, so a takeover through
+/// another server is seen at once by the new process and within the TTL by
+/// the old one (whose leases the takeover already failed, so the fence on
+/// lease tokens holds in the meantime).
+#[derive(Default)]
+pub struct Instances {
+    current: std::sync::Mutex<HashMap<Uuid, (Uuid, Instant)>>,
+}
+
+impl Instances {
+    /// Whether `instance` is the process that may call for `agent`.
+    pub async fn is_current(
+        &self,
+        db: &PgPool,
+        agent: Uuid,
+        instance: Uuid,
+    ) -> Result<bool, sqlx::Error> {
+        let cached = self
+            .current
+            .lock()
+            .expect("instance cache lock is never poisoned")
+            .get(&agent)
+            .filter(|(_, at)| at.elapsed() < crate::auth::CACHE_TTL)
+            .map(|(i, _)| *i);
+        if cached == Some(instance) {
+            return Ok(true);
+        }
+        let current: Option<Uuid> =
+            sqlx::query_scalar("SELECT instance FROM agents WHERE id = $1")
+                .bind(agent)
+                .fetch_optional(db)
+                .await?
+                .flatten();
+        if let Some(current) = current {
+            self.remember(agent, current);
+        }
+        Ok(current == Some(instance))
+    }
+
+    pub fn remember(&self, agent: Uuid, instance: Uuid) {
+        let mut map = self
+            .current
+            .lock()
+            .expect("instance cache lock is never poisoned");
+        // Agents are few (a fleet, not a crowd); the bound only guards
+        // against a bug growing it.
+        if map.len() >= 100_000 {
+            map.clear();
+        }
+        map.insert(agent, (instance, Instant::now()));
+    }
 }
 
 fn parse_state(s: &str) -> AgentState {
@@ -50,7 +183,10 @@ pub async fn id_of(db: &PgPool, name: &str) -> Result<Option<Uuid>, sqlx::Error>
 }
 
 /// Leases the server thinks the agent holds.
-pub async fn held_leases(db: &PgPool, agent: Uuid) -> Result<Vec<LeaseRef>, sqlx::Error> {
+async fn held_leases<'e, E: sqlx::PgExecutor<'e>>(
+    db: E,
+    agent: Uuid,
+) -> Result<Vec<LeaseRef>, sqlx::Error> {
     let rows: Vec<(Uuid, Uuid)> = sqlx::query_as(
         "SELECT id, lease_token FROM jobs WHERE agent_id = $1 AND state IN ('leased', 'running')",
     )

@@ -27,6 +27,10 @@ pub enum ApiError {
     /// A call about a job from an attempt that is no longer current.
     #[error("{0}")]
     StaleLease(String),
+    /// An agent call from a process that a later registration under the
+    /// same name replaced; the process should stop.
+    #[error("{0}")]
+    Superseded(String),
     #[error("{0}")]
     PayloadTooLarge(String),
     #[error("database unavailable")]
@@ -52,6 +56,7 @@ impl ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::StaleLease(_) => (StatusCode::CONFLICT, "stale_lease"),
+            ApiError::Superseded(_) => (StatusCode::CONFLICT, "superseded"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),

@@ -63,6 +63,7 @@ pub async fn run(
         settings: Arc::new(settings),
         shutdown: shutdown.clone(),
         auth_cache: Arc::default(),
+        agent_instances: Arc::default(),
     };
     let extended = crate::queue::reaper::grace_after_start(&db, state.settings.lease_ttl)
         .await

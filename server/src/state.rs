@@ -23,6 +23,8 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     pub shutdown: CancellationToken,
     pub auth_cache: Arc<crate::auth::AuthCache>,
+    /// Which process of each agent may call ([`crate::agents::Instances`]).
+    pub agent_instances: Arc<crate::agents::Instances>,
 }
 
 /// Queue timings. Defaults suit a fleet; tests shorten them.

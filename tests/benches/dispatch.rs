@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 
 use flotilla_core::health::HostHealth;
 use flotilla_core::job::{CommandJob, JobKind, JobSpec};
-use flotilla_core::protocol::{Complete, Register};
+use flotilla_core::protocol::{Complete, Register, INSTANCE_HEADER};
 use flotilla_e2e::procs::{Server, ServerOpts};
 use flotilla_server::queue::{claim, lease, submit};
 use flotilla_server::{agents, auth, serve};
 use serde_json::json;
+use uuid::Uuid;
 
 fn noop_jobs(n: usize) -> Vec<submit::NewJob> {
     (0..n)
@@ -53,6 +54,7 @@ fn done(token: uuid::Uuid) -> Complete {
 fn register(name: &str) -> Register {
     Register {
         name: name.into(),
+        instance: Uuid::new_v4(),
         labels: BTreeMap::new(),
         capacity: 1,
         kinds: vec![JobKind::Command],
@@ -161,6 +163,7 @@ async fn main() {
     let mut tokens = Vec::new();
     for i in 0..n_agents {
         let name = format!("http-{i}");
+        let reg = register(&name);
         let (_, token) = auth::create_token(
             &db2,
             flotilla_core::api::TokenRole::Agent,
@@ -172,16 +175,16 @@ async fn main() {
         let r = http
             .post(format!("{base}/api/agent/v1/register"))
             .bearer_auth(&token)
-            .json(&register(&name))
+            .json(&reg)
             .send()
             .await
             .unwrap();
         assert!(r.status().is_success(), "register: {}", r.status());
-        tokens.push(token);
+        tokens.push((token, reg.instance.to_string()));
     }
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for token in tokens {
+    for (token, instance) in tokens {
         let http = http.clone();
         let base = base.clone();
         tasks.push(tokio::spawn(async move {
@@ -191,6 +194,7 @@ async fn main() {
                 let v: serde_json::Value = http
                     .post(format!("{base}/api/agent/v1/lease"))
                     .bearer_auth(&token)
+                    .header(INSTANCE_HEADER, &instance)
                     .json(&json!({"wait_ms": 0}))
                     .send()
                     .await
@@ -206,6 +210,7 @@ async fn main() {
                 let r = http
                     .post(format!("{base}/api/agent/v1/jobs/{id}/complete"))
                     .bearer_auth(&token)
+                    .header(INSTANCE_HEADER, &instance)
                     .json(&json!({"lease_token": v["job"]["lease_token"], "exit_code": 0}))
                     .send()
                     .await

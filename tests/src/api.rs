@@ -11,6 +11,10 @@ pub struct Api {
     pub base: String,
     pub token: String,
     pub http: reqwest::Client,
+    /// Set for a client acting as one agent process: sent in the
+    /// `flotilla-agent-instance` header, and what its `register` body
+    /// must carry as `instance`.
+    pub instance: Option<String>,
 }
 
 impl Api {
@@ -22,14 +26,34 @@ impl Api {
                 .timeout(Duration::from_secs(60))
                 .build()
                 .expect("building an HTTP client"),
+            instance: None,
         }
     }
 
     pub fn with_token(&self, token: &str) -> Self {
         Api {
             token: token.to_string(),
+            instance: None,
             ..self.clone()
         }
+    }
+
+    /// A client acting as one agent process with an agent token: a fresh
+    /// instance id, sent with every call (put it in `register`'s body with
+    /// [`Api::instance`]).
+    pub fn agent_process(&self, token: &str) -> Self {
+        Api {
+            token: token.to_string(),
+            instance: Some(uuid::Uuid::new_v4().to_string()),
+            ..self.clone()
+        }
+    }
+
+    /// This agent process's instance id (see [`Api::agent_process`]).
+    pub fn instance(&self) -> &str {
+        self.instance
+            .as_deref()
+            .expect("an agent process client (Api::agent_process)")
     }
 
     /// Sends and returns (status, body as JSON or as a string value).
@@ -43,6 +67,9 @@ impl Api {
             .http
             .request(method, format!("{}{path}", self.base))
             .bearer_auth(&self.token);
+        if let Some(instance) = &self.instance {
+            req = req.header(flotilla_core::protocol::INSTANCE_HEADER, instance);
+        }
         if let Some(b) = body {
             req = req.json(&b);
         }

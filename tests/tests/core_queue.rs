@@ -73,12 +73,12 @@ async fn killed_agent_job_completes_elsewhere_and_late_completion_is_refused() {
     // Part 1: a test-driven agent takes the job and then "dies" (stops
     // heartbeating), keeping its lease token for a late completion.
     let ghost_token = api.agent_token("ghost").await;
-    let ghost = api.with_token(&ghost_token);
+    let ghost = api.agent_process(&ghost_token);
     let health = serde_json::to_value(flotilla_core::health::HostHealth::default()).unwrap();
     ghost
         .post(
             "/api/agent/v1/register",
-            json!({"name": "ghost", "capacity": 1, "kinds": ["command"], "version": "test", "health": health}),
+            json!({"name": "ghost", "instance": ghost.instance(), "capacity": 1, "kinds": ["command"], "version": "test", "health": health}),
         )
         .await;
     let id = api
@@ -326,12 +326,12 @@ async fn bad_input_is_refused_and_changes_nothing() {
 
     // Another agent's lease: a1 takes a job; a2 may not touch it.
     let health = serde_json::to_value(flotilla_core::health::HostHealth::default()).unwrap();
-    let a1 = api.with_token(&agent_token);
-    let a2 = api.with_token(&api.agent_token("a2").await);
+    let a1 = api.agent_process(&agent_token);
+    let a2 = api.agent_process(&api.agent_token("a2").await);
     for (a, n) in [(&a1, "a1"), (&a2, "a2")] {
         a.post(
             "/api/agent/v1/register",
-            json!({"name": n, "capacity": 1, "kinds": ["command"], "version": "t", "health": health}),
+            json!({"name": n, "instance": a.instance(), "capacity": 1, "kinds": ["command"], "version": "t", "health": health}),
         )
         .await;
     }
@@ -340,7 +340,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
         .raw(
             reqwest::Method::POST,
             "/api/agent/v1/register",
-            Some(json!({"name": "a1", "capacity": 1, "kinds": ["command"], "version": "t", "health": health})),
+            Some(json!({"name": "a1", "instance": a2.instance(), "capacity": 1, "kinds": ["command"], "version": "t", "health": health})),
         )
         .await;
     assert_eq!(status, 403);
@@ -394,6 +394,106 @@ async fn bad_input_is_refused_and_changes_nothing() {
     let error = j.error.unwrap_or_default();
     assert_eq!(error.len(), 4095, "cut at the last boundary before 4096");
     assert!(error.chars().all(|c| c == '€'));
+}
+
+/// A lease belongs to the agent process that took it: `register` hands no
+/// lease tokens to anyone; a second process under the same name is refused
+/// while the first is online and can neither report for nor fail the first
+/// one's lease; once the first has been silent for a lease TTL the second
+/// takes over, the server hands the orphaned lease back itself, and the
+/// first process is refused as superseded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_bound_to_the_agent_process_that_took_it() {
+    let dir = scratch("e2e-instance-");
+    let server = server_on_shared(dir.path(), 1_500).await;
+    let api = server.api();
+    let token = api.agent_token("twin").await;
+    let health = serde_json::to_value(flotilla_core::health::HostHealth::default()).unwrap();
+    let register = |p: &flotilla_e2e::api::Api| {
+        json!({"name": "twin", "instance": p.instance(), "capacity": 1, "kinds": ["command"],
+               "version": "t", "health": health})
+    };
+    let first = api.agent_process(&token);
+    let second = api.agent_process(&token);
+    first
+        .post("/api/agent/v1/register", register(&first))
+        .await;
+    let id = api
+        .submit(json!({"kind": "command", "command": "true", "max_attempts": 3}))
+        .await;
+    let leased = first
+        .post("/api/agent/v1/lease", json!({"wait_ms": 5000}))
+        .await;
+    let lease = leased["job"]["lease_token"].as_str().unwrap().to_string();
+
+    // The second process: refused while the first is online, and nothing
+    // it sends about the first one's lease is accepted.
+    let (status, v) = second
+        .raw(
+            reqwest::Method::POST,
+            "/api/agent/v1/register",
+            Some(register(&second)),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "conflict", "{v}");
+    assert!(!v.to_string().contains(&lease), "no lease token in {v}");
+    for (action, body) in [
+        ("complete", json!({"lease_token": lease, "exit_code": 0})),
+        ("fail", json!({"lease_token": lease, "class": "fatal", "message": "x"})),
+        ("log", json!({"lease_token": lease, "lines": [{"stream": "stdout", "line": "evil"}]})),
+    ] {
+        let (status, v) = second
+            .raw(
+                reqwest::Method::POST,
+                &format!("/api/agent/v1/jobs/{id}/{action}"),
+                Some(body),
+            )
+            .await;
+        assert_eq!(status, 409, "{action} from the second process: {v}");
+        assert_eq!(v["error"]["code"], "superseded", "{v}");
+    }
+    let (status, _) = second
+        .raw(
+            reqwest::Method::POST,
+            "/api/agent/v1/heartbeat",
+            Some(json!({"leases": [], "health": health})),
+        )
+        .await;
+    assert_eq!(status, 409);
+    assert_eq!(api.job(&id).await.state, JobState::Leased, "still the first's");
+
+    // The first re-registers (same process): it keeps its lease, and the
+    // answer carries no lease token.
+    let v = first
+        .post("/api/agent/v1/register", register(&first))
+        .await;
+    assert_eq!(v["orphans_failed"], 0, "{v}");
+    assert!(!v.to_string().contains(&lease), "no lease token in {v}");
+    assert_eq!(api.job(&id).await.state, JobState::Leased);
+
+    // The first goes silent for a lease TTL: the second takes over and the
+    // server hands the orphaned lease back at once.
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    let v = second
+        .post("/api/agent/v1/register", register(&second))
+        .await;
+    assert!(!v.to_string().contains(&lease), "no lease token in {v}");
+    let j = api.job(&id).await;
+    assert!(
+        matches!(j.state, JobState::Retrying | JobState::Queued | JobState::Leased),
+        "handed back (or already taken again by the reaper's path): {j:?}"
+    );
+    let (status, v) = first
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/agent/v1/jobs/{id}/complete"),
+            Some(json!({"lease_token": lease, "exit_code": 0})),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "superseded", "{v}");
+    assert_ne!(api.job(&id).await.state, JobState::Succeeded);
 }
 
 /// Pause, drain and resume steer which agent takes work, and survive a

@@ -50,6 +50,7 @@ async fn agent(db: &PgPool, name: &str, capacity: u32, labels: &[(&str, &str)]) 
         db,
         &Register {
             name: name.into(),
+            instance: Uuid::new_v4(),
             labels: labels
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -228,6 +229,7 @@ async fn agents_only_get_kinds_they_run() {
         &db,
         &Register {
             name: "tiles-only".into(),
+            instance: Uuid::new_v4(),
             labels: BTreeMap::new(),
             capacity: 4,
             kinds: vec![JobKind::Tile],

@@ -80,6 +80,7 @@ pub async fn run(
     let host = health.collect();
     let reg = Register {
         name: config.name.clone(),
+        instance: api.instance(),
         labels: config.labels.clone(),
         capacity: config.capacity,
         kinds: kinds.names(),
@@ -87,28 +88,26 @@ pub async fn run(
         devices: crate::devices::registration(&host.cpu_model, kinds.encoder()),
         health: host,
     };
-    let registered = match api.register(&reg, &shutdown).await {
-        Ok(r) => r,
-        Err(CallError::ShuttingDown) => return Ok(()),
-        Err(e) => anyhow::bail!("registering as `{}`: {e}", config.name),
-    };
-    tracing::info!(name = %config.name, capacity = config.capacity, state = ?registered.state, "registered");
-    // Leases from before a restart belong to processes that died with us:
-    // hand them back now rather than after they expire.
-    for orphan in registered.held_leases {
-        let f = Fail {
-            lease_token: orphan.lease_token,
-            class: FailureClass::Retryable,
-            message: "the agent restarted while running this job".into(),
-            exit_code: None,
-        };
-        if let Err(e) = api
-            .job_call(orphan.job_id, JobCall::Fail(&f), &shutdown)
-            .await
-        {
-            tracing::warn!(job = %orphan.job_id, error = %e, "could not hand back an orphaned lease");
+    // Another process under our name that is still online (typically this
+    // agent before a crash, until its heartbeats are a lease TTL old) makes
+    // the server refuse; keep asking until it has gone silent.
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
+    let registered = loop {
+        match api.register(&reg, &shutdown).await {
+            Ok(r) => break r,
+            Err(CallError::ShuttingDown) => return Ok(()),
+            Err(e) if e.name_in_use() => {
+                tracing::warn!(name = %config.name, error = %e, "name in use; registering again shortly");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
+                }
+            }
+            Err(e) => anyhow::bail!("registering as `{}`: {e}", config.name),
         }
-    }
+    };
+    tracing::info!(name = %config.name, capacity = config.capacity, state = ?registered.state,
+                   orphans_failed = registered.orphans_failed, "registered");
     let loops = Loops::new(api, kinds, &config, registered.state);
     let interval = Duration::from_millis(registered.heartbeat_interval_ms.max(50));
     loops
@@ -248,6 +247,12 @@ impl<S: Server, E: Execute> Loops<S, E> {
                     }
                 }
                 Err(CallError::ShuttingDown) => return,
+                Err(e) if e.superseded() => {
+                    // The server has handed our leases back already; the
+                    // jobs still running here are stopped on the way out.
+                    tracing::error!(error = %e, "another process registered under this agent's name; stopping");
+                    return;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "lease request refused; backing off");
                     tokio::select! {

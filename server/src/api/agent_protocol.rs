@@ -9,9 +9,12 @@ use axum::extract::{Path, Query, State};
 use axum::Json;
 use flotilla_core::api::OutputView;
 use flotilla_core::job::check_output_path;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use flotilla_core::job::FailureClass;
 use flotilla_core::protocol::{
     Ack, Complete, Ended, Fail, Heartbeat, HeartbeatReply, LeaseRef, LeaseReply, LeaseRequest,
-    LogBatch, Register, Registered, MAX_FAIL_MESSAGE_BYTES,
+    LogBatch, Register, Registered, INSTANCE_HEADER, MAX_FAIL_MESSAGE_BYTES,
 };
 use flotilla_core::text::truncate_on_char_boundary;
 use serde::Deserialize;
@@ -39,7 +42,7 @@ impl From<LeaseRefused> for ApiError {
 }
 
 /// The registered agent behind the token.
-pub(crate) async fn agent_id(state: &AppState, name: &str) -> ApiResult<Uuid> {
+async fn agent_id(state: &AppState, name: &str) -> ApiResult<Uuid> {
     if let Some(id) = state.auth_cache.agent_id(name) {
         return Ok(id);
     }
@@ -50,6 +53,44 @@ pub(crate) async fn agent_id(state: &AppState, name: &str) -> ApiResult<Uuid> {
     })?;
     state.auth_cache.remember_agent(name, id);
     Ok(id)
+}
+
+/// The agent process making a call after `register`: an agent token, and
+/// in [`INSTANCE_HEADER`] the instance of the agent's latest registration.
+/// Any other process under the name gets `409 superseded`.
+pub struct AgentProcess {
+    pub name: String,
+    pub id: Uuid,
+}
+
+impl FromRequestParts<AppState> for AgentProcess {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let AgentAuth(_, name) = AgentAuth::from_request_parts(parts, state).await?;
+        let instance = parts
+            .headers
+            .get(INSTANCE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| Uuid::parse_str(v).ok())
+            .ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "missing or malformed `{INSTANCE_HEADER}` header: this agent is older than \
+                     the server; upgrade it"
+                ))
+            })?;
+        let id = agent_id(state, &name).await?;
+        if !state
+            .agent_instances
+            .is_current(&state.db, id, instance)
+            .await?
+        {
+            return Err(ApiError::Superseded(format!(
+                "another process registered as agent `{name}` after this one; this process \
+                 must stop (its leases were handed back)"
+            )));
+        }
+        Ok(AgentProcess { name, id })
+    }
 }
 
 pub async fn register(
@@ -69,15 +110,45 @@ pub async fn register(
     if reg.capacity == 0 || reg.capacity > 4096 {
         return Err(ApiError::invalid("`capacity` must be between 1 and 4096"));
     }
-    let (agent_id, st) = agents::register(&state.db, &reg).await?;
+    let registration = agents::register_instance(&state.db, &reg, state.settings.lease_ttl)
+        .await
+        .map_err(|e| match e {
+            agents::RegisterError::NameInUse { .. } => ApiError::Conflict(e.to_string()),
+            agents::RegisterError::Db(e) => e.into(),
+        })?;
+    let agent_id = registration.agent;
     state.auth_cache.remember_agent(&reg.name, agent_id);
-    let held_leases = agents::held_leases(&state.db, agent_id).await?;
-    tracing::info!(agent = %reg.name, capacity = reg.capacity, kinds = ?reg.kinds, "agent registered");
+    state.agent_instances.remember(agent_id, reg.instance);
+    // The leases of the process this one replaced: that process is gone
+    // (silent for a lease TTL, or this agent before a restart), so its jobs
+    // retry now rather than at expiry.
+    let mut orphans_failed = 0;
+    for orphan in &registration.orphans {
+        let key = LeaseKey {
+            agent: agent_id,
+            job: orphan.job_id,
+            token: orphan.lease_token,
+        };
+        let f = Fail {
+            lease_token: orphan.lease_token,
+            class: FailureClass::Retryable,
+            message: format!("agent `{name}` restarted while running this job"),
+            exit_code: None,
+        };
+        match crate::completion::fail(&state, key, &f).await {
+            Ok(_) => orphans_failed += 1,
+            // Ended meanwhile (reaped, cancelled): nothing to hand back.
+            Err(LeaseRefused::Stale { .. } | LeaseRefused::NoSuchJob(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    tracing::info!(agent = %reg.name, capacity = reg.capacity, kinds = ?reg.kinds,
+                   orphans_failed, "agent registered");
     Ok(Json(Registered {
         agent_id,
         heartbeat_interval_ms: state.settings.heartbeat_interval.as_millis() as u64,
-        state: st,
-        held_leases,
+        state: registration.state,
+        orphans_failed,
     }))
 }
 
@@ -87,10 +158,9 @@ pub async fn register(
 /// not missed.
 pub async fn lease(
     State(state): State<AppState>,
-    AgentAuth(_, name): AgentAuth,
+    AgentProcess { name, id: agent }: AgentProcess,
     JsonBody(req): JsonBody<LeaseRequest>,
 ) -> ApiResult<Json<LeaseReply>> {
-    let agent = agent_id(&state, &name).await?;
     let wait = Duration::from_millis(req.wait_ms).min(state.settings.max_lease_wait);
     let deadline = Instant::now() + wait;
     loop {
@@ -116,10 +186,9 @@ pub async fn lease(
 
 pub async fn heartbeat(
     State(state): State<AppState>,
-    AgentAuth(_, name): AgentAuth,
+    AgentProcess { name, id: agent }: AgentProcess,
     JsonBody(hb): JsonBody<Heartbeat>,
 ) -> ApiResult<Json<HeartbeatReply>> {
-    let agent = agent_id(&state, &name).await?;
     let leases = lease::heartbeat(&state.db, agent, &hb.leases, state.settings.lease_ttl).await?;
     let st = agents::touch(&state.db, agent, &hb.health).await?;
     if hb.health.disk_nearly_full() {
@@ -130,26 +199,21 @@ pub async fn heartbeat(
 
 /// The lease a job call is about: the job in the path, the caller's agent,
 /// the token in the body.
-async fn lease_key(
-    state: &AppState,
-    agent_name: &str,
-    id: &str,
-    token: Uuid,
-) -> ApiResult<LeaseKey> {
+fn lease_key(agent: &AgentProcess, id: &str, token: Uuid) -> ApiResult<LeaseKey> {
     Ok(LeaseKey {
         job: parse_id(id)?,
-        agent: agent_id(state, agent_name).await?,
+        agent: agent.id,
         token,
     })
 }
 
 pub async fn start(
     State(state): State<AppState>,
-    AgentAuth(_, name): AgentAuth,
+    agent: AgentProcess,
     Path(id): Path<String>,
     JsonBody(lr): JsonBody<LeaseRef>,
 ) -> ApiResult<Json<Ack>> {
-    let key = lease_key(&state, &name, &id, lr.lease_token).await?;
+    let key = lease_key(&agent, &id, lr.lease_token)?;
     if lr.job_id != key.job {
         return Err(ApiError::invalid("`job_id` does not match the path"));
     }
@@ -159,45 +223,45 @@ pub async fn start(
 
 pub async fn log(
     State(state): State<AppState>,
-    AgentAuth(_, name): AgentAuth,
+    agent: AgentProcess,
     Path(id): Path<String>,
     JsonBody(batch): JsonBody<LogBatch>,
 ) -> ApiResult<Json<Ack>> {
     if batch.lines.len() > 10_000 {
         return Err(ApiError::invalid("at most 10,000 lines per batch"));
     }
-    let key = lease_key(&state, &name, &id, batch.lease_token).await?;
+    let key = lease_key(&agent, &id, batch.lease_token)?;
     lease::append_log(&state.db, key, &batch.lines).await?;
     Ok(Json(Ack { ok: true }))
 }
 
 pub async fn complete(
     State(state): State<AppState>,
-    AgentAuth(_, name): AgentAuth,
+    agent: AgentProcess,
     Path(id): Path<String>,
     JsonBody(c): JsonBody<Complete>,
 ) -> ApiResult<Json<Ended>> {
-    let key = lease_key(&state, &name, &id, c.lease_token).await?;
+    let key = lease_key(&agent, &id, c.lease_token)?;
     let ended = crate::completion::complete(&state, key, &c).await?;
     match &ended.tile {
         Some(tile) => {
-            tracing::info!(agent = %name, job = %key.job, tile = %tile.tile, "tile job succeeded")
+            tracing::info!(agent = %agent.name, job = %key.job, tile = %tile.tile, "tile job succeeded")
         }
-        None => tracing::info!(agent = %name, job = %key.job, kind = %ended.kind, "job succeeded"),
+        None => tracing::info!(agent = %agent.name, job = %key.job, kind = %ended.kind, "job succeeded"),
     }
     Ok(Json(Ended { state: ended.state }))
 }
 
 pub async fn fail(
     State(state): State<AppState>,
-    AgentAuth(_, name): AgentAuth,
+    agent: AgentProcess,
     Path(id): Path<String>,
     JsonBody(mut f): JsonBody<Fail>,
 ) -> ApiResult<Json<Ended>> {
-    let key = lease_key(&state, &name, &id, f.lease_token).await?;
+    let key = lease_key(&agent, &id, f.lease_token)?;
     truncate_on_char_boundary(&mut f.message, MAX_FAIL_MESSAGE_BYTES);
     let ended = crate::completion::fail(&state, key, &f).await?;
-    tracing::info!(agent = %name, job = %key.job, state = %ended.state, message = %f.message,
+    tracing::info!(agent = %agent.name, job = %key.job, state = %ended.state, message = %f.message,
                    "attempt failed");
     Ok(Json(Ended { state: ended.state }))
 }
@@ -214,14 +278,14 @@ pub struct UploadQuery {
 /// finished.
 pub async fn upload_output(
     State(state): State<AppState>,
-    AgentAuth(_, agent_name): AgentAuth,
+    agent: AgentProcess,
     Path((id, name)): Path<(String, String)>,
     Query(q): Query<UploadQuery>,
     body: Body,
 ) -> ApiResult<Json<OutputView>> {
     check_output_path(&name)
         .map_err(|why| ApiError::invalid(format!("output name `{name}` {why}")))?;
-    let lease = lease_key(&state, &agent_name, &id, q.lease).await?;
+    let lease = lease_key(&agent, &id, q.lease)?;
     let id = lease.job;
     let attempt = lease::current_attempt(&state.db, lease).await?;
     let key = format!("jobs/{id}/{attempt}/{name}");

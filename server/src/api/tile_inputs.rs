@@ -11,8 +11,7 @@ use futures::TryStreamExt;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::agent_protocol::agent_id;
-use crate::auth::AgentAuth;
+use super::agent_protocol::AgentProcess;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::parse_id;
 use crate::queue::lease::{self, LeaseKey};
@@ -25,19 +24,18 @@ pub struct LeaseQuery {
     lease: Uuid,
 }
 
-/// The tile job `id` if `agent_name` holds its current lease.
+/// The tile job `id` if `agent` holds its current lease.
 async fn held_tile(
     state: &AppState,
-    agent_name: &str,
+    agent: &AgentProcess,
     id: &str,
     token: Uuid,
 ) -> ApiResult<(flotilla_core::job::TileJob, datasets::Dataset)> {
     let id = parse_id(id)?;
-    let agent = agent_id(state, agent_name).await?;
     lease::current_attempt(
         &state.db,
         LeaseKey {
-            agent,
+            agent: agent.id,
             job: id,
             token,
         },
@@ -73,11 +71,11 @@ async fn stream(state: &AppState, key: &str) -> ApiResult<Response> {
 
 pub async fn checkpoint(
     State(state): State<AppState>,
-    AgentAuth(_, name): AgentAuth,
+    agent: AgentProcess,
     Path(id): Path<String>,
     Query(q): Query<LeaseQuery>,
 ) -> ApiResult<Response> {
-    let (_, ds) = held_tile(&state, &name, &id, q.lease).await?;
+    let (_, ds) = held_tile(&state, &agent, &id, q.lease).await?;
     let key = ds
         .checkpoint_key
         .ok_or_else(|| ApiError::NotFound(format!("dataset `{}` has no checkpoint", ds.name)))?;
@@ -86,13 +84,13 @@ pub async fn checkpoint(
 
 pub async fn input(
     State(state): State<AppState>,
-    AgentAuth(_, name): AgentAuth,
+    agent: AgentProcess,
     Path((id, file)): Path<(String, String)>,
     Query(q): Query<LeaseQuery>,
 ) -> ApiResult<Response> {
     flotilla_core::job::check_output_path(&file)
         .map_err(|why| ApiError::invalid(format!("input name `{file}` {why}")))?;
-    let (tile, ds) = held_tile(&state, &name, &id, q.lease).await?;
+    let (tile, ds) = held_tile(&state, &agent, &id, q.lease).await?;
     let prefix = ds.input_prefix.ok_or_else(|| {
         ApiError::NotFound(format!(
             "dataset `{}` has no input prefix (its inputs come from a fetch command)",
