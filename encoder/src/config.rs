@@ -22,6 +22,18 @@ pub const S1_BANDS: usize = 2;
 /// Longest sequence a pixel is given (upstream `max_seq_len`).
 pub const MAX_SEQ_LEN: usize = 256;
 
+/// Caps on the sizes a checkpoint's `args` may declare, so that no size
+/// arithmetic overflows and a header cannot make the loader plan for more
+/// than a real model: the published Large student is latent 160, 4 layers,
+/// 4 heads, FFN 2560, repr 128; each cap is 16x or more.
+const MAX_SIZES: [(&str, usize); 5] = [
+    ("latent_dim", 4_096),
+    ("num_layers", 64),
+    ("nhead", 256),
+    ("dim_feedforward", 65_536),
+    ("repr_dim", 4_096),
+];
+
 impl ModelConfig {
     /// Width of each backbone's token, `4 * latent_dim`.
     pub fn d_model(&self) -> usize {
@@ -36,10 +48,18 @@ impl ModelConfig {
     pub fn from_json(args: &Value) -> Result<Self, String> {
         let get = |k: &str| -> Result<usize, String> {
             let v = args.get(k).ok_or_else(|| format!("args has no `{k}`"))?;
-            v.as_u64()
+            let n = v
+                .as_u64()
                 .filter(|&n| n > 0)
-                .map(|n| n as usize)
-                .ok_or_else(|| format!("args `{k}` = {v} is not a positive integer"))
+                .ok_or_else(|| format!("args `{k}` = {v} is not a positive integer"))?;
+            let cap = MAX_SIZES
+                .iter()
+                .find(|(name, _)| *name == k)
+                .map_or(usize::MAX, |&(_, cap)| cap);
+            usize::try_from(n)
+                .ok()
+                .filter(|&n| n <= cap)
+                .ok_or_else(|| format!("args `{k}` = {n}, at most {cap}"))
         };
         let repr_dim = match args.get("repr_dim") {
             None => 128,
@@ -100,6 +120,40 @@ impl ModelConfig {
         }
     }
 
+    /// Every tensor name and shape a checkpoint of these sizes holds, in the
+    /// upstream (PyTorch `state_dict`) naming.
+    pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let d = self.d_model();
+        let f = self.dim_feedforward;
+        let mut v: Vec<(String, Vec<usize>)> = Vec::new();
+        let lin = |v: &mut Vec<(String, Vec<usize>)>, name: String, i: usize, o: usize| {
+            v.push((format!("{name}.weight"), vec![o, i]));
+            v.push((format!("{name}.bias"), vec![o]));
+        };
+        for (bb, bands) in [("s2_backbone", S2_BANDS), ("s1_backbone", S1_BANDS)] {
+            lin(&mut v, format!("{bb}.embedding.0"), bands, d);
+            lin(&mut v, format!("{bb}.embedding.2"), d, d);
+            for l in 0..self.num_layers {
+                let p = format!("{bb}.transformer_encoder.layers.{l}");
+                v.push((format!("{p}.self_attn.in_proj_weight"), vec![3 * d, d]));
+                v.push((format!("{p}.self_attn.in_proj_bias"), vec![3 * d]));
+                lin(&mut v, format!("{p}.self_attn.out_proj"), d, d);
+                lin(&mut v, format!("{p}.linear1"), d, f);
+                lin(&mut v, format!("{p}.linear2"), f, d);
+                for n in ["norm1", "norm2"] {
+                    v.push((format!("{p}.{n}.weight"), vec![d]));
+                    v.push((format!("{p}.{n}.bias"), vec![d]));
+                }
+            }
+            lin(&mut v, format!("{bb}.attn_pool.query"), d, 1);
+        }
+        lin(&mut v, "dim_reducer.0".into(), 2 * d, 4 * d);
+        v.push(("dim_reducer.1.weight".into(), vec![4 * d]));
+        v.push(("dim_reducer.1.bias".into(), vec![4 * d]));
+        lin(&mut v, "dim_reducer.4".into(), 4 * d, self.repr_dim);
+        v
+    }
+
     /// Multiply-adds x2 per observation token through one backbone (GEMMs plus
     /// attention scores for a sequence of `len`).
     pub fn flops_per_token(&self, bands: usize, len: usize) -> f64 {
@@ -143,5 +197,9 @@ mod tests {
         assert_eq!(c, ModelConfig::small());
         assert_eq!(c.d_model(), 64);
         assert!(ModelConfig::from_json(&serde_json::json!({"latent_dim": 16})).is_err());
+        let mut huge = v.clone();
+        huge["latent_dim"] = serde_json::json!(1u64 << 62);
+        let e = ModelConfig::from_json(&huge).unwrap_err();
+        assert!(e.contains("latent_dim") && e.contains("at most"), "{e}");
     }
 }

@@ -8,12 +8,16 @@
 //! - `config` — the model's sizes, parsed from the checkpoint's `args`
 //!   (`ModelConfig::large()` and `small()` for synthetic checkpoints).
 //! - `checkpoint` — `.pt` / `.safetensors` loading and the hierarchical,
-//!   shape-checked tensor lookup (`Vars`).
+//!   shape-checked tensor lookup (`Vars`); `checkpoint::inspect` and
+//!   `validate`, the header-only check (sizes against the bytes present,
+//!   caps, the model's tensor names and shapes) that runs before any
+//!   tensor is read; the bounded pickle reader for `.pt`.
 //! - `model` — typed weights with the upstream names, plus shared arithmetic
 //!   (LayerNorm, day-of-year encoding).
 //! - `npy` — the `.npy` reader and writer.
-//! - `tile` — tile inputs in the geotessera layout: read, cross-check, write,
-//!   per-pixel access (valid frames, standardised tokens).
+//! - `tile` — tile inputs in the geotessera layout: read (dimensions capped
+//!   before any data), cross-check, write, per-pixel access (valid frames,
+//!   standardised tokens).
 //! - `normalise` — upstream's per-band means and stds, and `standardise`.
 //! - `sequence` — a pixel's bin length and which frames fill it; gathers a
 //!   chunk's sequences for a backend.

@@ -35,6 +35,20 @@ enum Cmd {
     /// Which backends this build has, which this machine can run (and why
     /// not), and what `--backend auto` picks.
     Backends,
+    /// Check a checkpoint's headers without reading its tensors: format,
+    /// config, each tensor's dtype and shape against the bytes present and
+    /// the model's expectations. Exits 1 naming the problem.
+    Inspect(InspectArgs),
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    /// Checkpoint (.pt or .safetensors).
+    #[arg(long)]
+    ckpt: PathBuf,
+    /// Print every tensor's dtype and shape too.
+    #[arg(long)]
+    tensors: bool,
 }
 
 /// Backend and device settings of an encoding run.
@@ -271,6 +285,7 @@ fn main() {
             run_backends();
             Ok(())
         }
+        Some(Cmd::Inspect(a)) => run_inspect(a),
     };
     if let Err(e) = result {
         let cancelled = matches!(
@@ -280,6 +295,25 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(if cancelled { 130 } else { 1 });
     }
+}
+
+fn run_inspect(a: InspectArgs) -> Result<()> {
+    let info = tessera_encoder::checkpoint::validate(&a.ckpt)?;
+    println!(
+        "{}: {:?}, {} tensors, {} elements, {} bytes",
+        a.ckpt.display(),
+        info.format,
+        info.tensors.len(),
+        info.elements(),
+        info.file_bytes
+    );
+    println!("config: {}", info.config.to_json());
+    if a.tensors {
+        for (name, t) in &info.tensors {
+            println!("{name}\t{:?}\t{:?}", t.dtype, t.shape);
+        }
+    }
+    Ok(())
 }
 
 fn run_backends() {

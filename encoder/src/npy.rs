@@ -146,10 +146,23 @@ pub struct Header {
 }
 
 impl Header {
+    /// Bytes of data the shape and dtype call for. `parse_header` has
+    /// already checked that this does not overflow.
     pub fn data_bytes(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype.size()
+        data_bytes(&self.shape, self.dtype).expect("parse_header checked the shape's byte count")
     }
 }
+
+/// Elements times item size, or None if that overflows `usize`.
+fn data_bytes(shape: &[usize], dtype: DType) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+}
+
+/// numpy's own `np.load` refuses headers over 10,000 bytes
+/// (`max_header_size`); ours are under 128.
+const MAX_HEADER_BYTES: usize = 10_000;
 
 /// Length of the header block (magic .. end of header text) from the
 /// first 12 bytes, or None if `prefix` is too short.
@@ -157,14 +170,21 @@ fn header_len(prefix: &[u8]) -> std::result::Result<usize, String> {
     if prefix.len() < 10 || &prefix[..6] != b"\x93NUMPY" {
         return Err("missing \\x93NUMPY magic".into());
     }
-    match prefix[6] {
-        1 => Ok(10 + u16::from_le_bytes([prefix[8], prefix[9]]) as usize),
-        2 | 3 if prefix.len() >= 12 => {
-            Ok(12 + u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as usize)
-        }
-        2 | 3 => Err("truncated header".into()),
-        v => Err(format!("unsupported format version {v}")),
+    let (start, len) = match prefix[6] {
+        1 => (10, u16::from_le_bytes([prefix[8], prefix[9]]) as usize),
+        2 | 3 if prefix.len() >= 12 => (
+            12,
+            u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as usize,
+        ),
+        2 | 3 => return Err("truncated header".into()),
+        v => return Err(format!("unsupported format version {v}")),
+    };
+    if len > MAX_HEADER_BYTES {
+        return Err(format!(
+            "header of {len} bytes (at most {MAX_HEADER_BYTES})"
+        ));
     }
+    Ok(start + len)
 }
 
 /// Parse the header at the start of `bytes`.
@@ -203,6 +223,12 @@ pub fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
                 .map_err(|_| format!("bad shape entry '{part}'"))?,
         );
     }
+    if data_bytes(&shape, dtype).is_none() {
+        return Err(format!(
+            "shape {shape:?} of {} overflows: more bytes than memory can address",
+            dtype.descr()
+        ));
+    }
     Ok(Header {
         dtype,
         shape,
@@ -228,7 +254,8 @@ fn check_body(h: &Header, body: usize) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// Parse `.npy` bytes; the error says what is wrong.
+/// Parse `.npy` bytes; the error says what is wrong. The shape is checked
+/// against the bytes present before anything is copied.
 pub fn parse(bytes: &[u8]) -> std::result::Result<NpyArray, String> {
     let h = parse_header(bytes)?;
     let body = &bytes[h.data_start..];
@@ -242,7 +269,8 @@ pub fn parse(bytes: &[u8]) -> std::result::Result<NpyArray, String> {
 
 /// Read a large array straight into typed elements, a block at a time, so
 /// the raw bytes are never held alongside the result. `check` sees the
-/// header first and may reject it; `conv` turns one element's
+/// header first and may reject it; the shape must then match the bytes
+/// present before the result is allocated. `conv` turns one element's
 /// little-endian bytes into a `T`.
 pub fn read_elements<T>(
     path: &Path,
@@ -255,7 +283,9 @@ pub fn read_elements<T>(
         reason,
     };
     let mut f = std::fs::File::open(path).map_err(|e| EncodeError::io(path, e))?;
-    let file_len = f.metadata().map_err(|e| EncodeError::io(path, e))?.len() as usize;
+    let file_len = f.metadata().map_err(|e| EncodeError::io(path, e))?.len();
+    let file_len = usize::try_from(file_len)
+        .map_err(|_| npy_err(format!("{file_len} bytes: too large to read here")))?;
     let mut prefix = vec![0u8; 12.min(file_len)];
     f.read_exact(&mut prefix)
         .map_err(|e| EncodeError::io(path, e))?;
@@ -352,6 +382,17 @@ mod tests {
         assert_eq!(a.to_f32(), vec![1.0, -2.5, 3.0, 4.0, 5.0, 6.0]);
         let b1 = to_bytes(DType::I32, &[3], &[0u8; 12]);
         assert_eq!(parse(&b1).unwrap().shape, vec![3]);
+    }
+
+    #[test]
+    fn huge_headers_and_overflowing_shapes_are_errors() {
+        let mut b = to_bytes(DType::U8, &[1], &[0]);
+        b[8..10].copy_from_slice(&u16::MAX.to_le_bytes());
+        let err = parse(&b).unwrap_err();
+        assert!(err.contains("at most"), "{err}");
+        let b = to_bytes(DType::F64, &[usize::MAX / 4, 2], &[]);
+        let err = parse(&b).unwrap_err();
+        assert!(err.contains("overflows"), "{err}");
     }
 
     #[test]

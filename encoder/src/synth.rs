@@ -31,46 +31,12 @@ impl Rng {
     }
 }
 
-/// Every tensor name and shape a checkpoint of these sizes holds, in the
-/// upstream (PyTorch `state_dict`) naming.
-pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let d = cfg.d_model();
-    let f = cfg.dim_feedforward;
-    let mut v: Vec<(String, Vec<usize>)> = Vec::new();
-    let lin = |v: &mut Vec<(String, Vec<usize>)>, name: String, i: usize, o: usize| {
-        v.push((format!("{name}.weight"), vec![o, i]));
-        v.push((format!("{name}.bias"), vec![o]));
-    };
-    for (bb, bands) in [("s2_backbone", S2_BANDS), ("s1_backbone", S1_BANDS)] {
-        lin(&mut v, format!("{bb}.embedding.0"), bands, d);
-        lin(&mut v, format!("{bb}.embedding.2"), d, d);
-        for l in 0..cfg.num_layers {
-            let p = format!("{bb}.transformer_encoder.layers.{l}");
-            v.push((format!("{p}.self_attn.in_proj_weight"), vec![3 * d, d]));
-            v.push((format!("{p}.self_attn.in_proj_bias"), vec![3 * d]));
-            lin(&mut v, format!("{p}.self_attn.out_proj"), d, d);
-            lin(&mut v, format!("{p}.linear1"), d, f);
-            lin(&mut v, format!("{p}.linear2"), f, d);
-            for n in ["norm1", "norm2"] {
-                v.push((format!("{p}.{n}.weight"), vec![d]));
-                v.push((format!("{p}.{n}.bias"), vec![d]));
-            }
-        }
-        lin(&mut v, format!("{bb}.attn_pool.query"), d, 1);
-    }
-    lin(&mut v, "dim_reducer.0".into(), 2 * d, 4 * d);
-    v.push(("dim_reducer.1.weight".into(), vec![4 * d]));
-    v.push(("dim_reducer.1.bias".into(), vec![4 * d]));
-    lin(&mut v, "dim_reducer.4".into(), 4 * d, cfg.repr_dim);
-    v
-}
-
 /// A checkpoint with random weights (PyTorch-like init: U(±1/sqrt(fan_in))
 /// for Linear, 1 ± 0.1 / ±0.1 for LayerNorm).
 pub fn random_checkpoint(cfg: &ModelConfig, seed: u64) -> Checkpoint {
     let mut rng = Rng::new(seed);
     let mut tensors = BTreeMap::new();
-    for (name, shape) in tensor_shapes(cfg) {
+    for (name, shape) in cfg.tensor_shapes() {
         let n: usize = shape.iter().product();
         let is_norm = name.contains("norm") || name.starts_with("dim_reducer.1.");
         let data: Vec<f32> = if is_norm {

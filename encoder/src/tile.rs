@@ -104,14 +104,45 @@ fn read_checked(path: &Path, dtypes: &[DType], ndim: usize) -> Result<NpyArray> 
     Ok(a)
 }
 
-/// Like [`read_checked`] for the big arrays, converting as it reads.
+/// Largest tile side accepted, in pixels: a geotessera tile is 0.1° square,
+/// about 1,100 × 1,100 px at 10 m; 4x that leaves room for other grids.
+pub const MAX_TILE_SIDE: usize = 4_400;
+/// Most frames accepted per modality: a year of Sentinel-2 (two satellites,
+/// a 5-day revisit, overlapping orbits) is a few hundred; 4x the encoder's
+/// longest sequence (`MAX_SEQ_LEN`, 256).
+pub const MAX_FRAMES: usize = 4 * crate::config::MAX_SEQ_LEN;
+
+/// A (T, H, W, ...) array's frames and sides are within the caps, so that
+/// no index arithmetic on them can overflow and a header cannot ask for
+/// more than a real tile holds.
+fn check_dims(path: &Path, shape: &[usize]) -> Result<()> {
+    for (axis, what, value, cap) in [
+        (0, "frames", shape[0], MAX_FRAMES),
+        (1, "height", shape[1], MAX_TILE_SIDE),
+        (2, "width", shape[2], MAX_TILE_SIDE),
+    ] {
+        if value > cap {
+            return Err(tile_err(
+                path,
+                format!("shape {shape:?}: {what} (axis {axis}) is {value}, at most {cap}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Like [`read_checked`] for the big (T, H, W, bands) arrays, converting as
+/// it reads; the dimensions are checked against the caps before any data.
 fn read_checked_elements<T>(
     path: &Path,
     dtype: DType,
     ndim: usize,
     conv: impl Fn(&[u8]) -> T,
 ) -> Result<(Vec<usize>, Vec<T>)> {
-    let check = |h: &npy::Header| check_header(path, h.dtype, &h.shape, &[dtype], ndim);
+    let check = |h: &npy::Header| {
+        check_header(path, h.dtype, &h.shape, &[dtype], ndim)?;
+        check_dims(path, &h.shape)
+    };
     let (h, v) = npy::read_elements(path, check, conv).map_err(as_tile_err)?;
     Ok((h.shape, v))
 }
