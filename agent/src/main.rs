@@ -1,11 +1,13 @@
 //! `flotilla-agent`: see `flotilla-agent --help`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use flotilla_agent::process::user::JobUser;
+use flotilla_agent::process::RunAs;
 use flotilla_agent::runner::{self, AgentConfig};
 use flotilla_agent::server_api::ServerApi;
 
@@ -16,23 +18,32 @@ use flotilla_agent::server_api::ServerApi;
     about = "Runs flotilla jobs on this machine",
     long_about = "Registers with a flotilla server, leases jobs while below its capacity, \
                   runs them and reports back. Make its token on the server with \
-                  `flotilla tokens create --role agent --agent NAME`."
+                  `flotilla tokens create --role agent --agent NAME` and give it in a file \
+                  readable by the agent's user only (--token-file).\n\n\
+                  Jobs start from an empty environment plus PATH, LANG, LC_*, TZ, TERM, \
+                  HOME, USER, LOGNAME, SHELL (of the user they run as), the names given \
+                  with --pass-env and their own variables. With --job-user (Linux, agent \
+                  run as root) they run as that unprivileged user, which can read nothing \
+                  of the agent's but the job's own directory."
 )]
 struct Args {
     /// Server URL, e.g. http://flotilla.example:8470
     #[arg(long, env = "FLOTILLA_SERVER")]
     server: String,
-    /// Agent token.
-    #[arg(
-        long,
-        env = "FLOTILLA_AGENT_TOKEN",
-        hide_env_values = true,
-        conflicts_with = "token_file"
-    )]
-    token: Option<String>,
-    /// File holding the agent token.
+    /// File holding the agent token, readable by the agent's user only
+    /// (the token is never taken from the command line or the environment,
+    /// where a job could read it).
     #[arg(long, env = "FLOTILLA_AGENT_TOKEN_FILE")]
-    token_file: Option<PathBuf>,
+    token_file: PathBuf,
+    /// Run jobs' processes as this unprivileged user (Linux; the agent must
+    /// run as root). Their work directories are handed to it; nothing else
+    /// of the agent's is readable by it.
+    #[arg(long, env = "FLOTILLA_JOB_USER")]
+    job_user: Option<String>,
+    /// A variable of the agent's environment to pass on to every job
+    /// (repeatable); jobs get no others beyond a short allowlist.
+    #[arg(long = "pass-env", value_name = "NAME", value_parser = flotilla_agent::process::env::parse_pass_env)]
+    pass_env: Vec<String>,
     /// This agent's name (the token is bound to it) [default: the host name].
     #[arg(long, env = "FLOTILLA_AGENT_NAME")]
     name: Option<String>,
@@ -73,6 +84,16 @@ fn main() -> std::process::ExitCode {
 }
 
 fn real_main() -> anyhow::Result<()> {
+    // A token in the environment is readable by every process of the same
+    // user through /proc/PID/environ; refuse it rather than ignore it.
+    if std::env::var_os("FLOTILLA_AGENT_TOKEN").is_some() {
+        anyhow::bail!(
+            "FLOTILLA_AGENT_TOKEN is no longer read: a token in the environment (or on the \
+             command line) is readable by jobs through /proc. Put the token in a file readable \
+             only by the agent's user (chmod 600), pass it with --token-file PATH (or \
+             FLOTILLA_AGENT_TOKEN_FILE=PATH), and unset FLOTILLA_AGENT_TOKEN"
+        );
+    }
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -82,17 +103,7 @@ fn real_main() -> anyhow::Result<()> {
         // Colour codes only for a terminal, not for a log file.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let token = match (&args.token, &args.token_file) {
-        (Some(t), _) => t.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f)
-            .with_context(|| format!("reading token file {}", f.display()))?
-            .trim()
-            .to_string(),
-        (None, None) => anyhow::bail!(
-            "no agent token: pass --token or --token-file (make one on the server with \
-             `flotilla tokens create --role agent --agent NAME`)"
-        ),
-    };
+    let token = read_token(&args.token_file)?;
     let name = match args.name {
         Some(n) => n,
         None => sysinfo::System::host_name().context("no --name and no host name")?,
@@ -101,9 +112,11 @@ fn real_main() -> anyhow::Result<()> {
         .capacity
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
     anyhow::ensure!(capacity >= 1, "--capacity must be at least 1");
-    std::fs::create_dir_all(&args.workdir)
-        .with_context(|| format!("creating work directory {}", args.workdir.display()))?;
-    let workdir = args.workdir.canonicalize()?;
+    let run_as = match &args.job_user {
+        Some(user) => RunAs::job_user(JobUser::lookup(user)?, &args.pass_env),
+        None => RunAs::agent_user(&args.pass_env),
+    };
+    let workdir = prepare_workdir(&args.workdir, &run_as)?;
     let config = AgentConfig {
         name,
         labels: args.labels.into_iter().collect::<BTreeMap<_, _>>(),
@@ -111,6 +124,7 @@ fn real_main() -> anyhow::Result<()> {
         workdir,
         kill_grace: Duration::from_secs(args.kill_grace_s),
         lease_wait: Duration::from_secs(20),
+        run_as,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -137,4 +151,60 @@ fn real_main() -> anyhow::Result<()> {
         });
         runner::run(api, config, shutdown).await
     })
+}
+
+/// Reads the token file, warning when others than its owner may read it.
+fn read_token(path: &Path) -> anyhow::Result<String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path)
+            .with_context(|| format!("reading token file {}", path.display()))?;
+        if meta.mode() & 0o077 != 0 {
+            tracing::warn!(
+                file = %path.display(),
+                mode = format!("{:03o}", meta.mode() & 0o777),
+                "the token file is readable by its group or others; `chmod 600` it",
+            );
+        }
+    }
+    let token = std::fs::read_to_string(path)
+        .with_context(|| format!("reading token file {}", path.display()))?
+        .trim()
+        .to_string();
+    anyhow::ensure!(
+        !token.is_empty(),
+        "token file {} is empty (make a token on the server with \
+         `flotilla tokens create --role agent --agent NAME`)",
+        path.display()
+    );
+    Ok(token)
+}
+
+/// Makes the work directory. With a job user, it and its `jobs/` are
+/// 0711 and the agent's: the job user may pass through to its own job's
+/// directory (0700, its own) but list or read nothing else; the parents must
+/// let it pass too, which is checked here rather than at the first job.
+fn prepare_workdir(dir: &Path, run_as: &RunAs) -> anyhow::Result<PathBuf> {
+    let jobs = dir.join("jobs");
+    std::fs::create_dir_all(&jobs)
+        .with_context(|| format!("creating work directory {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    #[cfg(unix)]
+    if let Some(user) = &run_as.user {
+        use std::os::unix::fs::PermissionsExt;
+        for d in [dir.clone(), dir.join("jobs")] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711))
+                .with_context(|| format!("setting the mode of {}", d.display()))?;
+        }
+        user.check_reachable(&dir.join("jobs"))?;
+        tracing::info!(
+            user = user.name(),
+            uid = user.uid(),
+            "jobs run as the job user"
+        );
+    }
+    #[cfg(not(unix))]
+    let _ = run_as;
+    Ok(dir)
 }

@@ -150,6 +150,103 @@ async fn env_and_workdir_are_honoured() {
     );
 }
 
+/// The child's environment is the base (allowlisted) one plus the job's:
+/// nothing of the agent's own reaches it, not even what this test process
+/// itself was started with (CARGO_*, RUST_*).
+#[tokio::test]
+async fn a_job_sees_only_allowlisted_variables() {
+    use std::ffi::OsString;
+    use std::sync::Arc;
+
+    use flotilla_agent::process::env::BaseEnv;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let agent_env: Vec<(OsString, OsString)> = [
+        (
+            "PATH",
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()),
+        ),
+        ("LANG", "C.UTF-8".into()),
+        ("HOME", "/home/agent".into()),
+        (
+            "FLOTILLA_AGENT_TOKEN_FILE",
+            "/etc/flotilla/agent.token".into(),
+        ),
+        ("FLOTILLA_AGENT_TOKEN", "agent-secret".into()),
+        ("AWS_SECRET_ACCESS_KEY", "aws-secret".into()),
+        ("DATABASE_URL", "postgres://u:db-secret@db/x".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.into(), v.into()))
+    .collect();
+    let mut s = spec("env", dir.path());
+    s.run_as.env = Arc::new(BaseEnv::from_vars(agent_env, &[], None));
+    s.env.insert("JOB_VAR".into(), "job value".into());
+    let (got, lines) = run_collect(&s, 64, CancellationToken::new()).await;
+    assert_eq!(got.expect("runs"), Outcome::Exited { code: 0 });
+    let out = lines_of(&lines, Stream::Stdout).join("\n");
+    assert!(!out.contains("secret"), "{out}");
+    let mut names: Vec<&str> = lines_of(&lines, Stream::Stdout)
+        .into_iter()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+        // sh itself sets these.
+        .filter(|k| !matches!(*k, "PWD" | "SHLVL" | "_" | "OLDPWD"))
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["HOME", "JOB_VAR", "LANG", "PATH"], "{out}");
+}
+
+/// As root, a job user's process has that user's uid, gid and groups and
+/// enters its directory as that user.
+#[tokio::test]
+async fn a_job_user_runs_the_process() {
+    use flotilla_agent::process::user::JobUser;
+    use flotilla_agent::process::RunAs;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: not root, so no job user can be switched to");
+        return;
+    }
+    let user = JobUser::lookup("nobody").expect("the nobody user exists");
+    let uid = user.uid();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job_dir = dir.path().join("job");
+    std::fs::create_dir(&job_dir).expect("job dir");
+    user.give_dir(&job_dir).expect("chown to nobody");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+            .expect("chmod");
+    }
+    let mut s = spec("id -u; pwd -P; touch mine && echo wrote; cat /etc/shadow >/dev/null 2>&1 || echo no shadow", &job_dir);
+    s.run_as = RunAs::job_user(user, &[]);
+    let (got, lines) = run_collect(&s, 64, CancellationToken::new()).await;
+    assert_eq!(got.expect("runs"), Outcome::Exited { code: 0 }, "{lines:?}");
+    let canonical = job_dir.canonicalize().expect("canonical");
+    assert_eq!(
+        lines_of(&lines, Stream::Stdout),
+        [
+            uid.to_string().as_str(),
+            canonical.to_str().expect("utf-8"),
+            "wrote",
+            "no shadow"
+        ]
+    );
+
+    // A directory the user may not enter fails the start.
+    let closed = dir.path().join("closed");
+    std::fs::create_dir(&closed).expect("closed dir");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    }
+    let mut s2 = spec("true", &closed);
+    s2.run_as = s.run_as.clone();
+    let (tx, _rx) = mpsc::channel(1);
+    let err = run(&s2, tx, CancellationToken::new())
+        .await
+        .expect_err("nobody cannot enter a 0700 root directory");
+    assert!(matches!(err, ProcessError::Spawn { .. }), "{err:?}");
+}
+
 #[tokio::test]
 async fn missing_workdir_is_a_clear_error() {
     let dir = tempfile::tempdir().expect("temp dir");

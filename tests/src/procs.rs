@@ -88,6 +88,11 @@ impl Server {
         format!("http://{}", self.addr)
     }
 
+    /// The server's process id (to count its descriptors).
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the server is running")
+    }
+
     pub fn api(&self) -> Api {
         Api::new(&self.url(), &self.admin_token)
     }
@@ -123,16 +128,21 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Starts `flotilla-agent` with a fresh token for `name`.
+    /// Starts `flotilla-agent` with a fresh token for `name`, given in a
+    /// 0600 file beside its work directory (agents take no token on the
+    /// command line or in the environment).
     pub async fn start(server: &Server, name: &str, capacity: u32, extra: &[&str]) -> Agent {
         let token = server.api().agent_token(name).await;
-        let workdir = server.dir.join("agents").join(name);
+        let agents = server.dir.join("agents");
+        let workdir = agents.join(name);
         std::fs::create_dir_all(&workdir).expect("agent workdir");
+        let token_file = agents.join(format!("{name}.token"));
+        write_private(&token_file, &token);
         let child = Command::new(crate::binary("flotilla-agent"))
             .arg("--server")
             .arg(server.url())
-            .arg("--token")
-            .arg(token)
+            .arg("--token-file")
+            .arg(&token_file)
             .arg("--name")
             .arg(name)
             .arg("--capacity")
@@ -172,6 +182,21 @@ impl Agent {
         }
         let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
     }
+}
+
+/// Writes `text` to `path` with mode 0600 (replacing what was there).
+pub fn write_private(path: &Path, text: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    f.write_all(text.as_bytes())
+        .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
 }
 
 /// A free loopback port (bound then released).

@@ -8,9 +8,12 @@
 //! - [`tile`]: a TESSERA tile: checkpoint cache, inputs, encoder, outputs.
 //! - [`revdeps`]: phase 1 or a phase-2 shard of an opam revdeps run.
 //! - [`log`]: the job's log, batched to the server.
+//! - [`outputs`]: a job's output opened without following its links (the
+//!   agent may be root and the job not).
 
 pub mod command;
 pub mod log;
+pub mod outputs;
 pub mod revdeps;
 pub mod tile;
 
@@ -27,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::devices::EncoderSetup;
-use crate::process::{self, CommandSpec, Outcome, ProcessError};
+use crate::process::{self, CommandSpec, Outcome, ProcessError, RunAs};
 use crate::server_api::ServerApi;
 
 use self::log::JobLog;
@@ -61,6 +64,8 @@ pub struct Kinds {
     api: ServerApi,
     workdir: PathBuf,
     kill_grace: Duration,
+    /// Who jobs' processes run as and what environment they start from.
+    run_as: RunAs,
     repos: Arc<revdeps::RepoCache>,
     /// Checkpoints and loaded encoders for tile jobs; `None` when no encoder
     /// backend could be set up here (the agent then does not offer the
@@ -69,9 +74,10 @@ pub struct Kinds {
 }
 
 impl Kinds {
-    /// Sets up every kind this host can run. Tile jobs need an encoder
-    /// backend, with its profile from `FLOTILLA_ENCODER_PROFILE` if set.
-    pub fn detect(api: ServerApi, workdir: &Path, kill_grace: Duration) -> Self {
+    /// Sets up every kind this host can run, their processes run as
+    /// `run_as`. Tile jobs need an encoder backend, with its profile from
+    /// `FLOTILLA_ENCODER_PROFILE` if set.
+    pub fn detect(api: ServerApi, workdir: &Path, kill_grace: Duration, run_as: RunAs) -> Self {
         let profile_file = std::env::var_os("FLOTILLA_ENCODER_PROFILE").map(PathBuf::from);
         let tiles = match EncoderSetup::detect(profile_file.as_deref()) {
             Ok(setup) => Some(Arc::new(tile::TileCache::new(
@@ -87,6 +93,7 @@ impl Kinds {
             api,
             workdir: workdir.to_path_buf(),
             kill_grace,
+            run_as,
             repos: Arc::new(revdeps::RepoCache::default()),
             tiles,
         }
@@ -127,6 +134,7 @@ impl Execute for Kinds {
                 .join("jobs")
                 .join(format!("{}-{}", job.job_id, job.attempt)),
             kill_grace: self.kill_grace,
+            run_as: self.run_as.clone(),
         };
         let result = match &job.spec {
             JobSpec::Command(cmd) => command::run(&ctx, cmd).await,
@@ -160,6 +168,9 @@ pub struct JobContext {
     pub job_dir: PathBuf,
     /// Between SIGTERM and SIGKILL when a process of the job is stopped.
     pub kill_grace: Duration,
+    /// Who the job's processes run as; directories they write are handed
+    /// to that user with [`RunAs::give_dir`].
+    pub run_as: RunAs,
 }
 
 impl JobContext {

@@ -296,9 +296,12 @@ async fn download_inputs(ctx: &JobContext, inputs: &Path) -> Result<(), StepErro
 }
 
 /// Runs the dataset's fetch command as a supervised process (its own group,
-/// [`FETCH_TIMEOUT`], stopped with the job, its lines in the job's log), with
-/// `FLOTILLA_OUT` (the inputs directory), `FLOTILLA_TILE`, `FLOTILLA_YEAR` and
-/// `FLOTILLA_DATASET`.
+/// [`FETCH_TIMEOUT`], stopped with the job, its lines in the job's log), in
+/// the inputs directory, as the job's user, from the same scrubbed
+/// environment as a command job plus `FLOTILLA_OUT` (the inputs directory),
+/// `FLOTILLA_TILE`, `FLOTILLA_YEAR` and `FLOTILLA_DATASET`. With a job user,
+/// only the inputs directory is handed to it: the rest of the job's
+/// directory (where the encoder, as root, writes) stays the agent's.
 async fn fetch_by_command(
     ctx: &JobContext,
     cmd: &str,
@@ -307,6 +310,12 @@ async fn fetch_by_command(
 ) -> Result<(), StepError> {
     ctx.note(format!("fetching inputs with command: {cmd}"))
         .await;
+    ctx.run_as.give_dir(inputs).map_err(|e| {
+        (
+            FailureClass::Retryable,
+            format!("handing the inputs directory to the job user: {e}"),
+        )
+    })?;
     let env = BTreeMap::from([
         ("FLOTILLA_OUT".to_string(), inputs.display().to_string()),
         ("FLOTILLA_TILE".to_string(), spec.tile.name()),
@@ -316,7 +325,8 @@ async fn fetch_by_command(
     let process = CommandSpec {
         command: cmd.to_string(),
         env,
-        workdir: ctx.job_dir.clone(),
+        run_as: ctx.run_as.clone(),
+        workdir: inputs.to_path_buf(),
         timeout: Some(FETCH_TIMEOUT),
         kill_grace: ctx.kill_grace,
     };

@@ -37,23 +37,34 @@
 //!
 //! If the future returned by [`run`] is dropped before it completes, the
 //! whole group is SIGKILLed (the Job Object closed) and tokio reaps the shell.
+//!
+//! # Who it runs as
+//!
+//! The child starts from an empty environment plus [`RunAs::env`] (an
+//! allowlist of the agent's variables, `env.rs`) plus [`CommandSpec::env`];
+//! with [`RunAs::user`] it runs as that user (`user.rs`).
 
+pub mod env;
 mod lines;
 mod tree;
+pub mod user;
 
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
 use std::pin::pin;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use process_wrap::tokio::{KillOnDrop, TokioChildWrapper, TokioCommandWrap};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use self::env::BaseEnv;
 use self::lines::pump;
 use self::tree::Tree;
+use self::user::JobUser;
 
 /// Lines longer than this are sent in pieces of at most this many bytes (cut
 /// at a UTF-8 character boundary where the input is UTF-8), so one runaway
@@ -74,8 +85,10 @@ pub struct CommandSpec {
     /// A shell command line: run as `sh -c COMMAND` on Unix, `cmd.exe /C
     /// COMMAND` on Windows.
     pub command: String,
-    /// Variables added to (or replacing in) the agent's own environment.
+    /// The job's variables, set over [`RunAs::env`].
     pub env: BTreeMap<String, String>,
+    /// The user and base environment the process starts with.
+    pub run_as: RunAs,
     /// Working directory; must exist.
     pub workdir: PathBuf,
     /// Wall-clock limit from spawn; `None` for no limit.
@@ -85,15 +98,55 @@ pub struct CommandSpec {
 }
 
 impl CommandSpec {
-    /// `command` in `workdir`, with no extra environment, no timeout and
+    /// `command` in `workdir`, as the agent's user with the allowlisted
+    /// environment ([`RunAs::agent_user`]), no timeout and
     /// [`DEFAULT_KILL_GRACE`].
     pub fn new(command: impl Into<String>, workdir: impl Into<PathBuf>) -> Self {
         Self {
             command: command.into(),
             env: BTreeMap::new(),
+            run_as: RunAs::agent_user(&[]),
             workdir: workdir.into(),
             timeout: None,
             kill_grace: DEFAULT_KILL_GRACE,
+        }
+    }
+}
+
+/// Who a job's processes run as and the environment they start from; made
+/// once when the agent starts and shared by every job.
+#[derive(Debug, Clone)]
+pub struct RunAs {
+    /// Replaces the agent's environment; see `env.rs`.
+    pub env: Arc<BaseEnv>,
+    /// `--job-user`; `None` runs jobs as the agent's own user.
+    pub user: Option<Arc<JobUser>>,
+}
+
+impl RunAs {
+    /// Jobs as the agent's own user, with the allowlist and `pass_env`.
+    pub fn agent_user(pass_env: &[String]) -> Self {
+        RunAs {
+            env: Arc::new(BaseEnv::from_agent(pass_env, None)),
+            user: None,
+        }
+    }
+
+    /// Jobs as `user`, with the allowlist, `pass_env` and the user's own
+    /// `HOME`, `USER`, `LOGNAME` and `SHELL`.
+    pub fn job_user(user: JobUser, pass_env: &[String]) -> Self {
+        RunAs {
+            env: Arc::new(BaseEnv::from_agent(pass_env, Some(&user.vars()))),
+            user: Some(Arc::new(user)),
+        }
+    }
+
+    /// Hands a directory the agent made for a job to the job's user (a
+    /// no-op when jobs run as the agent's user).
+    pub fn give_dir(&self, dir: &std::path::Path) -> Result<(), user::JobUserError> {
+        match &self.user {
+            Some(u) => u.give_dir(dir),
+            None => Ok(()),
         }
     }
 }
@@ -262,10 +315,19 @@ fn check_workdir(spec: &CommandSpec, command: &str) -> Result<(), ProcessError> 
 #[cfg(unix)]
 fn spawn(spec: &CommandSpec) -> io::Result<Box<dyn TokioChildWrapper>> {
     use process_wrap::tokio::ProcessGroup;
+    let mut user_error = None;
     let mut cmd = TokioCommandWrap::with_new("sh", |c| {
         c.arg("-c").arg(&spec.command);
         configure(c, spec);
+        if let Some(user) = &spec.run_as.user {
+            if let Err(e) = user.apply(c, &spec.workdir) {
+                user_error = Some(e);
+            }
+        }
     });
+    if let Some(e) = user_error {
+        return Err(e);
+    }
     cmd.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
     cmd.spawn()
 }
@@ -285,8 +347,16 @@ fn spawn(spec: &CommandSpec) -> io::Result<Box<dyn TokioChildWrapper>> {
     cmd.spawn()
 }
 
+/// Everything but the user switch: the environment starts empty, so the
+/// agent's own variables (its token file's path, cloud keys) never reach a
+/// job.
 fn configure(c: &mut tokio::process::Command, spec: &CommandSpec) {
-    c.current_dir(&spec.workdir)
+    if spec.run_as.user.is_none() {
+        // With a job user the child enters its directory after switching.
+        c.current_dir(&spec.workdir);
+    }
+    c.env_clear()
+        .envs(spec.run_as.env.iter())
         .envs(&spec.env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

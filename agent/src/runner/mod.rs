@@ -56,6 +56,8 @@ pub struct AgentConfig {
     pub kill_grace: Duration,
     /// Longest a lease request waits at the server.
     pub lease_wait: Duration,
+    /// Who jobs' processes run as and the environment they start from.
+    pub run_as: crate::process::RunAs,
 }
 
 /// How often a full or paused agent looks at its state again without being
@@ -76,7 +78,12 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(config.workdir.join("jobs"))?;
     let mut health = HealthCollector::new(&config.workdir);
-    let kinds = Kinds::detect(api.clone(), &config.workdir, config.kill_grace);
+    let kinds = Kinds::detect(
+        api.clone(),
+        &config.workdir,
+        config.kill_grace,
+        config.run_as.clone(),
+    );
     let host = health.collect();
     let reg = Register {
         name: config.name.clone(),

@@ -202,6 +202,7 @@ fn loops(capacity: u32, server: &Arc<FakeServer>, jobs: &Arc<FakeJobs>) -> Arc<F
         workdir: "/nonexistent".into(),
         kill_grace: Duration::from_secs(1),
         lease_wait: Duration::from_secs(20),
+        run_as: crate::process::RunAs::agent_user(&[]),
     };
     Loops::new(server.clone(), jobs.clone(), &config, AgentState::Active)
 }
