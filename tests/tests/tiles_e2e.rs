@@ -296,6 +296,130 @@ fn manifest(rows: &[(i32, f64, f64, i64, i64)]) -> Vec<u8> {
     buf
 }
 
+/// The args of a small model, as the tensor names below expect.
+const HOSTILE_ARGS: [(&str, u8); 4] = [
+    ("latent_dim", 16),
+    ("num_layers", 2),
+    ("nhead", 4),
+    ("dim_feedforward", 128),
+];
+
+/// A .safetensors whose one tensor claims 2^40 f32s; its body is 4 bytes.
+fn hostile_safetensors() -> Vec<u8> {
+    let args: Value = HOSTILE_ARGS
+        .iter()
+        .map(|&(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let header = json!({
+        "__metadata__": { "args": args.to_string() },
+        "dim_reducer.4.bias": {
+            "dtype": "F32", "shape": [1u64 << 40], "data_offsets": [0, 4u64 << 40]
+        }
+    })
+    .to_string();
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out
+}
+
+/// An upstream-format .pt (a stored zip: `ckpt/data.pkl` and one storage)
+/// whose one tensor is (2^20, 2^20) f32s over a 1-element, 4-byte storage.
+fn hostile_pt() -> Vec<u8> {
+    let mut p = vec![0x80, 2, b'}', b'('];
+    let s = |p: &mut Vec<u8>, v: &str| {
+        p.push(b'X');
+        p.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        p.extend_from_slice(v.as_bytes());
+    };
+    let int = |p: &mut Vec<u8>, v: u32| {
+        p.push(b'J');
+        p.extend_from_slice(&v.to_le_bytes());
+    };
+    s(&mut p, "args");
+    p.extend_from_slice(b"}(");
+    for (k, v) in HOSTILE_ARGS {
+        s(&mut p, k);
+        int(&mut p, v.into());
+    }
+    p.push(b'u');
+    s(&mut p, "model");
+    p.extend_from_slice(b"ccollections\nOrderedDict\n)R(");
+    s(&mut p, "dim_reducer.4.bias");
+    p.extend_from_slice(b"ctorch._utils\n_rebuild_tensor_v2\n((");
+    s(&mut p, "storage");
+    p.extend_from_slice(b"ctorch\nFloatStorage\n");
+    s(&mut p, "0");
+    s(&mut p, "cpu");
+    int(&mut p, 1);
+    p.extend_from_slice(b"tQ");
+    int(&mut p, 0);
+    for dims in [[1 << 20, 1 << 20], [1 << 20, 1]] {
+        p.push(b'(');
+        for d in dims {
+            int(&mut p, d);
+        }
+        p.push(b't');
+    }
+    p.extend_from_slice(b"\x89ccollections\nOrderedDict\n)RtRuu.");
+    stored_zip(&[("ckpt/data.pkl", &p), ("ckpt/data/0", &[0; 4])])
+}
+
+/// A zip with every entry stored, as `torch.save` writes it.
+fn stored_zip(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    fn crc32(data: &[u8]) -> u32 {
+        let mut c = !0u32;
+        for &b in data {
+            c ^= b as u32;
+            for _ in 0..8 {
+                c = if c & 1 != 0 {
+                    (c >> 1) ^ 0xEDB8_8320
+                } else {
+                    c >> 1
+                };
+            }
+        }
+        !c
+    }
+    let (mut out, mut dir) = (Vec::new(), Vec::new());
+    for (name, data) in entries {
+        let offset = out.len() as u32;
+        let fixed = |v: &mut Vec<u8>| {
+            // version 20, no flags, stored, zero time and date
+            for x in [20u16, 0, 0, 0, 0] {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            for x in [crc32(data), data.len() as u32, data.len() as u32] {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            v.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            v.extend_from_slice(&0u16.to_le_bytes());
+        };
+        out.extend_from_slice(&0x0403_4b50u32.to_le_bytes());
+        fixed(&mut out);
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(data);
+        dir.extend_from_slice(&0x0201_4b50u32.to_le_bytes());
+        dir.extend_from_slice(&20u16.to_le_bytes());
+        fixed(&mut dir);
+        // comment length, disk, internal and external attributes
+        dir.extend_from_slice(&[0; 10]);
+        dir.extend_from_slice(&offset.to_le_bytes());
+        dir.extend_from_slice(name.as_bytes());
+    }
+    let dir_at = out.len() as u32;
+    out.extend_from_slice(&dir);
+    out.extend_from_slice(&0x0605_4b50u32.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    let n = entries.len() as u16;
+    out.extend_from_slice(&n.to_le_bytes());
+    out.extend_from_slice(&n.to_le_bytes());
+    out.extend_from_slice(&(dir.len() as u32).to_le_bytes());
+    out.extend_from_slice(&dir_at.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coverage_import_and_bad_input() {
     let dir = scratch("e2e-tiles-cov-");
@@ -328,6 +452,27 @@ async fn coverage_import_and_bad_input() {
     assert_eq!(resp.status().as_u16(), 422);
     assert!(resp.text().await.unwrap().contains("empty"));
     assert_eq!(api.get("/api/v1/datasets").await, before);
+    // Hostile checkpoints (each declares a 2^40-element tensor over 4 bytes,
+    // which an agent's loader once tried to allocate) are refused with 422
+    // naming the tensor, and change nothing.
+    for (what, bytes) in [("safetensors", hostile_safetensors()), ("pt", hostile_pt())] {
+        let resp = api
+            .http
+            .put(format!("{}/api/v1/datasets/{DATASET}/checkpoint", api.base))
+            .bearer_auth(&api.token)
+            .body(bytes)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        assert_eq!(status, 422, "{what}: {text}");
+        assert!(
+            text.contains("not a valid checkpoint") && text.contains("dim_reducer.4.bias"),
+            "{what}: {text}"
+        );
+        assert_eq!(api.get("/api/v1/datasets").await, before, "{what}");
+    }
     let staged: Vec<_> = std::fs::read_dir(server.dir.join("store/datasets").join(DATASET))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -40,36 +40,40 @@ pub(crate) async fn known(state: &AppState, name: &str) -> ApiResult<Dataset> {
     })
 }
 
-/// Streams a checkpoint (.safetensors or upstream .pt) into the store under
+/// Takes a checkpoint (.safetensors or upstream .pt) into the store under
 /// `datasets/{name}/checkpoint-{sha256}` and points the dataset at it. The
-/// dataset changes only once the object is complete.
+/// upload is spooled to a temporary file and dry-loaded in a child process
+/// first (`tiles::checkpoint_check`): a file that is not a valid model is
+/// refused with 422 naming the problem, and neither the store nor the
+/// dataset changes. The dataset changes only once the object is complete.
 pub async fn put_checkpoint(
     State(state): State<AppState>,
     ClientAuth(_): ClientAuth,
     Path(name): Path<String>,
     body: Body,
 ) -> ApiResult<Json<DatasetView>> {
+    use crate::tiles::checkpoint_check::{self, CheckError};
     known(&state, &name).await?;
-    let staging = format!("datasets/{name}/upload-{}", uuid::Uuid::new_v4());
-    let staging_path = object_store::path::Path::from(staging.as_str());
-    let (size, sha) = crate::store::stream_body(
-        state.store.as_ref(),
-        &staging_path,
-        body,
-        MAX_CHECKPOINT_BYTES,
-    )
-    .await
-    .map_err(|e| super::agent_protocol::upload_error("checkpoint", e))?;
-    if size == 0 {
-        let _ = state.store.delete(&staging_path).await;
+    let upload = checkpoint_check::spool(body, MAX_CHECKPOINT_BYTES)
+        .await
+        .map_err(|e| super::agent_protocol::upload_error("checkpoint", e))?;
+    if upload.size == 0 {
         return Err(ApiError::invalid("the checkpoint is empty"));
     }
-    let key = format!("datasets/{name}/checkpoint-{sha}");
-    state
-        .store
-        .rename(&staging_path, &object_store::path::Path::from(key.as_str()))
+    checkpoint_check::check(&upload)
         .await
-        .map_err(|e| ApiError::Internal(e.into()))?;
-    datasets::set_checkpoint(&state.db, &name, &key, &sha, size).await?;
+        .map_err(|e| match e {
+            CheckError::Refused(why) => ApiError::invalid(format!("not a valid checkpoint: {why}")),
+            CheckError::Failed(e) => ApiError::Internal(e),
+        })?;
+    let key = format!("datasets/{name}/checkpoint-{}", upload.sha256);
+    checkpoint_check::upload(
+        state.store.as_ref(),
+        &object_store::path::Path::from(key.as_str()),
+        &upload,
+    )
+    .await
+    .map_err(ApiError::Internal)?;
+    datasets::set_checkpoint(&state.db, &name, &key, &upload.sha256, upload.size).await?;
     Ok(Json(known(&state, &name).await?.into()))
 }

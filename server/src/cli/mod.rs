@@ -69,12 +69,21 @@ pub enum Command {
     /// Which tiles exist: import a geotessera manifest.parquet.
     #[command(subcommand)]
     Coverage(datasets::CoverageCommand),
+    /// Internal: dry-load an uploaded checkpoint under resource limits (the
+    /// server runs this in a child process; see `tiles::checkpoint_check`).
+    #[command(name = "__check-checkpoint", hide = true)]
+    CheckCheckpoint(crate::tiles::checkpoint_check::ChildArgs),
 }
 
 pub fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Command::Tiles(cmd) = cli.command {
         return tiles::tiles(cmd);
+    }
+    // Before any runtime or thread exists: the child limits its own
+    // address space, which every thread's stack would count against.
+    if let Command::CheckCheckpoint(args) = &cli.command {
+        std::process::exit(crate::tiles::checkpoint_check::child_main(args));
     }
     init_tracing();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -93,6 +102,8 @@ pub fn run() -> anyhow::Result<()> {
             Command::Roi(cmd) => rois::roi(cmd).await,
             Command::Datasets(cmd) => datasets::datasets(cmd).await,
             Command::Coverage(cmd) => datasets::coverage(cmd).await,
+            // Run above, before the runtime.
+            Command::CheckCheckpoint(_) => Ok(()),
         }
     })
 }

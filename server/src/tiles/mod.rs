@@ -4,6 +4,8 @@
 //!
 //! - [`datasets`]: register a dataset (checkpoint in the store, where inputs
 //!   come from).
+//! - [`checkpoint_check`]: an uploaded checkpoint is dry-loaded in a child
+//!   process under memory and CPU limits before it reaches the store.
 //! - [`coverage`]: which embeddings exist — the fleet's results and imported
 //!   geotessera manifests (`manifest.parquet`).
 //! - [`plan`]: region → tiles → minus coverage and live jobs → missing; the
@@ -13,6 +15,7 @@
 //!   transaction.
 //! - [`stats`]: tiles per hour per agent.
 
+pub mod checkpoint_check;
 pub mod coverage;
 pub mod datasets;
 pub mod finish;
