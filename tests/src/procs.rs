@@ -35,9 +35,10 @@ impl Server {
     pub async fn start(dir: &Path, opts: ServerOpts) -> Server {
         let token_file = dir.join("admin.token");
         let mut cmd = Command::new(crate::binary("flotilla"));
+        // The URL holds the database password: in the environment, which
+        // only this user can read, not on the command line.
         cmd.arg("serve")
-            .arg("--database-url")
-            .arg(&opts.database_url)
+            .env("FLOTILLA_DATABASE_URL", &opts.database_url)
             .arg("--store")
             .arg(&opts.store)
             .arg("--listen")

@@ -3,6 +3,17 @@
 //! agents (child processes) and a local object store (DIR/store). Ctrl-C or
 //! SIGTERM stops the agents, then the server, then PostgreSQL; the next
 //! start reuses all of it.
+//!
+//! # What jobs can reach
+//!
+//! Started as root, the local agents run jobs as an unprivileged job user
+//! (`flotilla-job`, made if missing, or `--job-user`). DIR is 0711: the job
+//! user passes through it to its own work directory under `DIR/work` and
+//! can list or read nothing else: `admin.token`, `server.url`, `agents/`
+//! (agent token files), `secrets/` (the PostgreSQL passwords) and `store/`
+//! are root's and private, `pg/` and `run/` (the socket) are `postgres`'s
+//! and private. Started as an ordinary user, jobs run as that user and can
+//! read all of it; `up` says so once at start.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,6 +23,7 @@ use std::time::Duration;
 use anyhow::Context;
 use flotilla_core::api::TokenRole;
 
+use crate::embedded_pg::account::Account;
 use crate::embedded_pg::EmbeddedPostgres;
 
 #[derive(clap::Args)]
@@ -35,27 +47,136 @@ pub struct UpArgs {
     /// default; never combine with a public --listen).
     #[arg(long)]
     pub no_dashboard_login: bool,
+    /// The unprivileged user local agents run jobs as; only when started as
+    /// root [default as root: flotilla-job, made if missing].
+    #[arg(long)]
+    pub job_user: Option<String>,
 }
 
 const DATABASE: &str = "flotilla";
+
+/// The job user `up` makes when started as root without --job-user.
+const DEFAULT_JOB_USER: &str = "flotilla-job";
 
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let shutdown = crate::serve::shutdown_on_signals();
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("creating {}", args.data.display()))?;
     let data = args.data.canonicalize()?;
+    let job_user = job_user(&args, &data)?;
     let pg = EmbeddedPostgres::start(&data).await?;
-    let result = run_with_pg(&args, &data, &pg, shutdown).await;
+    let result = run_with_pg(&args, &data, &pg, job_user.as_ref(), shutdown).await;
     if let Err(e) = pg.stop().await {
         tracing::error!(error = %e, "stopping PostgreSQL");
     }
     result
 }
 
+/// Who local agents run jobs as: as root, the job user (made if it is the
+/// default and missing), with DIR passable but not listable and its work
+/// directory reachable; otherwise nobody else, which is said once.
+fn job_user(args: &UpArgs, data: &Path) -> anyhow::Result<Option<Account>> {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        anyhow::ensure!(
+            args.job_user.is_none(),
+            "--job-user needs `flotilla up` to run as root (it switches to that user for each job)"
+        );
+        let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .ok()
+            .flatten()
+            .map_or_else(|| format!("uid {}", nix::unistd::geteuid()), |u| u.name);
+        // Other local users, at least, are kept out.
+        std::fs::set_permissions(data, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("setting the mode of {}", data.display()))?;
+        eprintln!(
+            "flotilla up: jobs run as `{me}`, with all of that user's rights: they can read \
+             {} (the admin token, agent tokens, database passwords) and use the database. \
+             To isolate them, start `flotilla up` as root (jobs then run as the unprivileged \
+             user `{DEFAULT_JOB_USER}`), or run agents as root with --job-user USER.",
+            data.display()
+        );
+        return Ok(None);
+    }
+    let name = args.job_user.as_deref().unwrap_or(DEFAULT_JOB_USER);
+    let user = match Account::lookup(name)? {
+        Some(u) => u,
+        None if args.job_user.is_none() => make_job_user(name)?,
+        None => anyhow::bail!(
+            "--job-user {name}: no such user (make one, e.g. `useradd --system --no-create-home \
+             --shell /usr/sbin/nologin {name}`)"
+        ),
+    };
+    anyhow::ensure!(
+        user.uid != 0,
+        "--job-user {name} is root; name an unprivileged user"
+    );
+    std::fs::set_permissions(data, std::fs::Permissions::from_mode(0o711))
+        .with_context(|| format!("setting the mode of {}", data.display()))?;
+    let work = data.join("work");
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o711))
+        .with_context(|| format!("setting the mode of {}", work.display()))?;
+    if let Some((blocker, mode)) = user.first_closed(&work)? {
+        anyhow::bail!(
+            "jobs run as `{name}`, which cannot reach {}: {} (mode {mode:03o}) does not let it \
+             pass. flotilla does not open up directories it did not make; choose a data \
+             directory under one that others may enter (e.g. --data /var/lib/flotilla), or \
+             allow it yourself (`chmod o+x {}`)",
+            work.display(),
+            blocker.display(),
+            blocker.display()
+        );
+    }
+    tracing::info!(
+        user = name,
+        uid = user.uid,
+        "local agents run jobs as the job user"
+    );
+    Ok(Some(user))
+}
+
+/// `useradd --system` with no home and no login shell.
+fn make_job_user(name: &str) -> anyhow::Result<Account> {
+    tracing::info!(user = name, "making the job user");
+    let out = std::process::Command::new("useradd")
+        .args([
+            "--system",
+            "--no-create-home",
+            "--home-dir",
+            "/nonexistent",
+            "--shell",
+            "/usr/sbin/nologin",
+            name,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .context("running useradd to make the job user")?;
+    // Another `up` may have made it at the same moment (useradd exits 9).
+    if let Some(user) = Account::lookup(name)? {
+        return Ok(user);
+    }
+    anyhow::bail!(
+        "could not make the job user `{name}` (useradd {}: {}); make it yourself or pass \
+         --job-user USER",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    )
+}
+
+/// Keeps `path` (a directory) to its owner: 0700.
+fn private_dir(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("setting the mode of {}", path.display()))
+}
+
 async fn run_with_pg(
     args: &UpArgs,
     data: &Path,
     pg: &EmbeddedPostgres,
+    job_user: Option<&Account>,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     pg.ensure_database(DATABASE)
@@ -68,6 +189,7 @@ async fn run_with_pg(
     let admin = super::serve::read_or_make_token(&admin_file)?;
     crate::auth::ensure_token(&db, &admin, TokenRole::Admin, None, "admin").await?;
 
+    private_dir(&data.join("store"))?;
     let store = crate::store::open(&data.join("store").to_string_lossy())?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -93,20 +215,38 @@ async fn run_with_pg(
     ));
 
     let mut agents = Vec::new();
+    private_dir(&data.join("agents"))?;
     for i in 1..=args.agents {
         let name = format!("local-{i}");
         let token_file = data.join("agents").join(format!("{name}.token"));
         let token = super::serve::read_or_make_token(&token_file)?;
         crate::auth::ensure_token(&db, &token, TokenRole::Agent, Some(&name), &name).await?;
-        agents.push(spawn_agent(&url, &name, &token_file, data, args.capacity)?);
+        agents.push(spawn_agent(
+            &url,
+            &name,
+            &token_file,
+            data,
+            args.capacity,
+            job_user,
+        )?);
     }
 
     println!("flotilla is up at {url}");
     println!("  dashboard:   {url}/ui (log in with the admin token)");
     println!("  admin token: {}", admin_file.display());
-    println!("  database:    {}", pg.database_url(DATABASE));
+    println!(
+        "  database:    {} (password in {})",
+        pg.display_url(DATABASE),
+        pg.password_file(crate::embedded_pg::auth::OWNER).display()
+    );
     println!("  results:     {}", data.join("store").display());
-    println!("  agents:      {} local", args.agents);
+    match job_user {
+        Some(u) => println!(
+            "  agents:      {} local, jobs run as {}",
+            args.agents, u.name
+        ),
+        None => println!("  agents:      {} local", args.agents),
+    }
     println!("Try: flotilla jobs submit --wait -- echo hello   (Ctrl-C here stops everything)");
 
     shutdown.cancelled().await;
@@ -147,6 +287,7 @@ fn spawn_agent(
     token_file: &Path,
     data: &Path,
     capacity: Option<u32>,
+    job_user: Option<&Account>,
 ) -> anyhow::Result<tokio::process::Child> {
     let bin = agent_binary();
     let mut cmd = tokio::process::Command::new(&bin);
@@ -158,10 +299,15 @@ fn spawn_agent(
         .arg(name)
         .arg("--workdir")
         .arg(data.join("work").join(name))
+        // The agent refuses a token in its environment.
+        .env_remove("FLOTILLA_AGENT_TOKEN")
         .stdin(Stdio::null())
         .kill_on_drop(true);
     if let Some(c) = capacity {
         cmd.arg("--capacity").arg(c.to_string());
+    }
+    if let Some(u) = job_user {
+        cmd.arg("--job-user").arg(&u.name);
     }
     cmd.spawn().with_context(|| {
         format!(
