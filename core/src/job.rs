@@ -6,6 +6,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::FieldError;
+
 /// Where a job is in its life. Every transition is one SQL statement guarded
 /// by the current state (and lease token), see the server's `queue` module.
 ///
@@ -353,18 +355,161 @@ pub enum FailureClass {
     Cancelled,
 }
 
-/// Limits the server enforces on submitted jobs.
+/// Limits the server enforces on submitted jobs. Every string and list a
+/// client sends has one, so a submission's size is bounded by what it is
+/// for and not only by the request body limit.
 pub mod limits {
     pub const MAX_ATTEMPTS: u32 = 100;
     pub const MAX_TIMEOUT_S: u64 = 7 * 24 * 3600;
     pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
     pub const MAX_OUTPUTS: usize = 256;
     pub const MAX_LABELS: usize = 64;
+    /// A label key and value. Kubernetes allows 63-character names behind a
+    /// 253-character DNS prefix and 63-character values; labels here are
+    /// matched the same way (exact key and value), so these are generous.
+    pub const MAX_LABEL_KEY_BYTES: usize = 128;
+    pub const MAX_LABEL_VALUE_BYTES: usize = 256;
+    /// A command job's environment. Linux caps each `NAME=value` string at
+    /// 128 KiB (MAX_ARG_STRLEN) and argv with the environment at 2 MiB
+    /// (ARG_MAX, with the default 8 MiB stack); these stay well inside both.
+    pub const MAX_ENV_VARS: usize = 256;
+    pub const MAX_ENV_NAME_BYTES: usize = 256;
+    pub const MAX_ENV_VALUE_BYTES: usize = 32 * 1024;
+    pub const MAX_ENV_BYTES: usize = 256 * 1024;
+    /// Slots of an agent's capacity one job may occupy.
+    pub const MAX_COST: u32 = 1024;
+    /// A submitter's name (fair-share account) and an ROI's name.
+    pub const MAX_NAME_BYTES: usize = 200;
     /// A job's working directory, a revdeps run's repository path.
     pub const MAX_PATH_BYTES: usize = 1024;
     /// A `name.version` (a revdeps target or compiler).
     pub const MAX_NAME_VERSION_BYTES: usize = 256;
     pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
+}
+
+/// Checks a submission's labels: at most [`limits::MAX_LABELS`], each key
+/// non-empty, keys and values within their limits and free of control
+/// characters (a NUL would reach PostgreSQL's jsonb, which refuses it).
+pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), FieldError> {
+    if labels.len() > limits::MAX_LABELS {
+        return Err(FieldError::at(
+            "labels",
+            format_args!(
+                "has {} keys; at most {} are allowed",
+                labels.len(),
+                limits::MAX_LABELS
+            ),
+        ));
+    }
+    for (k, v) in labels {
+        if k.is_empty() {
+            return Err(FieldError::at("labels", "has an empty key"));
+        }
+        check_text(
+            &format!("labels.{k}"),
+            k,
+            "key",
+            limits::MAX_LABEL_KEY_BYTES,
+        )?;
+        check_text(
+            &format!("labels.{k}"),
+            v,
+            "value",
+            limits::MAX_LABEL_VALUE_BYTES,
+        )?;
+    }
+    Ok(())
+}
+
+/// Checks a command job's environment: at most [`limits::MAX_ENV_VARS`]
+/// variables, names without `=` or NUL, values without NUL, each within its
+/// limit and all of them within [`limits::MAX_ENV_BYTES`].
+pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), FieldError> {
+    if env.len() > limits::MAX_ENV_VARS {
+        return Err(FieldError::at(
+            "env",
+            format_args!(
+                "has {} variables; at most {} are allowed",
+                env.len(),
+                limits::MAX_ENV_VARS
+            ),
+        ));
+    }
+    let mut total = 0;
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(FieldError::at(
+                "env",
+                format_args!("has a bad variable name {k:?}"),
+            ));
+        }
+        let field = format!("env.{k}");
+        if k.len() > limits::MAX_ENV_NAME_BYTES {
+            return Err(FieldError::at(
+                field,
+                format_args!(
+                    "has a name longer than {} bytes",
+                    limits::MAX_ENV_NAME_BYTES
+                ),
+            ));
+        }
+        if v.len() > limits::MAX_ENV_VALUE_BYTES {
+            return Err(FieldError::at(
+                field,
+                format_args!("is longer than {} bytes", limits::MAX_ENV_VALUE_BYTES),
+            ));
+        }
+        if v.contains('\0') {
+            return Err(FieldError::at(field, "contains a NUL byte"));
+        }
+        total += k.len() + v.len() + 2;
+    }
+    if total > limits::MAX_ENV_BYTES {
+        return Err(FieldError::at(
+            "env",
+            format_args!(
+                "is {total} bytes in all; at most {} are allowed",
+                limits::MAX_ENV_BYTES
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a name (a submitter, an ROI): 1 to [`limits::MAX_NAME_BYTES`]
+/// bytes, not only blanks, no control characters.
+pub fn check_name(field: &str, name: &str) -> Result<(), FieldError> {
+    if name.trim().is_empty() || name.len() > limits::MAX_NAME_BYTES {
+        return Err(FieldError::at(
+            field,
+            format_args!("must be 1 to {} bytes", limits::MAX_NAME_BYTES),
+        ));
+    }
+    check_text(field, name, "", limits::MAX_NAME_BYTES)
+}
+
+/// `text` (the `what` of `field`, e.g. a label's key) is at most `max`
+/// bytes and holds no control character: PostgreSQL's text and jsonb refuse
+/// NUL, which would otherwise answer 500 instead of naming the field.
+pub fn check_text(field: &str, text: &str, what: &str, max: usize) -> Result<(), FieldError> {
+    let (long, control) = if what.is_empty() {
+        ("is".to_string(), "contains a".to_string())
+    } else {
+        (format!("has a {what}"), format!("has a {what} with a"))
+    };
+    if text.len() > max {
+        return Err(FieldError::at(
+            field,
+            format_args!("{long} longer than {max} bytes"),
+        ));
+    }
+    if text.chars().any(char::is_control) {
+        return Err(FieldError::at(
+            field,
+            format_args!("{control} control character"),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a declared output path: relative, `/`-separated, no `..`, no
@@ -410,6 +555,84 @@ mod tests {
             "a\nb",
         ] {
             assert!(check_output_path(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn labels_are_bounded_and_free_of_nul() {
+        assert!(check_labels(&map(&[("gpu", "h100"), ("os", "linux")])).is_ok());
+        let many: BTreeMap<_, _> = (0..=limits::MAX_LABELS)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
+        let long_key = "k".repeat(limits::MAX_LABEL_KEY_BYTES + 1);
+        let long_value = "v".repeat(limits::MAX_LABEL_VALUE_BYTES + 1);
+        for (labels, field) in [
+            (many, "labels"),
+            (map(&[("", "x")]), "labels"),
+            (map(&[(long_key.as_str(), "x")]), ""),
+            (map(&[("k", long_value.as_str())]), "labels.k"),
+            (map(&[("k", "a\0b")]), "labels.k"),
+            (map(&[("a\0b", "v")]), "labels.a\0b"),
+        ] {
+            let err = check_labels(&labels).unwrap_err();
+            if !field.is_empty() {
+                assert_eq!(err.field, field, "{err}");
+            }
+            assert!(err.message.contains(&format!("`{}`", err.field)), "{err}");
+        }
+    }
+
+    #[test]
+    fn env_is_bounded_and_free_of_nul() {
+        assert!(check_env(&map(&[("A", "1"), ("B", "two words")])).is_ok());
+        let many: BTreeMap<_, _> = (0..=limits::MAX_ENV_VARS)
+            .map(|i| (format!("V{i}"), String::new()))
+            .collect();
+        assert_eq!(check_env(&many).unwrap_err().field, "env");
+        let big = "x".repeat(limits::MAX_ENV_VALUE_BYTES + 1);
+        assert_eq!(
+            check_env(&map(&[("BIG", big.as_str())])).unwrap_err().field,
+            "env.BIG"
+        );
+        // Each value within its limit, all of them together over the total.
+        let each = "x".repeat(limits::MAX_ENV_VALUE_BYTES);
+        let total: BTreeMap<_, _> = (0..limits::MAX_ENV_BYTES / limits::MAX_ENV_VALUE_BYTES + 1)
+            .map(|i| (format!("V{i}"), each.clone()))
+            .collect();
+        let err = check_env(&total).unwrap_err();
+        assert_eq!(err.field, "env");
+        assert!(err.message.contains("in all"), "{err}");
+        // L11: NUL in a value reached jsonb and answered 500.
+        let err = check_env(&map(&[("A", "x\0y")])).unwrap_err();
+        assert_eq!(err.field, "env.A");
+        assert!(err.message.contains("NUL"), "{err}");
+        for bad in ["", "A=B", "A\0"] {
+            assert_eq!(check_env(&map(&[(bad, "v")])).unwrap_err().field, "env");
+        }
+        let long_name = "N".repeat(limits::MAX_ENV_NAME_BYTES + 1);
+        assert!(check_env(&map(&[(long_name.as_str(), "v")])).is_err());
+    }
+
+    #[test]
+    fn names_are_bounded_and_printable() {
+        assert!(check_name("submitter", "alice").is_ok());
+        for bad in [
+            "".to_string(),
+            "   ".to_string(),
+            "a\0b".to_string(),
+            "a\nb".to_string(),
+            "n".repeat(limits::MAX_NAME_BYTES + 1),
+        ] {
+            let err = check_name("submitter", &bad).unwrap_err();
+            assert_eq!(err.field, "submitter");
+            assert!(err.message.starts_with("`submitter` "), "{err}");
         }
     }
 

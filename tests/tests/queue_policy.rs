@@ -1,14 +1,16 @@
 //! The claim's policy, against real PostgreSQL through the queue module
 //! (no HTTP): priority, fair share between submitters, labels, capacity
-//! and cost, kinds, back-off, and the reaper's stale-lease guard.
+//! and cost, kinds, back-off, the reaper's stale-lease guard, and that
+//! work no agent can take neither slows the claim nor waits unexplained.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use flotilla_core::grid::TileId;
 use flotilla_core::health::HostHealth;
-use flotilla_core::job::{CommandJob, FailureClass, JobKind, JobSpec, JobState};
+use flotilla_core::job::{CommandJob, FailureClass, JobKind, JobSpec, JobState, TileJob};
 use flotilla_core::protocol::{Complete, Register};
-use flotilla_server::queue::{claim, lease, reaper, submit};
+use flotilla_server::queue::{claim, classes, lease, read, reaper, submit};
 use flotilla_server::{agents, serve};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -242,4 +244,155 @@ async fn agents_only_get_kinds_they_run() {
     .unwrap()
     .0;
     assert!(claim::claim(&db, a, TTL).await.unwrap().is_none());
+}
+
+/// Rows a statement's plan examined, from `EXPLAIN (ANALYZE, FORMAT JSON)`:
+/// every node's output rows (times its loops) plus the rows its filters
+/// removed. Run in a transaction that is rolled back, so a claim explained
+/// leases nothing. Deterministic, unlike a time.
+type Explain<'q> =
+    sqlx::query::QueryScalar<'q, sqlx::Postgres, serde_json::Value, sqlx::postgres::PgArguments>;
+
+async fn rows_examined(
+    db: &PgPool,
+    sql: &str,
+    bind: impl for<'q> FnOnce(Explain<'q>) -> Explain<'q>,
+) -> (f64, String) {
+    fn walk(node: &serde_json::Value) -> f64 {
+        let n = |k: &str| node[k].as_f64().unwrap_or(0.0);
+        let own = n("Actual Rows") * n("Actual Loops").max(1.0)
+            + n("Rows Removed by Filter")
+            + n("Rows Removed by Join Filter")
+            + n("Rows Removed by Index Recheck");
+        own + node["Plans"]
+            .as_array()
+            .map_or(0.0, |plans| plans.iter().map(walk).sum())
+    }
+    let mut tx = db.begin().await.unwrap();
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {sql}");
+    let plan = bind(sqlx::query_scalar(&explain))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let rows = walk(&plan[0]["Plan"]);
+    (rows, serde_json::to_string_pretty(&plan).unwrap())
+}
+
+fn tile_job(priority: i32) -> submit::NewJob {
+    submit::NewJob {
+        spec: JobSpec::Tile(TileJob {
+            dataset: "d".into(),
+            year: 2024,
+            tile: TileId::from_cell(0, 0).unwrap(),
+            checkpoint_sha256: "0".repeat(64),
+            fetch_command: None,
+        }),
+        ..job("evil", priority, &[], 1)
+    }
+}
+
+/// H7: ready jobs the claiming agent cannot take cost its claim nothing.
+/// 20,000 of them wait ahead at priority 1000 — labels nobody has, labels
+/// only another agent has, a cost above every capacity, a kind nobody runs
+/// — and the claim's plan examines a few dozen rows. Before job classes it
+/// walked the ready index and filtered all 20,000 (the same count read
+/// 20,000+ then).
+#[tokio::test]
+async fn the_claim_does_not_scan_ready_jobs_the_agent_cannot_take() {
+    let db = fresh_db().await;
+    let cpu = agent(&db, "cpu", 4, &[("os", "linux")]).await;
+    agent(&db, "gpu", 4, &[("gpu", "h100")]).await;
+    let mut ahead = Vec::new();
+    for _ in 0..5_000 {
+        ahead.push(job("evil", 1000, &[("nope", "1")], 1));
+        ahead.push(job("evil", 1000, &[("gpu", "h100")], 1));
+        ahead.push(job("evil", 1000, &[], 64));
+        ahead.push(tile_job(1000));
+    }
+    submit::submit(&db, &ahead).await.unwrap();
+    let good = submit::submit(&db, &[job("good", 0, &[], 1), job("good", 0, &[], 1)])
+        .await
+        .unwrap();
+
+    let (rows, plan) = rows_examined(&db, claim::CLAIM_SQL, |q| {
+        q.bind(cpu).bind(Uuid::new_v4()).bind(60_000i64)
+    })
+    .await;
+    assert!(
+        rows < 100.0,
+        "the claim examined {rows} rows with 20,000 untakeable jobs ahead:\n{plan}"
+    );
+    let j = claim::claim(&db, cpu, TTL).await.unwrap().unwrap();
+    assert_eq!(j.job_id, good[0]);
+}
+
+/// The fair-share base read at every submission is the first entry of two
+/// indexes, not a scan of the ready backlog (20,000 jobs here; before, the
+/// smallest ready tag was a `min()` over all of them).
+#[tokio::test]
+async fn the_fair_share_base_does_not_scan_the_backlog() {
+    let db = fresh_db().await;
+    let backlog: Vec<_> = (0..20_000).map(|_| job("big", 0, &[], 1)).collect();
+    submit::submit(&db, &backlog).await.unwrap();
+    let (rows, plan) = rows_examined(&db, submit::SHARE_BASE_SQL, |q| q.bind("small")).await;
+    assert!(
+        rows < 100.0,
+        "the fair-share base examined {rows} rows over a 20,000-job backlog:\n{plan}"
+    );
+}
+
+/// Jobs that no registered agent could take say why in their view (a fleet
+/// with no agents yet takes work; the API refuses such submissions once
+/// agents exist), and stop saying it, and get claimed, once an agent that
+/// can take them registers.
+#[tokio::test]
+async fn unmatchable_jobs_are_flagged_until_an_agent_can_take_them() {
+    let db = fresh_db().await;
+    let gpu_job = submit::submit(&db, &[job("s", 0, &[("gpu", "h100")], 1)])
+        .await
+        .unwrap()[0];
+    let heavy = submit::submit(&db, &[job("s", 0, &[], 8)]).await.unwrap()[0];
+    let tile = submit::submit(&db, &[tile_job(0)]).await.unwrap()[0];
+    let why = |id| {
+        let db = db.clone();
+        async move { read::get(&db, id).await.unwrap().unwrap().unmatchable }
+    };
+    assert_eq!(
+        why(gpu_job).await.as_deref(),
+        Some("no agent has registered yet")
+    );
+
+    let cpu = agent(&db, "cpu", 4, &[("os", "linux")]).await;
+    let said = why(gpu_job).await.unwrap();
+    assert!(
+        said.contains(r#"carries the labels {"gpu": "h100"}"#),
+        "{said}"
+    );
+    let said = why(heavy).await.unwrap();
+    assert!(
+        said.contains("cost 8") && said.contains("largest is 4"),
+        "{said}"
+    );
+    let said = why(tile).await.unwrap();
+    assert!(said.contains("runs tile jobs"), "{said}");
+    assert!(claim::claim(&db, cpu, TTL).await.unwrap().is_none());
+    let refused = classes::refusal(&db, &job("s", 0, &[("gpu", "h100")], 1))
+        .await
+        .unwrap()
+        .expect("refused once agents exist");
+    assert_eq!(refused.field, "labels");
+
+    let gpu = agent(&db, "gpu", 8, &[("gpu", "h100")]).await;
+    assert_eq!(why(gpu_job).await, None);
+    assert_eq!(why(heavy).await, None);
+    assert!(why(tile).await.is_some(), "still no agent runs tile jobs");
+    assert!(classes::refusal(&db, &job("s", 0, &[("gpu", "h100")], 1))
+        .await
+        .unwrap()
+        .is_none());
+    let first = claim::claim(&db, gpu, TTL).await.unwrap().unwrap();
+    let second = claim::claim(&db, gpu, TTL).await.unwrap();
+    assert_eq!(first.job_id, gpu_job);
+    assert!(second.is_none(), "8 slots: one used, the heavy job needs 8");
 }

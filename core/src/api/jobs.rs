@@ -69,6 +69,12 @@ pub struct JobView {
     /// seconds spent on the checkpoint, fetching, encoding and uploading).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
+    /// While the job waits: why no registered agent could take it (no agent
+    /// runs its kind, none carries its labels, or its cost is above every
+    /// such agent's capacity). Absent when one could; kept current as agents
+    /// register, so it goes away when one that can take it joins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmatchable: Option<String>,
 }
 
 impl JobView {

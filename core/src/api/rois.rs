@@ -7,6 +7,16 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+/// Tiles one ROI may cover unless an admin sets
+/// [`RoiRequest::exceed_tile_cap`]. The bounding box of mainland China
+/// (73–135°E, 18–54°N: about 223,000 0.1° tiles) fits, as do Brazil's
+/// (≈156,000), the contiguous United States' (≈153,000) and Australia's
+/// (≈139,000); Russia, Canada and the US with Alaska do not and are split.
+/// One submission is one transaction: 250,000 jobs take ≈ 9 s to insert on
+/// the 2-core reference machine (BENCHMARKS.md: 1,000,000 in 34 s), where a
+/// whole-world bbox (6,480,000 tiles) would hold it for minutes.
+pub const MAX_ROI_TILES: u64 = 250_000;
+
 /// What `POST /api/v1/rois` and `POST /api/v1/rois/plan` take.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,6 +35,10 @@ pub struct RoiRequest {
     pub dry_run: bool,
     #[serde(default)]
     pub priority: i32,
+    /// Lets the region cover more than [`MAX_ROI_TILES`] tiles. Admin tokens
+    /// only; a client token that sets it is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exceed_tile_cap: bool,
 }
 
 /// How an ROI splits (`POST /api/v1/rois/plan`, and inside [`RoiCreated`]).

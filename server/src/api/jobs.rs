@@ -5,7 +5,9 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 use flotilla_core::api::{CancelReply, Created, FieldError, JobList, JobView, SubmitJob};
-use flotilla_core::job::{check_output_path, limits, JobSpec, JobState};
+use flotilla_core::job::{
+    check_env, check_labels, check_name, check_output_path, limits, JobSpec, JobState,
+};
 use serde::Deserialize;
 
 use super::created;
@@ -14,7 +16,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, JsonBody};
 use crate::queue::cancel::{self, Cancelled};
 use crate::queue::submit::NewJob;
-use crate::queue::{read, submit};
+use crate::queue::{classes, read, submit};
 use crate::state::AppState;
 
 pub async fn submit(
@@ -23,6 +25,9 @@ pub async fn submit(
     JsonBody(body): JsonBody<SubmitJob>,
 ) -> ApiResult<impl IntoResponse> {
     let job = ValidJob::try_from(body)?.into_new_job(&caller);
+    if let Some(refused) = classes::refusal(&state.db, &job).await? {
+        return Err(refused.into());
+    }
     let ids = submit::submit(&state.db, &[job]).await?;
     Ok(created(Created { id: ids[0] }))
 }
@@ -104,14 +109,7 @@ impl TryFrom<SubmitJob> for ValidJob {
                     check_output_path(o)
                         .map_err(|why| FieldError::at(format!("outputs[{i}]"), why))?;
                 }
-                for k in c.env.keys() {
-                    if k.is_empty() || k.contains('=') || k.contains('\0') {
-                        return Err(FieldError::at(
-                            "env",
-                            format_args!("has a bad variable name {k:?}"),
-                        ));
-                    }
-                }
+                check_env(&c.env)?;
             }
         }
         if !(1..=limits::MAX_ATTEMPTS).contains(&body.max_attempts) {
@@ -123,19 +121,15 @@ impl TryFrom<SubmitJob> for ValidJob {
         if !limits::PRIORITY_RANGE.contains(&body.priority) {
             return Err(FieldError::at("priority", "must be between -1000 and 1000"));
         }
-        if body.cost == 0 || body.cost > 1024 {
-            return Err(FieldError::at("cost", "must be between 1 and 1024 slots"));
-        }
-        if body.labels.len() > limits::MAX_LABELS || body.labels.keys().any(|k| k.is_empty()) {
+        if body.cost == 0 || body.cost > limits::MAX_COST {
             return Err(FieldError::at(
-                "labels",
-                "must be at most 64 non-empty keys",
+                "cost",
+                format_args!("must be between 1 and {} slots", limits::MAX_COST),
             ));
         }
+        check_labels(&body.labels)?;
         if let Some(s) = &body.submitter {
-            if s.trim().is_empty() || s.len() > 200 {
-                return Err(FieldError::at("submitter", "must be 1 to 200 characters"));
-            }
+            check_name("submitter", s)?;
         }
         Ok(ValidJob {
             submitter: body.submitter,

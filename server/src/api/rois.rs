@@ -6,9 +6,10 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use flotilla_core::api::rois::{PlanCounts, RoiRequest, RoiView};
+use flotilla_core::api::TokenRole;
 
 use super::created;
-use crate::auth::ClientAuth;
+use crate::auth::{Caller, ClientAuth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, JsonBody};
 use crate::state::AppState;
@@ -27,13 +28,24 @@ async fn dataset(state: &AppState, name: &str) -> ApiResult<Dataset> {
         })
 }
 
+/// The request checked, its tile cap lifted only for an admin.
+fn valid(caller: &Caller, body: RoiRequest) -> ApiResult<ValidRoi> {
+    if body.exceed_tile_cap && caller.role != TokenRole::Admin {
+        return Err(ApiError::Forbidden(
+            "`exceed_tile_cap` needs an admin token; split the region into smaller ROIs instead"
+                .into(),
+        ));
+    }
+    Ok(ValidRoi::try_from(body)?)
+}
+
 /// Counts only: total, present, in flight, missing.
 pub async fn plan(
     State(state): State<AppState>,
-    ClientAuth(_): ClientAuth,
+    ClientAuth(caller): ClientAuth,
     JsonBody(body): JsonBody<RoiRequest>,
 ) -> ApiResult<Json<PlanCounts>> {
-    let roi = ValidRoi::try_from(body)?;
+    let roi = valid(&caller, body)?;
     dataset(&state, &roi.dataset).await?;
     Ok(Json(plan::plan(&state.db, &roi).await?))
 }
@@ -45,7 +57,7 @@ pub async fn submit(
     JsonBody(body): JsonBody<RoiRequest>,
 ) -> ApiResult<axum::response::Response> {
     let dry_run = body.dry_run;
-    let roi = ValidRoi::try_from(body)?;
+    let roi = valid(&caller, body)?;
     let ds = dataset(&state, &roi.dataset).await?;
     if dry_run {
         return Ok(Json(plan::plan(&state.db, &roi).await?).into_response());

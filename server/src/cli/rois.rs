@@ -29,6 +29,9 @@ pub struct RegionArgs {
     /// min_lon,min_lat,max_lon,max_lat in degrees.
     #[arg(long, allow_hyphen_values = true)]
     bbox: Option<String>,
+    /// Allow more tiles than one ROI may cover (250,000); admin tokens only.
+    #[arg(long)]
+    exceed_tile_cap: bool,
 }
 
 impl RegionArgs {
@@ -55,6 +58,7 @@ impl RegionArgs {
             bbox,
             dry_run,
             priority: 0,
+            exceed_tile_cap: self.exceed_tile_cap,
         })
     }
 }

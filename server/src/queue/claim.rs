@@ -8,6 +8,57 @@ use flotilla_core::protocol::LeasedJob;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+/// The claim statement: `$1` the agent, `$2` the new lease token, `$3` the
+/// lease TTL in milliseconds. Public so a test can `EXPLAIN` it.
+///
+/// It reads job classes, not jobs: of the classes some agent can take
+/// (`unmatchable IS NULL`), those this agent can (a kind it runs, labels it
+/// carries, a cost within its free slots); then the head of each class in
+/// claim order from `jobs_ready_by_class`, locked with `SKIP LOCKED`; then
+/// the best head. Its cost grows with the classes this agent can take, not
+/// with the ready jobs it cannot (the dispatch bench runs with 100,000 of
+/// those ahead; BENCHMARKS.md has the figure). Each head
+/// not chosen stays locked until the statement ends, so a concurrent claim
+/// takes the next job of that class instead.
+pub const CLAIM_SQL: &str = "WITH me AS (
+         SELECT a.id, a.labels, a.kinds,
+                a.capacity - COALESCE((SELECT sum(cost) FROM jobs
+                                       WHERE agent_id = a.id
+                                         AND state IN ('leased', 'running')), 0) AS free
+         FROM agents a
+         WHERE a.id = $1 AND a.state = 'active'
+     ),
+     pick AS (
+         SELECT head.id
+         FROM me
+         JOIN job_classes c
+           ON c.unmatchable IS NULL AND c.kind = ANY (me.kinds)
+          AND me.labels @> c.labels AND c.cost <= me.free
+         CROSS JOIN LATERAL (
+             SELECT j.id, j.priority, j.share_seq, j.created_at FROM jobs j
+             WHERE j.class_id = c.id AND j.state IN ('queued', 'retrying')
+               AND j.run_after <= now()
+             ORDER BY j.priority DESC, j.share_seq, j.created_at
+             LIMIT 1
+             FOR UPDATE OF j SKIP LOCKED
+         ) head
+         ORDER BY head.priority DESC, head.share_seq, head.created_at
+         LIMIT 1
+     ),
+     leased AS (
+         UPDATE jobs j
+         SET state = 'leased', agent_id = $1, lease_token = $2,
+             lease_expires_at = now() + $3 * interval '1 millisecond',
+             attempt = j.attempt + 1, error = NULL
+         FROM pick WHERE j.id = pick.id
+         RETURNING j.id, j.attempt, j.spec, j.cost
+     ),
+     attempt AS (
+         INSERT INTO job_attempts (job_id, attempt, agent_id, lease_token)
+         SELECT id, attempt, $1, $2 FROM leased
+     )
+     SELECT id, attempt, spec, cost FROM leased";
+
 /// Claims the best job for `agent_id`, if any fits: a kind it runs, labels it
 /// carries, a cost within its free slots, and the agent active. Order:
 /// priority, then the fair-share tag, then age.
@@ -17,42 +68,12 @@ pub async fn claim(
     lease_ttl: Duration,
 ) -> Result<Option<LeasedJob>, sqlx::Error> {
     let lease_token = Uuid::new_v4();
-    let row: Option<(Uuid, i32, serde_json::Value, i32)> = sqlx::query_as(
-        "WITH me AS (
-             SELECT a.id, a.labels, a.kinds,
-                    a.capacity - COALESCE((SELECT sum(cost) FROM jobs
-                                           WHERE agent_id = a.id
-                                             AND state IN ('leased', 'running')), 0) AS free
-             FROM agents a
-             WHERE a.id = $1 AND a.state = 'active'
-         ),
-         pick AS (
-             SELECT j.id FROM jobs j, me
-             WHERE j.state IN ('queued', 'retrying') AND j.run_after <= now()
-               AND j.kind = ANY (me.kinds) AND me.labels @> j.labels AND j.cost <= me.free
-             ORDER BY j.priority DESC, j.share_seq, j.created_at
-             LIMIT 1
-             FOR UPDATE OF j SKIP LOCKED
-         ),
-         leased AS (
-             UPDATE jobs j
-             SET state = 'leased', agent_id = $1, lease_token = $2,
-                 lease_expires_at = now() + $3 * interval '1 millisecond',
-                 attempt = j.attempt + 1, error = NULL
-             FROM pick WHERE j.id = pick.id
-             RETURNING j.id, j.attempt, j.spec, j.cost
-         ),
-         attempt AS (
-             INSERT INTO job_attempts (job_id, attempt, agent_id, lease_token)
-             SELECT id, attempt, $1, $2 FROM leased
-         )
-         SELECT id, attempt, spec, cost FROM leased",
-    )
-    .bind(agent_id)
-    .bind(lease_token)
-    .bind(lease_ttl.as_millis() as i64)
-    .fetch_optional(db)
-    .await?;
+    let row: Option<(Uuid, i32, serde_json::Value, i32)> = sqlx::query_as(CLAIM_SQL)
+        .bind(agent_id)
+        .bind(lease_token)
+        .bind(lease_ttl.as_millis() as i64)
+        .fetch_optional(db)
+        .await?;
     let Some((job_id, attempt, spec, cost)) = row else {
         return Ok(None);
     };

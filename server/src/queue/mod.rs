@@ -1,6 +1,6 @@
 //! The durable job queue, hand-written on SQL. This module owns the `jobs`,
-//! `job_attempts`, `job_logs` and `job_outputs` tables: no other module
-//! writes them.
+//! `job_classes`, `job_attempts`, `job_logs` and `job_outputs` tables: no
+//! other module writes them.
 //!
 //! Every transition is one statement guarded by the current state (and, for
 //! agents, the lease token and agent id), so a crash between any two leaves
@@ -8,6 +8,8 @@
 //! changes nothing.
 //!
 //! - [`submit`]: insert jobs in one transaction, with fair-share tags.
+//! - [`classes`]: the (kind, labels, cost) classes the claim reads by, and
+//!   whether any registered agent could take each.
 //! - [`wakeup`]: NOTIFY on submit, and the LISTEN that wakes long-polling
 //!   agents on every server.
 //! - [`claim`]: the `FOR UPDATE SKIP LOCKED` claim that also sets the lease.
@@ -19,6 +21,7 @@
 
 pub mod cancel;
 pub mod claim;
+pub mod classes;
 pub mod lease;
 pub mod read;
 pub mod reaper;

@@ -31,13 +31,16 @@ struct JobRow {
     progress_total: Option<i64>,
     spec: serde_json::Value,
     result: Option<serde_json::Value>,
+    unmatchable: Option<String>,
 }
 
 const SELECT_JOB: &str = "SELECT j.id, j.kind, j.state, j.attempt, j.max_attempts, a.name AS agent,
         j.priority, j.submitter, j.labels, j.created_at, j.started_at, j.finished_at,
         j.exit_code, j.error, j.cancel_requested, j.progress_done, j.progress_total, j.spec,
-        j.result
- FROM jobs j LEFT JOIN agents a ON a.id = j.agent_id";
+        j.result,
+        CASE WHEN j.state IN ('queued', 'retrying') THEN c.unmatchable END AS unmatchable
+ FROM jobs j LEFT JOIN agents a ON a.id = j.agent_id
+      LEFT JOIN job_classes c ON c.id = j.class_id";
 
 fn view(row: JobRow, outputs: Vec<OutputView>) -> Result<JobView, sqlx::Error> {
     let state: JobState = row.state.parse().map_err(|e| column_error("state", e))?;
@@ -64,6 +67,7 @@ fn view(row: JobRow, outputs: Vec<OutputView>) -> Result<JobView, sqlx::Error> {
         outputs,
         spec,
         result: row.result,
+        unmatchable: row.unmatchable,
     })
 }
 

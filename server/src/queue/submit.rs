@@ -23,6 +23,17 @@ pub struct NewJob {
     pub child_index: Option<i32>,
 }
 
+/// The first fair-share tag for new jobs of submitter `$1`: max(its last
+/// ready tag + 1, the smallest ready tag of anyone). Public so a test can
+/// `EXPLAIN` it.
+pub const SHARE_BASE_SQL: &str = "SELECT GREATEST(
+         COALESCE((SELECT share_seq + 1 FROM jobs
+                   WHERE submitter = $1 AND state IN ('queued', 'retrying')
+                   ORDER BY share_seq DESC LIMIT 1), 0),
+         COALESCE((SELECT share_seq FROM jobs
+                   WHERE state IN ('queued', 'retrying')
+                   ORDER BY share_seq LIMIT 1), 0))";
+
 /// Inserts `jobs` (all of one submitter) in one transaction and wakes the
 /// agents. Returns their ids in order.
 ///
@@ -30,7 +41,12 @@ pub struct NewJob {
 /// `base, base+1, …` with `base` = max(its last ready tag + 1, the smallest
 /// ready tag of anyone). The claim orders by (priority, tag), so a
 /// submitter with 10 jobs interleaves with one that has 10,000 queued
-/// instead of waiting behind them.
+/// instead of waiting behind them. Both ends are the first entry of an
+/// index (`jobs_ready_by_submitter`, `jobs_ready_share`), so a submission
+/// does not read the backlog.
+///
+/// Each job also gets its class ([`super::classes`]), which the claim
+/// reads instead of filtering ready jobs one by one.
 pub async fn submit(db: &PgPool, jobs: &[NewJob]) -> Result<Vec<Uuid>, sqlx::Error> {
     let mut tx = db.begin().await?;
     let ids = submit_in(&mut tx, jobs).await?;
@@ -54,20 +70,15 @@ pub async fn submit_in(
     }
     let mut tags = vec![0i64; jobs.len()];
     for (submitter, idx) in by_submitter {
-        let base: i64 = sqlx::query_scalar(
-            "SELECT GREATEST(
-                 COALESCE((SELECT max(share_seq) + 1 FROM jobs
-                           WHERE submitter = $1 AND state IN ('queued', 'retrying')), 0),
-                 COALESCE((SELECT min(share_seq) FROM jobs
-                           WHERE state IN ('queued', 'retrying')), 0))",
-        )
-        .bind(submitter)
-        .fetch_one(&mut *tx)
-        .await?;
+        let base: i64 = sqlx::query_scalar(SHARE_BASE_SQL)
+            .bind(submitter)
+            .fetch_one(&mut *tx)
+            .await?;
         for (k, i) in idx.into_iter().enumerate() {
             tags[i] = base + k as i64;
         }
     }
+    let classes = super::classes::class_ids(&mut *tx, jobs).await?;
     // Bulk insert through unnest: one round trip for any number of jobs.
     let mut id_col = Vec::with_capacity(jobs.len());
     let mut kind_col = Vec::with_capacity(jobs.len());
@@ -98,10 +109,10 @@ pub async fn submit_in(
     }
     sqlx::query(
         "INSERT INTO jobs (id, kind, spec, priority, labels, cost, submitter, share_seq,
-                           max_attempts, parent_id, child_index)
+                           max_attempts, parent_id, child_index, class_id)
          SELECT * FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::int[], $5::jsonb[],
                               $6::int[], $7::text[], $8::bigint[], $9::int[], $10::uuid[],
-                              $11::int[])",
+                              $11::int[], $12::bigint[])",
     )
     .bind(&id_col)
     .bind(&kind_col)
@@ -114,6 +125,7 @@ pub async fn submit_in(
     .bind(&max_col)
     .bind(&parent_col)
     .bind(&index_col)
+    .bind(&classes)
     .execute(&mut *tx)
     .await?;
     notify_jobs(&mut *tx).await?;

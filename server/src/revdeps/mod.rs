@@ -12,7 +12,9 @@ pub mod coordinator;
 use chrono::{DateTime, Utc};
 use flotilla_core::api::revdeps::{RunTimings, RunView, SubmitRevdeps};
 use flotilla_core::api::FieldError;
-use flotilla_core::job::{limits, JobSpec, RevdepsJob, RevdepsQuery, RevdepsStep, RevdepsVariant};
+use flotilla_core::job::{
+    check_text, limits, JobSpec, RevdepsJob, RevdepsQuery, RevdepsStep, RevdepsVariant,
+};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -95,11 +97,19 @@ impl TryFrom<SubmitRevdeps> for ValidRevdeps {
         };
         name_version("target", &s.target)?;
         name_version("compiler", &s.compiler)?;
-        if s.repo.len() > limits::MAX_PATH_BYTES {
-            return Err(FieldError::at(
-                "repo",
-                format_args!("is longer than {} bytes", limits::MAX_PATH_BYTES),
-            ));
+        check_text("target", &s.target, "", limits::MAX_NAME_VERSION_BYTES)?;
+        check_text("compiler", &s.compiler, "", limits::MAX_NAME_VERSION_BYTES)?;
+        check_text("repo", &s.repo, "", limits::MAX_PATH_BYTES)?;
+        // The host variables opam filters on: short words.
+        for (field, v) in [
+            ("arch", &s.arch),
+            ("os", &s.os),
+            ("os_family", &s.os_family),
+            ("os_distribution", &s.os_distribution),
+            ("os_version", &s.os_version),
+            ("opam_version", &s.opam_version),
+        ] {
+            check_text(field, v, "", limits::MAX_NAME_VERSION_BYTES)?;
         }
         if s.repo.trim().is_empty() {
             return Err(FieldError::at(

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use flotilla_core::api::rois::{PlanCounts, RoiCreated, RoiRequest, RoiView};
+use flotilla_core::api::rois::{PlanCounts, RoiCreated, RoiRequest, RoiView, MAX_ROI_TILES};
 use flotilla_core::api::FieldError;
 use flotilla_core::grid::TileId;
 use flotilla_core::job::{JobSpec, TileJob};
@@ -20,16 +20,31 @@ use crate::queue::submit::{submit_in, NewJob};
 /// 1 GB message limit.
 pub const INSERT_BATCH: usize = 50_000;
 
-/// A request whose region, year and name have been checked.
+/// A request whose region, year and name have been checked, and whose
+/// tiles are within [`MAX_ROI_TILES`] unless it asked to exceed it (which
+/// the handler allows admin tokens only).
 #[derive(Debug, Clone)]
 pub struct ValidRoi {
     pub name: String,
     pub year: i32,
     pub dataset: String,
     pub region: Region,
+    /// The region's tiles.
+    pub tiles: TileSet,
     /// The region as given, stored with the ROI.
     pub region_json: serde_json::Value,
     pub priority: i32,
+}
+
+/// Whether any string or key in `v` holds a NUL, which jsonb refuses.
+fn has_nul(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
 }
 
 impl TryFrom<RoiRequest> for ValidRoi {
@@ -37,12 +52,7 @@ impl TryFrom<RoiRequest> for ValidRoi {
 
     /// Parses the region and checks the rest (not whether the dataset exists).
     fn try_from(req: RoiRequest) -> Result<Self, FieldError> {
-        if req.name.trim().is_empty() || req.name.len() > 200 {
-            return Err(FieldError::new(
-                "name",
-                "`name` must be 1 to 200 characters",
-            ));
-        }
+        flotilla_core::job::check_name("name", &req.name)?;
         super::check_year(req.year)?;
         if !super::valid_dataset_name(&req.dataset) {
             return Err(FieldError::new(
@@ -67,6 +77,9 @@ impl TryFrom<RoiRequest> for ValidRoi {
                 ))
             }
             (Some(g), None) => {
+                if has_nul(&g) {
+                    return Err(FieldError::at("geojson", "contains a NUL character"));
+                }
                 let region = Region::from_geojson(&g)
                     .map_err(|e| FieldError::new("geojson", format!("`geojson`: {e}")))?;
                 (region, serde_json::json!({ "geojson": g }))
@@ -77,11 +90,30 @@ impl TryFrom<RoiRequest> for ValidRoi {
                 (region, serde_json::json!({ "bbox": [w, s, e, n] }))
             }
         };
+        let tiles = region.tiles();
+        let count = tiles.len() as u64;
+        if count > MAX_ROI_TILES && !req.exceed_tile_cap {
+            let field = if req.bbox.is_some() {
+                "bbox"
+            } else {
+                "geojson"
+            };
+            return Err(FieldError::at(
+                field,
+                format_args!(
+                    "covers {count} tiles; one ROI may cover at most {MAX_ROI_TILES}. Split \
+                     the region into ROIs of at most {MAX_ROI_TILES} tiles each, or have an \
+                     admin submit it with `exceed_tile_cap: true` \
+                     (`flotilla roi submit --exceed-tile-cap`)"
+                ),
+            ));
+        }
         Ok(ValidRoi {
             name: req.name,
             year: req.year,
             dataset: req.dataset,
             region,
+            tiles,
             region_json,
             priority: req.priority,
         })
@@ -159,9 +191,8 @@ pub async fn plan_in(
 
 /// Plans without submitting.
 pub async fn plan(db: &PgPool, roi: &ValidRoi) -> Result<PlanCounts, sqlx::Error> {
-    let tiles = roi.region.tiles();
     let mut conn = db.acquire().await?;
-    Ok(plan_in(&mut conn, &roi.dataset, roi.year, &tiles)
+    Ok(plan_in(&mut conn, &roi.dataset, roi.year, &roi.tiles)
         .await?
         .counts)
 }
@@ -178,14 +209,13 @@ pub async fn submit(
     submitter: &str,
 ) -> Result<RoiCreated, sqlx::Error> {
     let started = std::time::Instant::now();
-    let tiles = roi.region.tiles();
     let mut tx = db.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('flotilla-tiles:' || $1 || ':' || $2))")
         .bind(&roi.dataset)
         .bind(roi.year.to_string())
         .execute(&mut *tx)
         .await?;
-    let plan = plan_in(&mut tx, &roi.dataset, roi.year, &tiles).await?;
+    let plan = plan_in(&mut tx, &roi.dataset, roi.year, &roi.tiles).await?;
     let plan_ms = started.elapsed().as_millis() as u64;
     let inserting = std::time::Instant::now();
     let id = Uuid::new_v4();

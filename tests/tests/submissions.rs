@@ -1,0 +1,231 @@
+//! What a client may submit (issue #12, "Submissions"; review H7, L11, L14):
+//! every string and list bounded, no NUL reaching PostgreSQL (a 422 naming
+//! the field, not a 500), an ROI capped in tiles unless an admin lifts the
+//! cap, and jobs no registered agent could ever take refused once agents
+//! exist (flagged while none has registered). Real server over HTTP.
+
+use flotilla_e2e::procs::server_on_shared;
+use flotilla_e2e::scratch;
+use serde_json::{json, Value};
+
+async fn client_token(api: &flotilla_e2e::api::Api) -> String {
+    let made = api
+        .post(
+            "/api/v1/tokens",
+            json!({"role": "client", "description": "client"}),
+        )
+        .await;
+    made["token"].as_str().expect("a token").to_string()
+}
+
+/// Asserts a 422 whose `detail.path` is `field`; returns the message.
+fn invalid(answer: (u16, Value), field: &str) -> String {
+    let (status, body) = answer;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["detail"]["path"], field, "{body}");
+    body["error"]["message"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_string_and_list_of_a_submission_is_bounded() {
+    let dir = scratch("e2e-submissions-");
+    let server = server_on_shared(dir.path(), 10_000).await;
+    let api = server.api();
+    let post = |path: &'static str, body: Value| {
+        let api = api.clone();
+        async move { api.raw(reqwest::Method::POST, path, Some(body)).await }
+    };
+    let cmd = |extra: Value| {
+        let mut body = json!({"kind": "command", "command": "true"});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    // L11: NUL reached jsonb and answered 500.
+    let m = invalid(
+        post("/api/v1/jobs", cmd(json!({"env": {"A": "x\u{0}y"}}))).await,
+        "env.A",
+    );
+    assert!(m.contains("NUL"), "{m}");
+    invalid(
+        post("/api/v1/jobs", cmd(json!({"labels": {"os": "li\u{0}nux"}}))).await,
+        "labels.os",
+    );
+    invalid(
+        post("/api/v1/jobs", cmd(json!({"submitter": "a\u{0}b"}))).await,
+        "submitter",
+    );
+    // Sizes that were accepted before.
+    let many: serde_json::Map<String, Value> =
+        (0..65).map(|i| (format!("k{i}"), json!("v"))).collect();
+    invalid(
+        post("/api/v1/jobs", cmd(json!({"labels": many}))).await,
+        "labels",
+    );
+    invalid(
+        post(
+            "/api/v1/jobs",
+            cmd(json!({"labels": {"os": "x".repeat(257)}})),
+        )
+        .await,
+        "labels.os",
+    );
+    let env: serde_json::Map<String, Value> =
+        (0..257).map(|i| (format!("V{i}"), json!("1"))).collect();
+    invalid(post("/api/v1/jobs", cmd(json!({"env": env}))).await, "env");
+    invalid(
+        post(
+            "/api/v1/jobs",
+            cmd(json!({"env": {"BIG": "x".repeat(40_000)}})),
+        )
+        .await,
+        "env.BIG",
+    );
+    // Revdeps host variables and ROI names and regions reach text and jsonb
+    // columns too.
+    invalid(
+        post(
+            "/api/v1/revdeps",
+            json!({"target": "a.1", "compiler": "c.1", "repo": "/r", "os": "lin\u{0}ux"}),
+        )
+        .await,
+        "os",
+    );
+    invalid(
+        post(
+            "/api/v1/revdeps",
+            json!({"target": "a.1", "compiler": "c.1", "repo": "/r", "arch": "x".repeat(300)}),
+        )
+        .await,
+        "arch",
+    );
+    let square = json!({"type": "Polygon", "coordinates": [[[0, 0], [0.5, 0], [0.5, 0.5], [0, 0.5], [0, 0]]]});
+    let feature = json!({"type": "Feature", "properties": {"note": "a\u{0}b"}, "geometry": square});
+    invalid(
+        post(
+            "/api/v1/rois/plan",
+            json!({"name": "r", "year": 2024, "dataset": "d", "geojson": feature}),
+        )
+        .await,
+        "geojson",
+    );
+    invalid(
+        post(
+            "/api/v1/rois/plan",
+            json!({"name": "r\u{0}", "year": 2024, "dataset": "d", "bbox": [0, 0, 1, 1]}),
+        )
+        .await,
+        "name",
+    );
+}
+
+/// H7: a whole-world bbox (6,480,000 tiles) made one job per tile in one
+/// transaction; now a client gets 422 with the count, the cap and what to
+/// do, may not lift the cap itself, and an admin may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_world_roi_needs_an_admin_override() {
+    let dir = scratch("e2e-roi-cap-");
+    let server = server_on_shared(dir.path(), 10_000).await;
+    let admin = server.api();
+    // Planning needs the dataset, not its model.
+    admin
+        .post(
+            "/api/v1/datasets",
+            json!({"name": "world", "input_prefix": "inputs"}),
+        )
+        .await;
+    let client = admin.with_token(&client_token(&admin).await);
+    let world = json!({"name": "world", "year": 2024, "dataset": "world",
+                       "bbox": [-180, -90, 180, 90]});
+
+    let m = invalid(
+        client
+            .raw(reqwest::Method::POST, "/api/v1/rois", Some(world.clone()))
+            .await,
+        "bbox",
+    );
+    assert!(
+        m.contains("6480000 tiles") && m.contains("at most 250000") && m.contains("Split"),
+        "{m}"
+    );
+    let jobs: Vec<Value> = admin.get("/api/v1/jobs").await["jobs"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(jobs.is_empty(), "nothing was queued");
+
+    let mut lifted = world.clone();
+    lifted["exceed_tile_cap"] = json!(true);
+    let (status, body) = client
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/rois/plan",
+            Some(lifted.clone()),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+
+    // An admin may (planned only here: inserting 6.48 M jobs is the
+    // benchmark's business, not a test's).
+    let planned = admin.post("/api/v1/rois/plan", lifted).await;
+    assert_eq!(planned["total"], 6_480_000, "{planned}");
+    // Under the cap a client needs nothing.
+    let small = json!({"name": "small", "year": 2024, "dataset": "world",
+                       "bbox": [0, 0, 1, 1], "dry_run": true});
+    let planned = client.post("/api/v1/rois", small).await;
+    assert_eq!(planned["total"], 100, "{planned}");
+}
+
+/// L14: a job whose labels, kind or cost no registered agent has waited
+/// forever without a word. With no agent registered yet it is taken and
+/// its view says why it waits; once agents exist such a submission is
+/// refused with the field and the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_no_registered_agent_could_take_is_flagged_or_refused() {
+    let dir = scratch("e2e-unmatchable-");
+    let server = server_on_shared(dir.path(), 10_000).await;
+    let api = server.api();
+    let gpu_job = json!({"kind": "command", "command": "true", "labels": {"gpu": "h100"}});
+    let early = api.submit(gpu_job.clone()).await;
+    assert_eq!(
+        api.job(&early).await.unmatchable.as_deref(),
+        Some("no agent has registered yet")
+    );
+
+    let token = api.agent_token("cpu").await;
+    let agent = api.agent_process(&token);
+    agent
+        .post(
+            "/api/agent/v1/register",
+            json!({"name": "cpu", "instance": agent.instance(), "capacity": 2,
+                   "labels": {"os": "linux"}, "kinds": ["command"], "version": "test",
+                   "health": serde_json::to_value(flotilla_core::health::HostHealth::default()).unwrap()}),
+        )
+        .await;
+    let said = api.job(&early).await.unmatchable.unwrap();
+    assert!(
+        said.contains(r#"carries the labels {"gpu": "h100"}"#),
+        "{said}"
+    );
+
+    let post = |body: Value| {
+        let api = api.clone();
+        async move {
+            api.raw(reqwest::Method::POST, "/api/v1/jobs", Some(body))
+                .await
+        }
+    };
+    let m = invalid(post(gpu_job).await, "labels");
+    assert!(m.contains("gpu") && m.contains("Register an agent"), "{m}");
+    let m = invalid(
+        post(json!({"kind": "command", "command": "true", "cost": 4})).await,
+        "cost",
+    );
+    assert!(m.contains("largest is 2"), "{m}");
+    // What the agent can take goes in, unflagged.
+    let fine = api
+        .submit(json!({"kind": "command", "command": "true", "labels": {"os": "linux"}, "cost": 2}))
+        .await;
+    assert_eq!(api.job(&fine).await.unmatchable, None);
+}
