@@ -43,12 +43,10 @@ impl DType {
         }
     }
     fn parse(descr: &str) -> Option<DType> {
-        // Single-byte types may carry '|', '<' or '='; multi-byte ones must be little-endian.
-        let (order, code) = descr.split_at(1);
-        let le = matches!(order, "<" | "|" | "=");
-        if !le {
-            return None;
-        }
+        // Single-byte types may carry '|', '<' or '='; multi-byte ones must
+        // be little-endian. (Not `split_at(1)`: the fuzzer found it panics
+        // on an empty descr or a multi-byte first character.)
+        let code = descr.strip_prefix(['<', '|', '='])?;
         Some(match code {
             "b1" => DType::Bool,
             "u1" => DType::U8,
@@ -390,6 +388,16 @@ mod tests {
         b[8..10].copy_from_slice(&u16::MAX.to_le_bytes());
         let err = parse(&b).unwrap_err();
         assert!(err.contains("at most"), "{err}");
+        for descr in ["", "é4", ">f4"] {
+            let b = to_bytes(DType::U8, &[1], &[0]);
+            let text = String::from_utf8_lossy(&b[10..]).replace("|u1", descr);
+            let mut b = b[..10].to_vec();
+            b[8..10].copy_from_slice(&(text.len() as u16).to_le_bytes());
+            b.extend_from_slice(text.as_bytes());
+            b.push(0);
+            let err = parse(&b).unwrap_err();
+            assert!(err.contains("unsupported dtype"), "{descr:?}: {err}");
+        }
         let b = to_bytes(DType::F64, &[usize::MAX / 4, 2], &[]);
         let err = parse(&b).unwrap_err();
         assert!(err.contains("overflows"), "{err}");
