@@ -78,6 +78,7 @@ pub async fn run(
     tasks.spawn(crate::queue::reaper::run(
         db.clone(),
         state.settings.reap_interval,
+        state.settings.lease_ttl,
         (state.settings.backoff_base, state.settings.backoff_max),
         shutdown.clone(),
     ));

@@ -32,6 +32,9 @@ pub struct AppState {
 pub struct Settings {
     /// How long a lease lives without a heartbeat.
     pub lease_ttl: Duration,
+    /// Most bytes of log text kept per attempt: its first half and its
+    /// last half ([`crate::queue::logs`]).
+    pub log_cap_bytes: u64,
     /// What agents are told to heartbeat at (a third of the TTL).
     pub heartbeat_interval: Duration,
     /// How often the reaper looks for expired leases.
@@ -58,6 +61,9 @@ impl Default for Settings {
         let lease_ttl = Duration::from_secs(30);
         Settings {
             lease_ttl,
+            // Far more than a person reads, far less than fills a disk: a
+            // week-long job printing at full speed keeps 64 MiB per attempt.
+            log_cap_bytes: 64 << 20,
             heartbeat_interval: lease_ttl / 3,
             reap_interval: Duration::from_secs(2),
             lease_poll_interval: Duration::from_secs(1),

@@ -139,3 +139,63 @@ async fn postgres_restart_under_running_server() {
     drop(server);
     pg.stop_now().await.unwrap();
 }
+
+/// PostgreSQL down for longer than the lease TTL while jobs run: nobody
+/// could take the agents' heartbeats, so once the database answers again
+/// the live leases get a grace period before the reaper looks at them, and
+/// each job finishes in its first attempt (before the fix every one was
+/// re-queued and run again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_outage_longer_than_the_lease_ttl_loses_no_running_job() {
+    let dir = scratch("e2e-pg-outage-");
+    let cluster = dir.path().join("pgc");
+    let pg = EmbeddedPostgres::start(&cluster).await.unwrap();
+    pg.ensure_database("flotilla").await.unwrap();
+    let server = Server::start(
+        dir.path(),
+        ServerOpts {
+            database_url: pg.database_url("flotilla"),
+            store: dir.path().join("store").to_string_lossy().into_owned(),
+            listen: free_addr(),
+            lease_ttl_ms: 2_000,
+            backoff_base_ms: 200,
+            env: Vec::new(),
+        },
+    )
+    .await;
+    let api = server.api();
+    let _agent = Agent::start(&server, "outage", 2, &[]).await;
+    let marks = dir.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let ids = [
+        api.submit(marker_job(&marks, "10")).await,
+        api.submit(marker_job(&marks, "10")).await,
+    ];
+    flotilla_e2e::eventually("both jobs to run", Duration::from_secs(30), || {
+        let api = api.clone();
+        let ids = ids.clone();
+        async move {
+            for id in &ids {
+                if api.job(id).await.state != JobState::Running {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
+    pg.stop_now().await.unwrap();
+    // Three lease TTLs without the database.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let pg = EmbeddedPostgres::start(&cluster).await.unwrap();
+    server.wait_healthy(Duration::from_secs(60)).await;
+    for id in &ids {
+        let j = api.wait_final(id, Duration::from_secs(60)).await;
+        assert_eq!(j.state, JobState::Succeeded, "job {id}: {:?}", j.error);
+        assert_eq!(j.attempt, 1, "job {id} was run again: {:?}", j.error);
+        let runs = std::fs::read_to_string(marks.join(id)).unwrap();
+        assert_eq!(runs.lines().collect::<Vec<_>>(), ["1"], "job {id}");
+    }
+    drop(server);
+    pg.stop_now().await.unwrap();
+}

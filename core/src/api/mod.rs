@@ -2,7 +2,8 @@
 //! and response bodies, plus what every resource shares (the error envelope,
 //! the field error of a validation, ids, outputs, progress).
 //!
-//! - [`jobs`]: `/api/v1/jobs` — submit, show, list, log, cancel.
+//! - [`jobs`]: `/api/v1/jobs` — submit, show, list, cancel.
+//! - [`logs`]: `/api/v1/jobs/{id}/log` — a job's log, whole or in pages.
 //! - [`agents`]: `/api/v1/agents` — list; pause, drain, resume.
 //! - [`tokens`]: `/api/v1/tokens` — make, list, revoke API tokens.
 //! - [`rois`]: `/api/v1/rois` — regions of interest, their plans and
@@ -14,6 +15,7 @@
 pub mod agents;
 pub mod datasets;
 pub mod jobs;
+pub mod logs;
 pub mod revdeps;
 pub mod rois;
 pub mod tiles;

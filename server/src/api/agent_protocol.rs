@@ -231,7 +231,7 @@ pub async fn log(
         return Err(ApiError::invalid("at most 10,000 lines per batch"));
     }
     let key = lease_key(&agent, &id, batch.lease_token)?;
-    lease::append_log(&state.db, key, &batch.lines).await?;
+    crate::queue::logs::append(&state.db, key, &batch.lines, state.settings.log_cap_bytes).await?;
     Ok(Json(Ack { ok: true }))
 }
 

@@ -1,4 +1,4 @@
-//! `/api/v1/jobs`: submit, show, list, log, cancel.
+//! `/api/v1/jobs`: submit, show, list, cancel (the log: [`super::logs`]).
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -181,25 +181,6 @@ pub async fn list(
     Ok(Json(JobList {
         jobs: read::list(&state.db, st, limit).await?,
     }))
-}
-
-pub async fn log(
-    State(state): State<AppState>,
-    ClientAuth(_): ClientAuth,
-    Path(id): Path<String>,
-) -> ApiResult<impl IntoResponse> {
-    let id = parse_id(&id)?;
-    if read::get(&state.db, id).await?.is_none() {
-        return Err(ApiError::NotFound(format!("no job {id}")));
-    }
-    let (text, _) = read::log_text(&state.db, id, 0).await?;
-    Ok((
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; charset=utf-8",
-        )],
-        text,
-    ))
 }
 
 pub async fn cancel(

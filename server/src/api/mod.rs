@@ -6,7 +6,8 @@
 //! into a `Valid…` type before anything acts), a call into the module that
 //! owns the tables, a typed reply from `flotilla_core::api`.
 //!
-//! - [`jobs`]: submit, show, list, log, cancel.
+//! - [`jobs`]: submit, show, list, cancel.
+//! - [`logs`]: a job's log, streamed whole or in pages.
 //! - [`agents`]: list; pause, drain, resume.
 //! - [`tokens`]: make, list and revoke API and agent tokens.
 //! - [`revdeps`]: opam reverse-dependency runs.
@@ -22,6 +23,7 @@ pub mod agents;
 pub mod coverage;
 pub mod datasets;
 pub mod jobs;
+pub mod logs;
 pub mod revdeps;
 pub mod rois;
 pub mod tile_inputs;
@@ -43,7 +45,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/api/v1/jobs", post(jobs::submit).get(jobs::list))
         .route("/api/v1/jobs/{id}", get(jobs::show))
-        .route("/api/v1/jobs/{id}/log", get(jobs::log))
+        .route("/api/v1/jobs/{id}/log", get(logs::text))
         .route("/api/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/api/v1/agents", get(agents::list))
         .route("/api/v1/agents/{name}/{action}", post(agents::steer))

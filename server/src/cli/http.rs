@@ -82,19 +82,34 @@ impl Client {
         serde_json::from_slice(&bytes).context("unexpected answer from the server")
     }
 
-    pub async fn text(&self, path: &str) -> anyhow::Result<String> {
+    /// One page of a job's log ([`flotilla_core::api::logs`]): its text,
+    /// the `after` of the next page, and whether more lines may follow at
+    /// once.
+    pub async fn log_page(&self, job: &str, after: i64) -> anyhow::Result<(String, i64, bool)> {
+        use flotilla_core::api::logs::{LOG_MORE_HEADER, LOG_NEXT_HEADER};
         let resp = self
             .http
-            .get(format!("{}{path}", self.base))
+            .get(format!("{}/api/v1/jobs/{job}/log?after={after}", self.base))
             .bearer_auth(&self.token)
             .send()
-            .await?;
+            .await
+            .with_context(|| format!("cannot reach the server at {}; is it running?", self.base))?;
         let status = resp.status();
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let next = header(LOG_NEXT_HEADER).and_then(|v| v.parse().ok());
+        let more = header(LOG_MORE_HEADER).is_some_and(|v| v == "true");
         let text = resp.text().await?;
         if !status.is_success() {
             bail!("{status}: {text}");
         }
-        Ok(text)
+        let next = next
+            .context("the server's log page has no next position; is it older than this client?")?;
+        Ok((text, next, more))
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {

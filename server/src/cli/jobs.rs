@@ -157,8 +157,7 @@ pub async fn jobs(cmd: JobsCommand) -> anyhow::Result<()> {
             if follow {
                 follow_log(&client, &id).await
             } else {
-                print!("{}", client.text(&format!("/api/v1/jobs/{id}/log")).await?);
-                Ok(())
+                print_log(&client, &id).await.map(|_| ())
             }
         }
         JobsCommand::Cancel { id, conn } => {
@@ -213,16 +212,35 @@ async fn wait(client: &Client, id: &str, timeout: Option<Duration>) -> anyhow::R
     }
 }
 
-/// Prints the log as it grows until the job ends.
-async fn follow_log(client: &Client, id: &str) -> anyhow::Result<()> {
-    let mut printed = 0usize;
+/// Prints the log from the start, a page at a time; returns where it
+/// stopped.
+async fn print_log(client: &Client, id: &str) -> anyhow::Result<i64> {
+    print_log_after(client, id, 0).await
+}
+
+async fn print_log_after(client: &Client, id: &str, mut after: i64) -> anyhow::Result<i64> {
+    use std::io::Write;
     loop {
-        let job: JobView = client.get(&format!("/api/v1/jobs/{id}")).await?;
-        let text = client.text(&format!("/api/v1/jobs/{id}/log")).await?;
-        if text.len() > printed {
-            print!("{}", &text[printed..]);
-            printed = text.len();
+        let (text, next, more) = client.log_page(id, after).await?;
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes())?;
+        out.flush()?;
+        after = next;
+        if !more {
+            return Ok(after);
         }
+    }
+}
+
+/// Prints the log as it grows until the job ends, fetching only the lines
+/// it has not printed.
+async fn follow_log(client: &Client, id: &str) -> anyhow::Result<()> {
+    let mut after = 0;
+    loop {
+        // The state first: lines written before the job ended are then all
+        // in the pages read after it.
+        let job: JobView = client.get(&format!("/api/v1/jobs/{id}")).await?;
+        after = print_log_after(client, id, after).await?;
         if job.state.is_final() {
             return Ok(());
         }

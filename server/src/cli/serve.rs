@@ -32,6 +32,10 @@ pub struct ServeArgs {
     /// How long a lease lives without a heartbeat, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub lease_ttl_ms: u64,
+    /// Most bytes of log text kept per attempt of a job: its first half and
+    /// its last half, with a line saying how much was cut between them.
+    #[arg(long, env = "FLOTILLA_LOG_CAP_BYTES", default_value_t = Settings::default().log_cap_bytes)]
+    pub log_cap_bytes: u64,
     /// Base of the retry back-off, in milliseconds (doubles per attempt).
     #[arg(long, default_value_t = 2_000)]
     pub backoff_base_ms: u64,
@@ -44,6 +48,8 @@ pub struct ServeArgs {
 impl ServeArgs {
     pub fn settings(&self) -> Settings {
         let mut s = Settings::with_lease_ttl(Duration::from_millis(self.lease_ttl_ms.max(100)));
+        // Room for a few lines at either end, whatever was asked.
+        s.log_cap_bytes = self.log_cap_bytes.max(64 << 10);
         s.backoff_base = Duration::from_millis(self.backoff_base_ms);
         s.dashboard_open = self.no_dashboard_login;
         s

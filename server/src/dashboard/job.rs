@@ -15,8 +15,12 @@ use serde::Deserialize;
 use super::{allowed, render, to_login};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::parse_id;
-use crate::queue::read;
+use crate::queue::{logs, read};
 use crate::state::AppState;
+
+/// The most log lines the page shows (its newest) and one live update
+/// carries: a runaway log must not make a page of hundreds of megabytes.
+const LOG_LINES_SHOWN: i64 = 2_000;
 
 struct OutputRow {
     name: String,
@@ -57,7 +61,20 @@ pub async fn page(
     let j = read::get(&state.db, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
-    let (log, last_seq) = read::log_text(&state.db, id, 0).await?;
+    let (rows, earlier) = logs::last(&state.db, id, LOG_LINES_SHOWN).await?;
+    let mut log = String::new();
+    if earlier {
+        log.push_str(&format!(
+            "[earlier lines not shown: this page shows the last {LOG_LINES_SHOWN}; \
+             `flotilla jobs log {id}` prints them all]\n"
+        ));
+    }
+    let prev = match rows.first() {
+        Some(first) if earlier => logs::attempt_before(&state.db, id, first.seq - 1).await?,
+        _ => None,
+    };
+    logs::render(&rows, prev, &mut log);
+    let last_seq = rows.last().map_or(0, |r| r.seq);
     Ok(render(&JobPage {
         id: id.to_string(),
         state: j.state.as_str(),
@@ -104,7 +121,11 @@ pub async fn log_stream(
         return Ok(StatusCode::UNAUTHORIZED.into_response());
     }
     let id = parse_id(&id)?;
-    let stream = log_events(state, id, q.after);
+    if read::get(&state.db, id).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no job {id}")));
+    }
+    let prev = logs::attempt_before(&state.db, id, q.after).await?;
+    let stream = log_events(state, id, q.after, prev);
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
@@ -114,10 +135,11 @@ fn log_events(
     state: AppState,
     id: uuid::Uuid,
     after: i64,
+    prev: Option<i32>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     futures::stream::unfold(
-        (state, after, false),
-        move |(state, after, ended)| async move {
+        (state, after, prev, false),
+        move |(state, after, prev, ended)| async move {
             if ended {
                 return None;
             }
@@ -126,14 +148,16 @@ fn log_events(
                     _ = state.shutdown.cancelled() => return None,
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                 }
-                let Ok((text, last)) = read::log_text(&state.db, id, after).await else {
+                let Ok(rows) = logs::page(&state.db, id, after, LOG_LINES_SHOWN).await else {
                     continue;
                 };
-                if !text.is_empty() {
+                if let Some(last) = rows.last().map(|r| r.seq) {
+                    let mut text = String::new();
+                    let prev = logs::render(&rows, prev, &mut text);
                     let data = text.trim_end_matches('\n').replace('\r', "");
                     return Some((
                         Ok(Event::default().event("lines").data(data)),
-                        (state, last, false),
+                        (state, last, prev, false),
                     ));
                 }
                 let done =
@@ -141,7 +165,7 @@ fn log_events(
                 if done {
                     return Some((
                         Ok(Event::default().event("end").data("")),
-                        (state, after, true),
+                        (state, after, prev, true),
                     ));
                 }
             }

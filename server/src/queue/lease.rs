@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use flotilla_core::job::{FailureClass, JobKind, JobSpec, JobState, TileJob};
-use flotilla_core::protocol::{Complete, HeldLease, LeaseAction, LeaseStatus, LogLine};
+use flotilla_core::protocol::{Complete, HeldLease, LeaseAction, LeaseStatus};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -121,7 +121,7 @@ async fn refusal(conn: &mut PgConnection, key: LeaseKey) -> LeaseRefused {
 }
 
 /// [`refusal`] on a connection of the pool.
-async fn refused(db: &PgPool, key: LeaseKey) -> LeaseRefused {
+pub(crate) async fn refused(db: &PgPool, key: LeaseKey) -> LeaseRefused {
     match db.acquire().await {
         Ok(mut conn) => refusal(&mut conn, key).await,
         Err(e) => LeaseRefused::Db(e),
@@ -199,37 +199,6 @@ pub async fn heartbeat(
             }
         })
         .collect())
-}
-
-/// Appends lines to the job's log under the current attempt.
-pub async fn append_log(db: &PgPool, key: LeaseKey, lines: &[LogLine]) -> Result<(), LeaseRefused> {
-    let streams: Vec<&str> = lines.iter().map(|l| l.stream.as_str()).collect();
-    // PostgreSQL text cannot hold NUL.
-    let texts: Vec<String> = lines
-        .iter()
-        .map(|l| l.line.replace('\0', "\u{FFFD}"))
-        .collect();
-    let holds: Option<i32> = sqlx::query_scalar(
-        "WITH j AS (SELECT id, attempt FROM jobs
-                    WHERE id = $1 AND lease_token = $2 AND agent_id = $3
-                      AND state IN ('leased', 'running')),
-              ins AS (INSERT INTO job_logs (job_id, attempt, stream, line)
-                      SELECT j.id, j.attempt, x.s, x.l
-                      FROM j, unnest($4::text[], $5::text[]) WITH ORDINALITY AS x(s, l, n)
-                      ORDER BY x.n)
-         SELECT attempt FROM j",
-    )
-    .bind(key.job)
-    .bind(key.token)
-    .bind(key.agent)
-    .bind(&streams)
-    .bind(&texts)
-    .fetch_optional(db)
-    .await?;
-    match holds {
-        Some(_) => Ok(()),
-        None => Err(refused(db, key).await),
-    }
 }
 
 /// The attempt number if `token` is the current lease of `job` held by

@@ -17,12 +17,15 @@
 //!   start, heartbeat, log, output, complete, fail.
 //! - [`reaper`]: re-queues jobs whose lease expired, with back-off.
 //! - [`cancel`]: cancel a job, at once or at the agent's next heartbeat.
-//! - [`read`]: job views, lists, counts and logs for the API and dashboard.
+//! - [`read`]: job views, lists and counts for the API and dashboard.
+//! - [`logs`]: job logs, capped per attempt (head and tail kept), read in
+//!   pages.
 
 pub mod cancel;
 pub mod claim;
 pub mod classes;
 pub mod lease;
+pub mod logs;
 pub mod read;
 pub mod reaper;
 pub mod submit;

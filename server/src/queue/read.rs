@@ -1,4 +1,5 @@
-//! Reading jobs for the API and the dashboard: views, lists, counts, logs.
+//! Reading jobs for the API and the dashboard: views, lists, counts (logs:
+//! [`super::logs`]).
 
 use std::collections::BTreeMap;
 
@@ -139,36 +140,6 @@ pub async fn counts(db: &PgPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
     sqlx::query_as("SELECT state, count(*) FROM jobs GROUP BY state ORDER BY state")
         .fetch_all(db)
         .await
-}
-
-/// The log as text, one line per stored line, attempts marked.
-pub async fn log_text(db: &PgPool, id: Uuid, after_seq: i64) -> Result<(String, i64), sqlx::Error> {
-    let rows: Vec<(i64, i32, String, String)> = sqlx::query_as(
-        "SELECT seq, attempt, stream, line FROM job_logs WHERE job_id = $1 AND seq > $2
-         ORDER BY seq",
-    )
-    .bind(id)
-    .bind(after_seq)
-    .fetch_all(db)
-    .await?;
-    let mut text = String::new();
-    let mut last_attempt = None;
-    let mut last_seq = after_seq;
-    for (seq, attempt, stream, line) in rows {
-        if last_attempt != Some(attempt) && after_seq == 0 {
-            if last_attempt.is_some() || attempt > 1 {
-                text.push_str(&format!("--- attempt {attempt} ---\n"));
-            }
-            last_attempt = Some(attempt);
-        }
-        if stream == "agent" {
-            text.push_str("[agent] ");
-        }
-        text.push_str(&line);
-        text.push('\n');
-        last_seq = seq;
-    }
-    Ok((text, last_seq))
 }
 
 /// The spec of tile job `id` (`None`: no such job, or not a tile job).

@@ -44,18 +44,42 @@ pub async fn reap_once(
 
 /// Runs [`reap_once`] every `interval` until `shutdown`. Database errors are
 /// logged and retried on the next tick.
+///
+/// While the database is down no heartbeat gets through either, so leases
+/// run out only because nobody could take their heartbeats: after a failed
+/// pass, the first thing done once the database answers again is the same
+/// grace as at start-up ([`grace_after_start`]), before anything is reaped.
+/// Every server's reaper does this (they all lost the database), so no
+/// server reaps a lease its agent kept alive through the outage.
 pub async fn run(
     db: PgPool,
     interval: Duration,
+    lease_ttl: Duration,
     backoff: (Duration, Duration),
     shutdown: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut database_was_down = false;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
+        }
+        if database_was_down {
+            match grace_after_start(&db, lease_ttl).await {
+                Ok(extended) => {
+                    database_was_down = false;
+                    tracing::info!(
+                        leases = extended,
+                        "the database answers again; gave live leases a grace period"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "database still unavailable");
+                    continue;
+                }
+            }
         }
         match reap_once(&db, backoff).await {
             Ok(reaped) => {
@@ -63,7 +87,10 @@ pub async fn run(
                     tracing::warn!(job = %id, %state, "lease expired");
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "reaper pass failed; will retry"),
+            Err(e) => {
+                database_was_down = true;
+                tracing::warn!(error = %e, "reaper pass failed; will retry");
+            }
         }
     }
 }

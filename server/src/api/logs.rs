@@ -1,0 +1,84 @@
+//! `/api/v1/jobs/{id}/log`: a job's log, streamed whole or read in pages
+//! ([`flotilla_core::api::logs`]). Memory per request is one page, whatever
+//! the log's size.
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use flotilla_core::api::logs::{LogQuery, LOG_MORE_HEADER, LOG_NEXT_HEADER};
+use uuid::Uuid;
+
+use crate::auth::ClientAuth;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::parse_id;
+use crate::queue::{logs, read};
+use crate::state::AppState;
+
+/// Lines read per query while streaming a whole log.
+const STREAM_CHUNK_LINES: i64 = 5_000;
+
+const TEXT: &str = "text/plain; charset=utf-8";
+
+pub async fn text(
+    State(state): State<AppState>,
+    ClientAuth(_): ClientAuth,
+    Path(id): Path<String>,
+    Query(q): Query<LogQuery>,
+) -> ApiResult<Response> {
+    let id = parse_id(&id)?;
+    if read::get(&state.db, id).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no job {id}")));
+    }
+    if !q.is_page() {
+        return Ok(([(CONTENT_TYPE, TEXT)], Body::from_stream(whole(state, id))).into_response());
+    }
+    let after = q.after.unwrap_or(0).max(0);
+    let limit = q.page_limit();
+    let rows = logs::page(&state.db, id, after, limit).await?;
+    let prev = if after > 0 {
+        logs::attempt_before(&state.db, id, after).await?
+    } else {
+        None
+    };
+    let mut text = String::new();
+    logs::render(&rows, prev, &mut text);
+    let next = rows.last().map_or(after, |r| r.seq);
+    let more = rows.len() as i64 == limit;
+    Ok((
+        [
+            (CONTENT_TYPE, TEXT.to_string()),
+            (LOG_NEXT_HEADER.parse().expect("a valid header name"), next.to_string()),
+            (LOG_MORE_HEADER.parse().expect("a valid header name"), more.to_string()),
+        ],
+        text,
+    )
+        .into_response())
+}
+
+/// The whole log, read and sent a chunk at a time. A database error midway
+/// ends the body early (the client sees a cut-off transfer, not a silently
+/// short log: the chunked encoding is not terminated).
+fn whole(
+    state: AppState,
+    id: Uuid,
+) -> impl futures::Stream<Item = Result<String, std::io::Error>> {
+    futures::stream::try_unfold(
+        (state, 0i64, None::<i32>, false),
+        move |(state, after, prev, done)| async move {
+            if done {
+                return Ok(None);
+            }
+            let rows = logs::page(&state.db, id, after, STREAM_CHUNK_LINES)
+                .await
+                .map_err(std::io::Error::other)?;
+            let Some(last) = rows.last().map(|r| r.seq) else {
+                return Ok(None);
+            };
+            let full = rows.len() as i64 == STREAM_CHUNK_LINES;
+            let mut text = String::new();
+            let prev = logs::render(&rows, prev, &mut text);
+            Ok(Some((text, (state, last, prev, !full))))
+        },
+    )
+}
