@@ -64,6 +64,11 @@ struct Args {
     /// Seconds between SIGTERM and SIGKILL when stopping a job.
     #[arg(long, default_value_t = 10)]
     kill_grace_s: u64,
+    /// Seconds a job's report (or a batch of its log) is retried while the
+    /// server is unreachable or failing; then the agent drops the job's
+    /// lease and the server requeues it.
+    #[arg(long, default_value_t = runner::DEFAULT_REPORT_BUDGET.as_secs())]
+    report_budget_s: u64,
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -125,6 +130,7 @@ fn real_main() -> anyhow::Result<()> {
         kill_grace: Duration::from_secs(args.kill_grace_s),
         lease_wait: Duration::from_secs(20),
         run_as,
+        report_budget: Duration::from_secs(args.report_budget_s),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -2,7 +2,8 @@
 //!
 //! The server may be restarting; retrying until it answers means no result
 //! is dropped on the floor. How long a caller keeps trying is its `stop`
-//! token's business.
+//! token's business; for the calls about a leased job, [`Delivery`] sets it
+//! (a budget per call, and an early stop at shutdown).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -49,6 +50,9 @@ pub enum CallError {
     },
     #[error("gave up: shutting down")]
     ShuttingDown,
+    /// Retried for the whole of [`Delivery`]'s budget without an answer.
+    #[error("gave up after {}s of retries: the server was unreachable or failing", .0.as_secs())]
+    OutOfBudget(Duration),
 }
 
 impl CallError {
@@ -58,7 +62,13 @@ impl CallError {
     /// registered under our name (`superseded`; it handed our leases back).
     pub fn lease_gone(&self) -> bool {
         self.refused_as(
-            &["stale_lease", "forbidden", "not_found", "conflict", "superseded"],
+            &[
+                "stale_lease",
+                "forbidden",
+                "not_found",
+                "conflict",
+                "superseded",
+            ],
             &[403, 404, 409],
         )
     }
@@ -83,6 +93,12 @@ impl CallError {
         self.refused_as(&["not_found", "invalid"], &[404, 422])
     }
 
+    /// The server refused the body as too large (413): a smaller one may
+    /// pass.
+    pub fn too_large(&self) -> bool {
+        matches!(self, CallError::Refused { status: 413, .. })
+    }
+
     /// A refusal with one of `codes`; by status for a body that was not the
     /// error envelope, the statuses being those the codes come with.
     fn refused_as(&self, codes: &[&str], statuses: &[u16]) -> bool {
@@ -93,6 +109,73 @@ impl CallError {
             CallError::Refused { code, .. } => codes.contains(&code.as_str()),
             _ => false,
         }
+    }
+}
+
+/// How long the calls about one leased job (its start, log and report) are
+/// retried while the server is unreachable or answers 5xx: each for at most
+/// `budget`, and none once `give_up` fires. A call that runs out of budget
+/// says so ([`CallError::OutOfBudget`]) and whoever made it calls
+/// [`Delivery::abandon`]: the agent then drops the lease (it stops
+/// heartbeating it), so the server's reaper requeues the job instead of the
+/// job staying `running` while a report that can never pass is retried.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    give_up: CancellationToken,
+    budget: Duration,
+    abandon: CancellationToken,
+}
+
+impl Delivery {
+    pub fn new(give_up: CancellationToken, budget: Duration) -> Self {
+        Delivery {
+            give_up,
+            budget,
+            abandon: CancellationToken::new(),
+        }
+    }
+
+    /// Runs `call`, which retries until the token it is given fires, for at
+    /// most the budget.
+    pub async fn retry<T, F, Fut>(&self, call: F) -> Result<T, CallError>
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CallError>>,
+    {
+        let stop = self.give_up.child_token();
+        let call = call(stop.clone());
+        tokio::pin!(call);
+        let result = tokio::select! {
+            r = &mut call => return r,
+            _ = tokio::time::sleep(self.budget) => {
+                stop.cancel();
+                // Ends at once between tries, else when the try in flight
+                // times out.
+                call.await
+            }
+        };
+        match result {
+            Err(CallError::ShuttingDown) if !self.give_up.is_cancelled() => {
+                Err(CallError::OutOfBudget(self.budget))
+            }
+            r => r,
+        }
+    }
+
+    /// The longest one call is retried.
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// Says that a delivery about the job ran out of budget: the agent
+    /// stops the job and drops its lease.
+    pub fn abandon(&self) {
+        self.abandon.cancel();
+    }
+
+    /// Completes when [`Delivery::abandon`] was called.
+    pub async fn abandoned(&self) {
+        self.abandon.cancelled().await
     }
 }
 

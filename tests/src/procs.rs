@@ -183,6 +183,21 @@ impl Agent {
         }
         let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
     }
+
+    /// SIGTERM, then waits up to `limit`: the exit status, or `None` if it
+    /// is still running.
+    pub async fn stop_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        tokio::time::timeout(limit, self.child.wait())
+            .await
+            .ok()
+            .map(|r| r.expect("waiting for the agent"))
+    }
 }
 
 /// Writes `text` to `path` with mode 0600 (replacing what was there).

@@ -31,7 +31,7 @@ use uuid::Uuid;
 
 use crate::devices::EncoderSetup;
 use crate::process::{self, CommandSpec, Outcome, ProcessError, RunAs};
-use crate::server_api::ServerApi;
+use crate::server_api::{Delivery, ServerApi};
 
 use self::log::JobLog;
 
@@ -42,9 +42,9 @@ pub type ProgressFn = Arc<dyn Fn(u64, u64) + Send + Sync>;
 pub struct JobControl {
     /// Fires when the job must stop: cancelled, lease lost, or shutdown.
     pub stop: CancellationToken,
-    /// Fires when deliveries to the server (log lines) should no longer be
-    /// retried; see [`crate::runner`] for when.
-    pub give_up: CancellationToken,
+    /// How long deliveries to the server (log lines) are retried, and how
+    /// to say one ran out of budget; see [`crate::runner`].
+    pub delivery: Delivery,
     /// Where progress goes; the next heartbeat carries it.
     pub progress: ProgressFn,
 }
@@ -120,7 +120,7 @@ impl Execute for Kinds {
             job_id: job.job_id,
             lease_token: job.lease_token,
         };
-        let (log, forwarder) = JobLog::start(self.api.clone(), lease, control.give_up);
+        let (log, forwarder) = JobLog::start(self.api.clone(), lease, control.delivery);
         let ctx = JobContext {
             api: self.api.clone(),
             lease,

@@ -7,16 +7,25 @@
 //! # How long a report is retried
 //!
 //! A job's `start`, its log lines and its report are retried while the server
-//! is unreachable, until they are delivered or refused. While the agent runs
-//! there is no deadline: the server gives every live lease one more TTL when
-//! it starts (`grace_after_start`), so a result still counts after an outage
-//! of any length, and from its side the agent cannot tell that a lease
-//! expired. Once shutdown is requested, retrying stops when the lease has
+//! is unreachable or answers 5xx, each for at most the report budget
+//! ([`AgentConfig::report_budget`], 10 minutes by default). A report that
+//! still has not passed then is given up and the job's lease dropped: the
+//! agent stops heartbeating it (a log that cannot be delivered stops the job
+//! first), the lease expires at the server, and the reaper requeues the job.
+//! Without a budget, a report the server fails every time (a store that
+//! cannot copy, a handler that panics) kept the job `running` for ever while
+//! heartbeats extended its lease. The budget outlasts a server restart: the
+//! server gives every live lease one more TTL when it starts
+//! (`grace_after_start`), so a result still counts after an outage shorter
+//! than the budget.
+//!
+//! Once shutdown is requested, retrying stops sooner, when the lease has
 //! certainly expired at the server: one lease TTL after the last answer that
 //! extended it (the lease itself, or a heartbeat). Past that, a server that
 //! is up has reaped the lease and would refuse the report, and one that is
 //! down requeues the job itself; waiting longer would only keep the agent
-//! from exiting.
+//! from exiting. So a stopped agent exits within its kill grace plus one
+//! lease TTL (plus a try in flight) even with the server down.
 
 mod server;
 #[cfg(test)]
@@ -42,7 +51,7 @@ use uuid::Uuid;
 use crate::backoff::Backoff;
 use crate::health::HealthCollector;
 use crate::jobs::{Execute, JobControl, Kinds};
-use crate::server_api::{CallError, JobCall, ServerApi};
+use crate::server_api::{CallError, Delivery, JobCall, ServerApi};
 
 pub use self::server::Server;
 
@@ -58,7 +67,15 @@ pub struct AgentConfig {
     pub lease_wait: Duration,
     /// Who jobs' processes run as and the environment they start from.
     pub run_as: crate::process::RunAs,
+    /// Longest a job's start, log batch or report is retried before the
+    /// lease is dropped (see the module documentation).
+    pub report_budget: Duration,
 }
+
+/// [`AgentConfig::report_budget`] unless configured: long enough for a
+/// server restart or a short network outage, short enough that a report the
+/// server can never take frees its job within minutes.
+pub const DEFAULT_REPORT_BUDGET: Duration = Duration::from_secs(600);
 
 /// How often a full or paused agent looks at its state again without being
 /// woken: the state may change at the server between heartbeats.
@@ -129,6 +146,9 @@ enum StopReason {
     Cancelled,
     Lost,
     Shutdown,
+    /// A delivery about the job ran out of budget: stop it and drop the
+    /// lease without a report.
+    Abandoned,
 }
 
 struct Running {
@@ -150,6 +170,7 @@ struct Loops<S, E> {
     exec: E,
     capacity: u32,
     lease_wait: Duration,
+    report_budget: Duration,
     running: Mutex<HashMap<Uuid, Running>>,
     /// Signalled when a job ends (slots freed) or the state changes; the
     /// lease loop waits on it while full or not active.
@@ -164,6 +185,7 @@ impl<S: Server, E: Execute> Loops<S, E> {
             exec,
             capacity: config.capacity,
             lease_wait: config.lease_wait,
+            report_budget: config.report_budget,
             running: Mutex::new(HashMap::new()),
             changed: Notify::new(),
             state: Mutex::new(state),
@@ -298,6 +320,7 @@ impl<S: Server, E: Execute> Loops<S, E> {
         let shutdown = shutdown.clone();
         jobs.spawn(async move {
             let give_up = CancellationToken::new();
+            let delivery = Delivery::new(give_up.clone(), loops.report_budget);
             let deadline = async {
                 loops.report_deadline(job.job_id, &shutdown).await;
                 give_up.cancel();
@@ -305,9 +328,16 @@ impl<S: Server, E: Execute> Loops<S, E> {
                 // now fails fast.
                 std::future::pending::<()>().await;
             };
+            let abandoned = async {
+                delivery.abandoned().await;
+                loops.stop_job(job.job_id, StopReason::Abandoned);
+                // Stay in the race: the job stops, reporting nothing.
+                std::future::pending::<()>().await;
+            };
             tokio::select! {
-                () = loops.execute(&job, stop, &give_up) => {}
+                () = loops.execute(&job, stop, &delivery) => {}
                 () = deadline => {}
+                () = abandoned => {}
             }
             loops.running().remove(&job.job_id);
             loops.changed.notify_waiters();
@@ -337,17 +367,18 @@ impl<S: Server, E: Execute> Loops<S, E> {
         self: &Arc<Self>,
         job: &LeasedJob,
         stop: CancellationToken,
-        give_up: &CancellationToken,
+        delivery: &Delivery,
     ) {
         let lease = LeaseRef {
             job_id: job.job_id,
             lease_token: job.lease_token,
         };
-        if let Err(e) = self
-            .server
-            .job_call(job.job_id, JobCall::Start(&lease), give_up)
-            .await
-        {
+        let call = |call| async move {
+            delivery
+                .retry(|stop| async move { self.server.job_call(job.job_id, call, &stop).await })
+                .await
+        };
+        if let Err(e) = call(JobCall::Start(&lease)).await {
             tracing::warn!(job = %job.job_id, error = %e, "start refused; dropping the lease");
             return;
         }
@@ -358,7 +389,7 @@ impl<S: Server, E: Execute> Loops<S, E> {
         };
         let control = JobControl {
             stop,
-            give_up: give_up.clone(),
+            delivery: delivery.clone(),
             progress,
         };
         let result = self.exec.execute(job, control).await;
@@ -366,6 +397,10 @@ impl<S: Server, E: Execute> Loops<S, E> {
         let report = match (result, reason) {
             (_, Some(StopReason::Lost)) => {
                 tracing::warn!(job = %job.job_id, "lease lost; stopped without reporting");
+                return;
+            }
+            (_, Some(StopReason::Abandoned)) => {
+                tracing::warn!(job = %job.job_id, "stopped without reporting; dropping the lease");
                 return;
             }
             (_, Some(StopReason::Cancelled)) => Err(Fail {
@@ -382,11 +417,11 @@ impl<S: Server, E: Execute> Loops<S, E> {
             }),
             (r, None) => r,
         };
-        let call = match &report {
+        let report_call = match &report {
             Ok(c) => JobCall::Complete(c),
             Err(f) => JobCall::Fail(f),
         };
-        match self.server.job_call(job.job_id, call, give_up).await {
+        match call(report_call).await {
             Ok(()) => tracing::info!(job = %job.job_id, ok = report.is_ok(), "reported"),
             Err(e) if e.lease_gone() => {
                 tracing::warn!(job = %job.job_id, error = %e, "report refused: the lease is no longer ours")
@@ -394,6 +429,10 @@ impl<S: Server, E: Execute> Loops<S, E> {
             Err(CallError::ShuttingDown) => tracing::error!(
                 job = %job.job_id,
                 "gave up reporting: shutting down, and the lease has expired at the server"
+            ),
+            Err(e @ CallError::OutOfBudget(_)) => tracing::error!(
+                job = %job.job_id, error = %e,
+                "gave up reporting; dropping the lease, so the server requeues the job once it expires"
             ),
             Err(e) => tracing::error!(job = %job.job_id, error = %e, "could not report"),
         }

@@ -20,6 +20,7 @@ use crate::server_api::{CallError, JobCall};
 
 const TTL: Duration = Duration::from_secs(30);
 const INTERVAL: Duration = Duration::from_secs(1);
+const BUDGET: Duration = Duration::from_secs(600);
 
 /// What the fake answers a lease request.
 #[derive(Clone, Copy)]
@@ -42,9 +43,10 @@ enum HeartbeatAnswer {
 struct FakeState {
     lease: LeaseAnswer,
     heartbeat: HeartbeatAnswer,
-    /// Reports (complete/fail) hang as if the server were unreachable,
-    /// until the caller's stop token fires.
-    reports_unreachable: bool,
+    /// Reports (complete/fail) fail as if the server were unreachable or
+    /// answered 500 every time: `ServerApi` retries those until the
+    /// caller's stop token fires.
+    reports_fail: bool,
     lease_calls: Vec<Instant>,
     heartbeats: Vec<(Instant, Heartbeat)>,
     /// (when it ended, job, action, the fail class)
@@ -58,7 +60,7 @@ impl FakeServer {
         Arc::new(FakeServer(Mutex::new(FakeState {
             lease,
             heartbeat,
-            reports_unreachable: false,
+            reports_fail: false,
             lease_calls: vec![],
             heartbeats: vec![],
             job_calls: vec![],
@@ -143,7 +145,7 @@ impl Server for Arc<FakeServer> {
             JobCall::Fail(f) => ("fail", Some(f.class)),
         };
         let report = matches!(call, JobCall::Complete(_) | JobCall::Fail(_));
-        let result = if report && self.state().reports_unreachable {
+        let result = if report && self.state().reports_fail {
             stop.cancelled().await;
             Err(CallError::ShuttingDown)
         } else {
@@ -160,18 +162,24 @@ impl Server for Arc<FakeServer> {
 /// with success.
 struct FakeJobs {
     finish: Semaphore,
+    /// Each job's log runs out of its delivery budget at once.
+    logs_fail: std::sync::atomic::AtomicBool,
 }
 
 impl FakeJobs {
     fn new(finished: usize) -> Arc<Self> {
         Arc::new(FakeJobs {
             finish: Semaphore::new(finished),
+            logs_fail: false.into(),
         })
     }
 }
 
 impl Execute for Arc<FakeJobs> {
     async fn execute(&self, job: &LeasedJob, control: JobControl) -> Result<Complete, Fail> {
+        if self.logs_fail.load(std::sync::atomic::Ordering::Relaxed) {
+            control.delivery.abandon();
+        }
         tokio::select! {
             _ = control.stop.cancelled() => Err(Fail {
                 lease_token: job.lease_token,
@@ -203,6 +211,7 @@ fn loops(capacity: u32, server: &Arc<FakeServer>, jobs: &Arc<FakeJobs>) -> Arc<F
         kill_grace: Duration::from_secs(1),
         lease_wait: Duration::from_secs(20),
         run_as: crate::process::RunAs::agent_user(&[]),
+        report_budget: BUDGET,
     };
     Loops::new(server.clone(), jobs.clone(), &config, AgentState::Active)
 }
@@ -396,15 +405,85 @@ async fn a_lost_lease_stops_the_job_without_a_report() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn reports_are_retried_without_deadline_while_the_agent_runs() {
+async fn a_report_the_server_always_fails_is_given_up_after_the_budget_and_the_lease_dropped() {
+    let server = FakeServer::new(
+        LeaseAnswer::Jobs(2),
+        HeartbeatAnswer::All(LeaseAction::Continue),
+    );
+    server.state().reports_fail = true;
+    let loops = loops(1, &server, &FakeJobs::new(1));
+    let t0 = Instant::now();
+    let (_shutdown, _task) = start(&loops);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let [first] = running_ids(&loops)[..] else {
+        panic!("one job runs")
+    };
+
+    // The job ended at once; its report has been retried for almost the
+    // budget, and its lease is still heartbeated meanwhile.
+    tokio::time::sleep(BUDGET - Duration::from_secs(1)).await;
+    assert_eq!(running_ids(&loops), [first], "still reporting");
+    {
+        let st = server.state();
+        let (_, last) = st.heartbeats.last().unwrap();
+        assert_eq!(
+            last.leases.iter().map(|l| l.job_id).collect::<Vec<_>>(),
+            [first]
+        );
+        assert_eq!(st.lease_calls.len(), 1, "full: no other lease taken");
+    }
+
+    // At the budget the report is given up and the lease dropped: no
+    // heartbeat carries it any more (it expires at the server, whose reaper
+    // requeues the job), and the slot takes the next job.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let st = server.state();
+    let complete = st.job_calls.iter().find(|c| c.2 == "complete").unwrap();
+    assert_eq!((complete.0 - t0, complete.1), (BUDGET, first));
+    let [second] = running_ids(&loops)[..] else {
+        panic!("the next job runs: {:?}", running_ids(&loops))
+    };
+    assert_ne!(second, first);
+    assert_eq!(st.lease_calls.len(), 2);
+    let (at, last) = st.heartbeats.last().unwrap();
+    assert!(*at - t0 > BUDGET);
+    assert!(
+        last.leases.iter().all(|l| l.job_id != first),
+        "the given-up lease is no longer heartbeated"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_log_that_runs_out_of_budget_stops_the_job_and_drops_the_lease_without_a_report() {
+    let server = FakeServer::new(
+        LeaseAnswer::Jobs(1),
+        HeartbeatAnswer::All(LeaseAction::Continue),
+    );
+    let jobs = FakeJobs::new(0);
+    jobs.logs_fail
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let loops = loops(1, &server, &jobs);
+    let (_shutdown, _task) = start(&loops);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(running_ids(&loops).is_empty(), "the job was stopped");
+    let actions: Vec<_> = server.state().job_calls.iter().map(|c| c.2).collect();
+    assert_eq!(actions, ["start"], "no report");
+    let st = server.state();
+    let (_, last) = st.heartbeats.last().unwrap();
+    assert!(last.leases.is_empty(), "the lease is no longer heartbeated");
+}
+
+#[tokio::test(start_paused = true)]
+async fn reports_to_an_unreachable_server_are_retried_for_the_budget_then_shutdown_is_prompt() {
     let server = FakeServer::new(LeaseAnswer::Jobs(1), HeartbeatAnswer::Unreachable);
-    server.state().reports_unreachable = true;
+    server.state().reports_fail = true;
     let loops = loops(1, &server, &FakeJobs::new(1));
     let t0 = Instant::now();
     let (shutdown, task) = start(&loops);
     // The lease expired long ago as far as a server that stayed up goes;
-    // but one that restarts gives it another TTL, so the report goes on.
-    tokio::time::sleep(Duration::from_secs(3600)).await;
+    // but one that restarts gives it another TTL, so the report goes on
+    // within the budget.
+    tokio::time::sleep(BUDGET / 2).await;
     assert_eq!(running_ids(&loops).len(), 1, "still reporting");
     assert!(
         !server.state().job_calls.iter().any(|c| c.2 == "complete"),
@@ -416,7 +495,7 @@ async fn reports_are_retried_without_deadline_while_the_agent_runs() {
     task.await.unwrap();
     let st = server.state();
     let complete = st.job_calls.iter().find(|c| c.2 == "complete").unwrap();
-    assert_eq!(complete.0 - t0, Duration::from_secs(3600));
+    assert_eq!(complete.0 - t0, BUDGET / 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -425,7 +504,7 @@ async fn after_shutdown_reports_are_retried_until_the_lease_has_certainly_expire
         LeaseAnswer::Jobs(1),
         HeartbeatAnswer::All(LeaseAction::Continue),
     );
-    server.state().reports_unreachable = true;
+    server.state().reports_fail = true;
     let loops = loops(1, &server, &FakeJobs::new(1));
     let t0 = Instant::now();
     let (shutdown, task) = start(&loops);
