@@ -82,7 +82,7 @@ fn mutate(rng: &mut Rng, src: &[u8], range: std::ops::Range<usize>) -> Vec<u8> {
 
 #[test]
 fn mutated_npy_files_are_errors_or_arrays() {
-    let mut rng = Rng(0x6e70_79);
+    let mut rng = Rng(0x006e_7079);
     let dir = Path::new(FIXTURES).join("small/tile");
     for name in ["bands.npy", "doys.npy", "masks.npy", "sar_ascending.npy"] {
         let src = std::fs::read(dir.join(name)).unwrap();
@@ -112,7 +112,7 @@ fn mutated_safetensors_headers_are_errors_or_checkpoints() {
 
 #[test]
 fn mutated_torch_pickles_and_zips_are_errors_or_checkpoints() {
-    let mut rng = Rng(0x70_6b6c);
+    let mut rng = Rng(0x0070_6b6c);
     let src = std::fs::read(Path::new(FIXTURES).join("small/ckpt.pt")).unwrap();
     let mut zip = zip::ZipArchive::new(Cursor::new(&src)).unwrap();
     let pkl = {
