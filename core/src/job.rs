@@ -1,6 +1,6 @@
 //! Job kinds, the specs clients submit for them, and job states.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -91,7 +91,32 @@ pub enum JobSpec {
     Tile(TileJob),
 }
 
+/// What the dashboard and other callers who may not see secrets show in
+/// place of a secret value.
+pub const REDACTED: &str = "(secret)";
+
+impl CommandJob {
+    /// The same job with the values of its secret variables replaced by
+    /// [`REDACTED`].
+    pub fn redacted(mut self) -> Self {
+        for name in &self.secret_env {
+            if let Some(v) = self.env.get_mut(name) {
+                *v = REDACTED.to_string();
+            }
+        }
+        self
+    }
+}
+
 impl JobSpec {
+    /// The spec as it may be shown to someone who may not see secrets.
+    pub fn redacted(self) -> Self {
+        match self {
+            JobSpec::Command(c) => JobSpec::Command(c.redacted()),
+            other => other,
+        }
+    }
+
     /// The kind of job this spec describes (its name is what the `jobs.kind`
     /// column stores and is matched against the kinds an agent runs).
     pub fn kind(&self) -> JobKind {
@@ -152,6 +177,10 @@ pub struct CommandJob {
     pub command: String,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Names in `env` whose values are secret: the API shows them only to
+    /// the job's submitter and admins, and the dashboard never.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub secret_env: BTreeSet<String>,
     /// Working directory on the agent; relative paths are taken under the
     /// agent's per-job work directory, which is also the default.
     #[serde(default)]

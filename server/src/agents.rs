@@ -144,12 +144,11 @@ impl Instances {
         if cached == Some(instance) {
             return Ok(true);
         }
-        let current: Option<Uuid> =
-            sqlx::query_scalar("SELECT instance FROM agents WHERE id = $1")
-                .bind(agent)
-                .fetch_optional(db)
-                .await?
-                .flatten();
+        let current: Option<Uuid> = sqlx::query_scalar("SELECT instance FROM agents WHERE id = $1")
+            .bind(agent)
+            .fetch_optional(db)
+            .await?
+            .flatten();
         if let Some(current) = current {
             self.remember(agent, current);
         }

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use axum::extract::State;
 use axum::response::IntoResponse;
 
-use crate::auth::ClientAuth;
+use crate::auth::MetricsAuth;
 use crate::error::ApiResult;
 use crate::state::AppState;
 
@@ -20,7 +20,7 @@ fn esc(s: &str) -> String {
 
 pub async fn metrics(
     State(state): State<AppState>,
-    ClientAuth(_): ClientAuth,
+    MetricsAuth(_): MetricsAuth,
 ) -> ApiResult<impl IntoResponse> {
     let mut out = String::new();
     let jobs: Vec<(String, String, i64)> =

@@ -25,6 +25,7 @@ fn noop_jobs(n: usize) -> Vec<submit::NewJob> {
         .map(|_| submit::NewJob {
             spec: JobSpec::Command(CommandJob {
                 command: "true".into(),
+                secret_env: Default::default(),
                 env: BTreeMap::new(),
                 workdir: None,
                 timeout_s: None,
@@ -37,6 +38,7 @@ fn noop_jobs(n: usize) -> Vec<submit::NewJob> {
             submitter: "bench".into(),
             parent_id: None,
             child_index: None,
+            owner: None,
         })
         .collect()
 }

@@ -415,9 +415,7 @@ async fn a_lease_is_bound_to_the_agent_process_that_took_it() {
     };
     let first = api.agent_process(&token);
     let second = api.agent_process(&token);
-    first
-        .post("/api/agent/v1/register", register(&first))
-        .await;
+    first.post("/api/agent/v1/register", register(&first)).await;
     let id = api
         .submit(json!({"kind": "command", "command": "true", "max_attempts": 3}))
         .await;
@@ -440,8 +438,14 @@ async fn a_lease_is_bound_to_the_agent_process_that_took_it() {
     assert!(!v.to_string().contains(&lease), "no lease token in {v}");
     for (action, body) in [
         ("complete", json!({"lease_token": lease, "exit_code": 0})),
-        ("fail", json!({"lease_token": lease, "class": "fatal", "message": "x"})),
-        ("log", json!({"lease_token": lease, "lines": [{"stream": "stdout", "line": "evil"}]})),
+        (
+            "fail",
+            json!({"lease_token": lease, "class": "fatal", "message": "x"}),
+        ),
+        (
+            "log",
+            json!({"lease_token": lease, "lines": [{"stream": "stdout", "line": "evil"}]}),
+        ),
     ] {
         let (status, v) = second
             .raw(
@@ -461,13 +465,15 @@ async fn a_lease_is_bound_to_the_agent_process_that_took_it() {
         )
         .await;
     assert_eq!(status, 409);
-    assert_eq!(api.job(&id).await.state, JobState::Leased, "still the first's");
+    assert_eq!(
+        api.job(&id).await.state,
+        JobState::Leased,
+        "still the first's"
+    );
 
     // The first re-registers (same process): it keeps its lease, and the
     // answer carries no lease token.
-    let v = first
-        .post("/api/agent/v1/register", register(&first))
-        .await;
+    let v = first.post("/api/agent/v1/register", register(&first)).await;
     assert_eq!(v["orphans_failed"], 0, "{v}");
     assert!(!v.to_string().contains(&lease), "no lease token in {v}");
     assert_eq!(api.job(&id).await.state, JobState::Leased);
@@ -481,7 +487,10 @@ async fn a_lease_is_bound_to_the_agent_process_that_took_it() {
     assert!(!v.to_string().contains(&lease), "no lease token in {v}");
     let j = api.job(&id).await;
     assert!(
-        matches!(j.state, JobState::Retrying | JobState::Queued | JobState::Leased),
+        matches!(
+            j.state,
+            JobState::Retrying | JobState::Queued | JobState::Leased
+        ),
         "handed back (or already taken again by the reaper's path): {j:?}"
     );
     let (status, v) = first

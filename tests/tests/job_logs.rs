@@ -46,7 +46,11 @@ async fn a_runaway_log_is_capped_and_read_in_pages() {
     // The whole log, streamed: the head and the tail, the cut marked, and
     // no more than the cap of line text.
     let (status, whole) = api
-        .raw(reqwest::Method::GET, &format!("/api/v1/jobs/{id}/log"), None)
+        .raw(
+            reqwest::Method::GET,
+            &format!("/api/v1/jobs/{id}/log"),
+            None,
+        )
         .await;
     assert_eq!(status, 200);
     let whole = whole.as_str().unwrap().to_string();
@@ -77,7 +81,11 @@ async fn a_runaway_log_is_capped_and_read_in_pages() {
         .and_then(|n| n.parse().ok())
         .expect("the marker counts the lines cut");
     let kept_x = lines.iter().filter(|l| l.starts_with('x')).count() as u64;
-    assert_eq!(kept_x + cut, 8_000, "every line kept or counted as cut: {marker}");
+    assert_eq!(
+        kept_x + cut,
+        8_000,
+        "every line kept or counted as cut: {marker}"
+    );
 
     // Pages of 100 lines, following the next position, give the same text;
     // a full page says there is more, the last one does not.
@@ -87,13 +95,20 @@ async fn a_runaway_log_is_capped_and_read_in_pages() {
     loop {
         let resp = api
             .http
-            .get(format!("{}/api/v1/jobs/{id}/log?after={after}&limit=100", api.base))
+            .get(format!(
+                "{}/api/v1/jobs/{id}/log?after={after}&limit=100",
+                api.base
+            ))
             .bearer_auth(&api.token)
             .send()
             .await
             .unwrap();
         assert_eq!(resp.status(), 200);
-        let next: i64 = resp.headers()[LOG_NEXT_HEADER].to_str().unwrap().parse().unwrap();
+        let next: i64 = resp.headers()[LOG_NEXT_HEADER]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         let more = resp.headers()[LOG_MORE_HEADER].to_str().unwrap() == "true";
         let text = resp.text().await.unwrap();
         pages += 1;
@@ -117,23 +132,38 @@ async fn a_runaway_log_is_capped_and_read_in_pages() {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.headers()[LOG_NEXT_HEADER].to_str().unwrap(), after.to_string());
+    assert_eq!(
+        resp.headers()[LOG_NEXT_HEADER].to_str().unwrap(),
+        after.to_string()
+    );
     assert_eq!(resp.text().await.unwrap(), "");
 
     // The CLI prints what the API holds, page by page.
     let out = tokio::process::Command::new(binary("flotilla"))
-        .args(["jobs", "log", &id, "--server", &api.base, "--token", &api.token])
+        .args([
+            "jobs", "log", &id, "--server", &api.base, "--token", &api.token,
+        ])
         .output()
         .await
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), whole);
     let out = tokio::process::Command::new(binary("flotilla"))
-        .args(["jobs", "log", "--follow", &id, "--server", &api.base, "--token", &api.token])
+        .args([
+            "jobs", "log", "--follow", &id, "--server", &api.base, "--token", &api.token,
+        ])
         .output()
         .await
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), whole);
 
     // An unknown job's log is a 404, not an empty page.

@@ -29,6 +29,7 @@ fn job(submitter: &str, priority: i32, labels: &[(&str, &str)], cost: u32) -> su
     submit::NewJob {
         spec: JobSpec::Command(CommandJob {
             command: "true".into(),
+            secret_env: Default::default(),
             env: BTreeMap::new(),
             workdir: None,
             timeout_s: None,
@@ -44,6 +45,7 @@ fn job(submitter: &str, priority: i32, labels: &[(&str, &str)], cost: u32) -> su
         submitter: submitter.into(),
         parent_id: None,
         child_index: None,
+        owner: None,
     }
 }
 

@@ -23,7 +23,7 @@ async fn fresh_db() -> PgPool {
 
 async fn run(db: &PgPool, target: &str) -> Uuid {
     let body = SubmitRevdeps::new(target.into(), "5.3.0".into(), "/nowhere".into());
-    revdeps::submit(db, ValidRevdeps::try_from(body).unwrap(), "t")
+    revdeps::submit(db, ValidRevdeps::try_from(body).unwrap(), "t", None)
         .await
         .unwrap()
 }
@@ -59,12 +59,14 @@ async fn shards(db: &PgPool, run: Uuid) -> Vec<Uuid> {
 #[tokio::test]
 async fn a_malformed_step_result_fails_its_run_and_the_others_finish() {
     let db = fresh_db().await;
-    let plan = |pkg: &str| {
-        json!({"candidates": [{"pkg": pkg, "queries": 1}], "load_ms": 1, "phase1_ms": 1})
-    };
+    let plan = |pkg: &str| json!({"candidates": [{"pkg": pkg, "queries": 1}], "load_ms": 1, "phase1_ms": 1});
     // A: its plan is not a plan. B: its shard's answer is not an answer.
     // C: well-formed throughout.
-    let (a, b, c) = (run(&db, "a.1").await, run(&db, "b.1").await, run(&db, "c.1").await);
+    let (a, b, c) = (
+        run(&db, "a.1").await,
+        run(&db, "b.1").await,
+        run(&db, "c.1").await,
+    );
     succeed(&db, plan_job(&db, a).await, json!({"candidates": "nope"})).await;
     succeed(&db, plan_job(&db, b).await, plan("x.1")).await;
     succeed(&db, plan_job(&db, c).await, plan("y.1")).await;
@@ -82,10 +84,16 @@ async fn a_malformed_step_result_fails_its_run_and_the_others_finish() {
 
     let a = revdeps::get(&db, a).await.unwrap().unwrap();
     assert_eq!(a.state, RunState::Failed, "{a:?}");
-    assert!(a.error.as_deref().unwrap_or("").contains("phase 1"), "{a:?}");
+    assert!(
+        a.error.as_deref().unwrap_or("").contains("phase 1"),
+        "{a:?}"
+    );
     let b = revdeps::get(&db, b).await.unwrap().unwrap();
     assert_eq!(b.state, RunState::Failed, "{b:?}");
-    assert!(b.error.as_deref().unwrap_or("").contains("merging"), "{b:?}");
+    assert!(
+        b.error.as_deref().unwrap_or("").contains("merging"),
+        "{b:?}"
+    );
     let c = revdeps::get(&db, c).await.unwrap().unwrap();
     assert_eq!(c.state, RunState::Done, "{c:?}");
     assert_eq!(c.result, Some(vec!["y.1".to_string()]), "{c:?}");

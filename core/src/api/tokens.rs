@@ -26,6 +26,8 @@ pub enum TokenRole {
     Client,
     /// Speaks the agent protocol as one named agent.
     Agent,
+    /// Reads `/metrics` and nothing else (for Prometheus).
+    Metrics,
 }
 
 impl TokenRole {
@@ -34,6 +36,7 @@ impl TokenRole {
             TokenRole::Admin => "admin",
             TokenRole::Client => "client",
             TokenRole::Agent => "agent",
+            TokenRole::Metrics => "metrics",
         }
     }
     pub fn parse(s: &str) -> Option<Self> {
@@ -41,6 +44,7 @@ impl TokenRole {
             "admin" => Some(TokenRole::Admin),
             "client" => Some(TokenRole::Client),
             "agent" => Some(TokenRole::Agent),
+            "metrics" => Some(TokenRole::Metrics),
             _ => None,
         }
     }

@@ -5,12 +5,12 @@
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::extract::FromRequestParts;
 use axum::extract::{Path, Query, State};
+use axum::http::request::Parts;
 use axum::Json;
 use flotilla_core::api::OutputView;
 use flotilla_core::job::check_output_path;
-use axum::extract::FromRequestParts;
-use axum::http::request::Parts;
 use flotilla_core::job::FailureClass;
 use flotilla_core::protocol::{
     Ack, Complete, Ended, Fail, Heartbeat, HeartbeatReply, LeaseRef, LeaseReply, LeaseRequest,
@@ -247,7 +247,9 @@ pub async fn complete(
         Some(tile) => {
             tracing::info!(agent = %agent.name, job = %key.job, tile = %tile.tile, "tile job succeeded")
         }
-        None => tracing::info!(agent = %agent.name, job = %key.job, kind = %ended.kind, "job succeeded"),
+        None => {
+            tracing::info!(agent = %agent.name, job = %key.job, kind = %ended.kind, "job succeeded")
+        }
     }
     Ok(Json(Ended { state: ended.state }))
 }

@@ -7,7 +7,7 @@ use axum::Json;
 use flotilla_core::api::datasets::CoverageImported;
 use serde::Deserialize;
 
-use crate::auth::ClientAuth;
+use crate::auth::AdminAuth;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::tiles::coverage;
@@ -24,7 +24,7 @@ pub struct ImportQuery {
 /// present for `?dataset=`.
 pub async fn import(
     State(state): State<AppState>,
-    ClientAuth(_): ClientAuth,
+    AdminAuth(_): AdminAuth,
     Query(q): Query<ImportQuery>,
     body: Bytes,
 ) -> ApiResult<Json<CoverageImported>> {

@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::Json;
 use flotilla_core::api::datasets::{DatasetView, NewDataset};
 
-use crate::auth::ClientAuth;
+use crate::auth::{AdminAuth, ClientAuth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::JsonBody;
 use crate::state::AppState;
@@ -16,7 +16,7 @@ pub const MAX_CHECKPOINT_BYTES: u64 = 4 << 30;
 
 pub async fn add(
     State(state): State<AppState>,
-    ClientAuth(_): ClientAuth,
+    AdminAuth(_): AdminAuth,
     JsonBody(body): JsonBody<NewDataset>,
 ) -> ApiResult<(axum::http::StatusCode, Json<DatasetView>)> {
     let d = datasets::upsert(&state.db, &ValidDataset::try_from(body)?).await?;
@@ -48,7 +48,7 @@ pub(crate) async fn known(state: &AppState, name: &str) -> ApiResult<Dataset> {
 /// dataset changes. The dataset changes only once the object is complete.
 pub async fn put_checkpoint(
     State(state): State<AppState>,
-    ClientAuth(_): ClientAuth,
+    AdminAuth(_): AdminAuth,
     Path(name): Path<String>,
     body: Body,
 ) -> ApiResult<Json<DatasetView>> {

@@ -4,11 +4,14 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
-use flotilla_core::api::{CancelReply, Created, FieldError, JobList, JobView, SubmitJob};
+use flotilla_core::api::{
+    CancelReply, Created, FieldError, JobList, JobView, SubmitJob, TokenRole,
+};
 use flotilla_core::job::{
     check_env, check_labels, check_name, check_output_path, limits, JobSpec, JobState,
 };
 use serde::Deserialize;
+use uuid::Uuid;
 
 use super::created;
 use crate::auth::{Caller, ClientAuth};
@@ -24,7 +27,7 @@ pub async fn submit(
     ClientAuth(caller): ClientAuth,
     JsonBody(body): JsonBody<SubmitJob>,
 ) -> ApiResult<impl IntoResponse> {
-    let job = ValidJob::try_from(body)?.into_new_job(&caller);
+    let job = ValidJob::try_from(body)?.into_new_job(&caller)?;
     if let Some(refused) = classes::refusal(&state.db, &job).await? {
         return Err(refused.into());
     }
@@ -40,12 +43,27 @@ pub struct ValidJob {
 }
 
 impl ValidJob {
-    /// The job to insert, accounted to `submitter` or else to the caller.
-    pub fn into_new_job(self, caller: &Caller) -> NewJob {
-        NewJob {
-            submitter: self.submitter.unwrap_or_else(|| caller.submitter()),
+    /// The job to insert, owned by the caller and accounted to the
+    /// caller's submitter name. Only an admin may account it to another
+    /// (fair share is per submitter: a client naming itself anew for each
+    /// job would get ahead of everyone).
+    pub fn into_new_job(self, caller: &Caller) -> Result<NewJob, ApiError> {
+        let submitter = match self.submitter {
+            Some(s) if caller.role == TokenRole::Admin => s,
+            Some(_) => {
+                return Err(ApiError::Forbidden(
+                    "only an admin token may set `submitter`; leave it out and the job is \
+                     accounted to this token"
+                        .into(),
+                ))
+            }
+            None => caller.submitter(),
+        };
+        Ok(NewJob {
+            submitter,
+            owner: Some(caller.token_id),
             ..self.job
-        }
+        })
     }
 }
 
@@ -110,6 +128,12 @@ impl TryFrom<SubmitJob> for ValidJob {
                         .map_err(|why| FieldError::at(format!("outputs[{i}]"), why))?;
                 }
                 check_env(&c.env)?;
+                if let Some(name) = c.secret_env.iter().find(|n| !c.env.contains_key(*n)) {
+                    return Err(FieldError::at(
+                        "secret_env",
+                        format_args!("names `{name}`, which is not in `env`"),
+                    ));
+                }
             }
         }
         if !(1..=limits::MAX_ATTEMPTS).contains(&body.max_attempts) {
@@ -142,17 +166,33 @@ impl TryFrom<SubmitJob> for ValidJob {
                 submitter: String::new(),
                 parent_id: None,
                 child_index: None,
+                owner: None,
             },
         })
     }
 }
 
+/// Refuses unless `caller` may read and cancel job `id`: an admin, or the
+/// token the job belongs to. 404 if there is no such job.
+pub(crate) async fn check_owner(state: &AppState, caller: &Caller, id: Uuid) -> ApiResult<()> {
+    let owner = read::owner(&state.db, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    if caller.role == TokenRole::Admin || owner == Some(caller.token_id) {
+        return Ok(());
+    }
+    Err(ApiError::Forbidden(format!(
+        "job {id} belongs to another token; a client sees only its own jobs (admins all)"
+    )))
+}
+
 pub async fn show(
     State(state): State<AppState>,
-    ClientAuth(_): ClientAuth,
+    ClientAuth(caller): ClientAuth,
     Path(id): Path<String>,
 ) -> ApiResult<Json<JobView>> {
     let id = parse_id(&id)?;
+    check_owner(&state, &caller, id).await?;
     read::get(&state.db, id)
         .await?
         .map(Json)
@@ -165,9 +205,10 @@ pub struct ListQuery {
     limit: Option<i64>,
 }
 
+/// The newest jobs: all of them for an admin, a client's own otherwise.
 pub async fn list(
     State(state): State<AppState>,
-    ClientAuth(_): ClientAuth,
+    ClientAuth(caller): ClientAuth,
     Query(q): Query<ListQuery>,
 ) -> ApiResult<Json<JobList>> {
     let st = match q.state.as_deref() {
@@ -179,16 +220,22 @@ pub async fn list(
     };
     let limit = q.limit.unwrap_or(100).clamp(1, 10_000);
     Ok(Json(JobList {
-        jobs: read::list(&state.db, st, limit).await?,
+        jobs: read::list(&state.db, st, own_only(&caller), limit).await?,
     }))
+}
+
+/// The owner a client's lists are limited to (`None` for an admin: all).
+fn own_only(caller: &Caller) -> Option<Uuid> {
+    (caller.role != TokenRole::Admin).then_some(caller.token_id)
 }
 
 pub async fn cancel(
     State(state): State<AppState>,
-    ClientAuth(_): ClientAuth,
+    ClientAuth(caller): ClientAuth,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
     let id = parse_id(&id)?;
+    check_owner(&state, &caller, id).await?;
     let (status, msg) = match cancel::cancel(&state.db, id).await? {
         Cancelled::Now => (StatusCode::OK, "cancelled".to_string()),
         Cancelled::Requested => (

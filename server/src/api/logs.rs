@@ -10,9 +10,9 @@ use flotilla_core::api::logs::{LogQuery, LOG_MORE_HEADER, LOG_NEXT_HEADER};
 use uuid::Uuid;
 
 use crate::auth::ClientAuth;
-use crate::error::{ApiError, ApiResult};
+use crate::error::ApiResult;
 use crate::extract::parse_id;
-use crate::queue::{logs, read};
+use crate::queue::logs;
 use crate::state::AppState;
 
 /// Lines read per query while streaming a whole log.
@@ -22,14 +22,12 @@ const TEXT: &str = "text/plain; charset=utf-8";
 
 pub async fn text(
     State(state): State<AppState>,
-    ClientAuth(_): ClientAuth,
+    ClientAuth(caller): ClientAuth,
     Path(id): Path<String>,
     Query(q): Query<LogQuery>,
 ) -> ApiResult<Response> {
     let id = parse_id(&id)?;
-    if read::get(&state.db, id).await?.is_none() {
-        return Err(ApiError::NotFound(format!("no job {id}")));
-    }
+    super::jobs::check_owner(&state, &caller, id).await?;
     if !q.is_page() {
         return Ok(([(CONTENT_TYPE, TEXT)], Body::from_stream(whole(state, id))).into_response());
     }
@@ -48,8 +46,14 @@ pub async fn text(
     Ok((
         [
             (CONTENT_TYPE, TEXT.to_string()),
-            (LOG_NEXT_HEADER.parse().expect("a valid header name"), next.to_string()),
-            (LOG_MORE_HEADER.parse().expect("a valid header name"), more.to_string()),
+            (
+                LOG_NEXT_HEADER.parse().expect("a valid header name"),
+                next.to_string(),
+            ),
+            (
+                LOG_MORE_HEADER.parse().expect("a valid header name"),
+                more.to_string(),
+            ),
         ],
         text,
     )
@@ -59,10 +63,7 @@ pub async fn text(
 /// The whole log, read and sent a chunk at a time. A database error midway
 /// ends the body early (the client sees a cut-off transfer, not a silently
 /// short log: the chunked encoding is not terminated).
-fn whole(
-    state: AppState,
-    id: Uuid,
-) -> impl futures::Stream<Item = Result<String, std::io::Error>> {
+fn whole(state: AppState, id: Uuid) -> impl futures::Stream<Item = Result<String, std::io::Error>> {
     futures::stream::try_unfold(
         (state, 0i64, None::<i32>, false),
         move |(state, after, prev, done)| async move {

@@ -20,7 +20,7 @@ pub async fn submit(
     JsonBody(body): JsonBody<SubmitRevdeps>,
 ) -> ApiResult<impl IntoResponse> {
     let run = ValidRevdeps::try_from(body)?;
-    let id = revdeps::submit(&state.db, run, &caller.submitter()).await?;
+    let id = revdeps::submit(&state.db, run, &caller.submitter(), Some(caller.token_id)).await?;
     Ok(created(Created { id }))
 }
 

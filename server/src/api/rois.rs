@@ -75,6 +75,7 @@ pub async fn submit(
         sha,
         ds.fetch_command.as_deref(),
         &caller.submitter(),
+        Some(caller.token_id),
     )
     .await?;
     tracing::info!(roi = %made.id, name = %roi.name, total = made.counts.total,

@@ -25,7 +25,7 @@ pub async fn create(
                 "`agent_name` must be 1-64 characters of letters, digits, `-`, `_`, `.`",
             ))
         }
-        (TokenRole::Admin | TokenRole::Client, Some(_)) => {
+        (TokenRole::Admin | TokenRole::Client | TokenRole::Metrics, Some(_)) => {
             return Err(ApiError::invalid("`agent_name` is only for agent tokens"))
         }
         _ => {}

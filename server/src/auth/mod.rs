@@ -1,5 +1,6 @@
 //! Who is calling: `Authorization: Bearer …` turned into a [`Caller`] with a
-//! role, by the extractors [`ClientAuth`], [`AdminAuth`] and [`AgentAuth`].
+//! role, by the extractors [`ClientAuth`], [`AdminAuth`], [`AgentAuth`] and
+//! [`MetricsAuth`].
 //!
 //! - [`tokens`]: the `api_tokens` table (hashed secrets).
 //! - [`cache`]: recently seen tokens and agent ids, per process.
@@ -83,7 +84,8 @@ pub(crate) async fn lookup(state: &AppState, token: &str) -> Result<Caller, ApiE
     Ok(caller)
 }
 
-/// Any valid admin or client token (agents may not use the client API).
+/// Any valid admin or client token (agent and metrics tokens may not use the
+/// client API).
 pub struct ClientAuth(pub Caller);
 /// An admin token.
 pub struct AdminAuth(pub Caller);
@@ -96,6 +98,26 @@ impl FromRequestParts<AppState> for ClientAuth {
         let caller = lookup(state, bearer(parts)?).await?;
         match caller.role {
             TokenRole::Admin | TokenRole::Client => Ok(ClientAuth(caller)),
+            TokenRole::Agent => Err(ApiError::Forbidden(
+                "agent tokens may only use /api/agent/v1".into(),
+            )),
+            TokenRole::Metrics => Err(ApiError::Forbidden(
+                "metrics tokens may only read /metrics".into(),
+            )),
+        }
+    }
+}
+
+/// Who may read `/metrics`: a metrics token (what Prometheus should use),
+/// or an admin or client token.
+pub struct MetricsAuth(pub Caller);
+
+impl FromRequestParts<AppState> for MetricsAuth {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let caller = lookup(state, bearer(parts)?).await?;
+        match caller.role {
+            TokenRole::Admin | TokenRole::Client | TokenRole::Metrics => Ok(MetricsAuth(caller)),
             TokenRole::Agent => Err(ApiError::Forbidden(
                 "agent tokens may only use /api/agent/v1".into(),
             )),

@@ -63,6 +63,10 @@ pub struct SubmitArgs {
     /// Environment variables for the command, as KEY=VALUE (repeatable).
     #[arg(long = "env", value_parser = parse_kv)]
     env: Vec<(String, String)>,
+    /// NAME=VALUE: an environment variable whose value is secret (shown
+    /// only to this token and admins, never on the dashboard); repeatable.
+    #[arg(long = "secret-env", value_parser = parse_kv)]
+    secret_env: Vec<(String, String)>,
     #[arg(long, default_value_t = 0)]
     priority: i32,
     #[arg(long, default_value_t = 3)]
@@ -103,7 +107,8 @@ pub async fn jobs(cmd: JobsCommand) -> anyhow::Result<()> {
             let body = SubmitJob {
                 spec: JobSpec::Command(CommandJob {
                     command: a.command.join(" "),
-                    env: a.env.into_iter().collect(),
+                    secret_env: a.secret_env.iter().map(|(k, _)| k.clone()).collect(),
+                    env: a.env.into_iter().chain(a.secret_env).collect(),
                     workdir: a.workdir,
                     timeout_s: a.timeout,
                     outputs: a.outputs,

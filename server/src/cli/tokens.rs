@@ -9,7 +9,8 @@ use super::http::Conn;
 pub enum TokensCommand {
     /// Make a token and print it (shown once; the server keeps a hash).
     Create {
-        /// admin, client or agent.
+        /// admin, client, agent, or metrics (reads /metrics only: for
+        /// Prometheus).
         #[arg(long, default_value = "client", value_parser = parse_role)]
         role: TokenRole,
         /// For agent tokens: the agent name it may register as.
@@ -91,5 +92,5 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
 }
 
 fn parse_role(s: &str) -> Result<TokenRole, String> {
-    TokenRole::parse(s).ok_or_else(|| "must be admin, client or agent".to_string())
+    TokenRole::parse(s).ok_or_else(|| "must be admin, client, agent or metrics".to_string())
 }

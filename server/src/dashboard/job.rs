@@ -86,7 +86,8 @@ pub async fn page(
         created: j.created_at.to_rfc3339(),
         finished: j.finished_at.map_or("-".into(), |t| t.to_rfc3339()),
         error: j.error.clone().unwrap_or_default(),
-        spec: serde_json::to_string_pretty(&j.spec).unwrap_or_default(),
+        // Secret values are for the submitter and admins, through the API.
+        spec: serde_json::to_string_pretty(&j.spec.clone().redacted()).unwrap_or_default(),
         outputs: j
             .outputs
             .into_iter()

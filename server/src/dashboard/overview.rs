@@ -153,7 +153,7 @@ async fn overview_body(state: &AppState) -> ApiResult<String> {
         .into_iter()
         .map(agent_row)
         .collect();
-    let jobs = read::list(&state.db, None, 50)
+    let jobs = read::list(&state.db, None, None, 50)
         .await?
         .into_iter()
         .map(job_row)

@@ -119,20 +119,33 @@ pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<JobView>, sqlx::Error> 
 }
 
 /// Newest first, optionally of one state.
+/// The newest jobs (in `state`, if given; of `owner`'s, if given).
 pub async fn list(
     db: &PgPool,
     state: Option<JobState>,
+    owner: Option<Uuid>,
     limit: i64,
 ) -> Result<Vec<JobView>, sqlx::Error> {
     let rows: Vec<JobRow> = sqlx::query_as(&format!(
         "{SELECT_JOB} WHERE ($1::text IS NULL OR j.state = $1)
+                        AND ($3::uuid IS NULL OR j.owner_token = $3)
          ORDER BY j.created_at DESC, j.id LIMIT $2"
     ))
     .bind(state.map(|s| s.as_str()))
     .bind(limit)
+    .bind(owner)
     .fetch_all(db)
     .await?;
     rows.into_iter().map(|r| view(r, Vec::new())).collect()
+}
+
+/// Who job `id` belongs to: `None` if there is no such job, `Some(None)`
+/// if it belongs to no token (admins only).
+pub async fn owner(db: &PgPool, id: Uuid) -> Result<Option<Option<Uuid>>, sqlx::Error> {
+    sqlx::query_scalar("SELECT owner_token FROM jobs WHERE id = $1")
+        .bind(id)
+        .fetch_optional(db)
+        .await
 }
 
 /// Counts of jobs per state.

@@ -21,6 +21,9 @@ pub struct NewJob {
     /// Its place among its parent's children (a revdeps shard's index), so
     /// a parent reads its children in order without parsing their specs.
     pub child_index: Option<i32>,
+    /// The token it belongs to: its submitter's, or the one whose ROI or
+    /// revdeps run made it (`None`: admins only).
+    pub owner: Option<Uuid>,
 }
 
 /// The first fair-share tag for new jobs of submitter `$1`: max(its last
@@ -90,6 +93,7 @@ pub async fn submit_in(
     let mut max_col = Vec::with_capacity(jobs.len());
     let mut parent_col = Vec::with_capacity(jobs.len());
     let mut index_col = Vec::with_capacity(jobs.len());
+    let mut owner_col = Vec::with_capacity(jobs.len());
     for job in jobs {
         // Time-ordered ids: the primary key and tile_jobs' job index grow at
         // their right edge instead of splitting random pages (1M random v4
@@ -106,13 +110,14 @@ pub async fn submit_in(
         max_col.push(job.max_attempts as i32);
         parent_col.push(job.parent_id);
         index_col.push(job.child_index);
+        owner_col.push(job.owner);
     }
     sqlx::query(
         "INSERT INTO jobs (id, kind, spec, priority, labels, cost, submitter, share_seq,
-                           max_attempts, parent_id, child_index, class_id)
+                           max_attempts, parent_id, child_index, class_id, owner_token)
          SELECT * FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::int[], $5::jsonb[],
                               $6::int[], $7::text[], $8::bigint[], $9::int[], $10::uuid[],
-                              $11::int[], $12::bigint[])",
+                              $11::int[], $12::bigint[], $13::uuid[])",
     )
     .bind(&id_col)
     .bind(&kind_col)
@@ -126,6 +131,7 @@ pub async fn submit_in(
     .bind(&parent_col)
     .bind(&index_col)
     .bind(&classes)
+    .bind(&owner_col)
     .execute(&mut *tx)
     .await?;
     notify_jobs(&mut *tx).await?;

@@ -111,13 +111,15 @@ struct PlannedRun {
     submitter: String,
     /// The plan job's cost: each shard occupies as many slots.
     cost: i32,
+    /// The plan job's owner: its shards belong to the same token.
+    owner_token: Option<Uuid>,
 }
 
 async fn make_shards(db: &PgPool, run: Uuid, plan: RevdepsPlan) -> anyhow::Result<()> {
     let mut tx = db.begin().await?;
     let row: Option<PlannedRun> = sqlx::query_as(
         "SELECT r.target, r.repo, r.variant, r.query, r.shard_size, r.priority, r.submitter,
-                j.cost
+                j.cost, j.owner_token
          FROM revdeps_runs r JOIN jobs j ON j.id = r.plan_job
          WHERE r.id = $1 AND r.state = 'planning' FOR UPDATE OF r",
     )
@@ -135,6 +137,7 @@ async fn make_shards(db: &PgPool, run: Uuid, plan: RevdepsPlan) -> anyhow::Resul
         priority: row.priority,
         cost: row.cost as u32,
         submitter: row.submitter,
+        owner: row.owner_token,
     };
     let shards: Vec<_> = plan
         .candidates

@@ -34,6 +34,8 @@ pub struct RunSpec {
     /// Slots each step occupies on an agent.
     pub cost: u32,
     pub submitter: String,
+    /// The token the run's jobs belong to.
+    pub owner: Option<Uuid>,
 }
 
 impl RunSpec {
@@ -60,6 +62,7 @@ impl RunSpec {
             submitter: self.submitter.clone(),
             parent_id: child_index.map(|_| run_id),
             child_index,
+            owner: self.owner,
         }
     }
 }
@@ -132,6 +135,7 @@ impl TryFrom<SubmitRevdeps> for ValidRevdeps {
                 priority: s.priority,
                 cost: s.cost,
                 submitter: String::new(),
+                owner: None,
             },
             shard_size: s.shard_size,
         })
@@ -139,10 +143,17 @@ impl TryFrom<SubmitRevdeps> for ValidRevdeps {
 }
 
 /// Records a run and queues its plan job, in one transaction.
-pub async fn submit(db: &PgPool, run: ValidRevdeps, submitter: &str) -> Result<Uuid, sqlx::Error> {
+/// Its jobs are accounted to `submitter` and belong to the token `owner`.
+pub async fn submit(
+    db: &PgPool,
+    run: ValidRevdeps,
+    submitter: &str,
+    owner: Option<Uuid>,
+) -> Result<Uuid, sqlx::Error> {
     let run_id = Uuid::new_v4();
     let spec = RunSpec {
         submitter: submitter.to_string(),
+        owner,
         ..run.spec
     };
     let mut tx = db.begin().await?;

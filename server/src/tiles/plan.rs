@@ -207,6 +207,7 @@ pub async fn submit(
     checkpoint_sha256: &str,
     fetch_command: Option<&str>,
     submitter: &str,
+    owner: Option<Uuid>,
 ) -> Result<RoiCreated, sqlx::Error> {
     let started = std::time::Instant::now();
     let mut tx = db.begin().await?;
@@ -254,6 +255,7 @@ pub async fn submit(
                 submitter: submitter.to_string(),
                 parent_id: Some(id),
                 child_index: None,
+                owner,
             })
             .collect();
         let ids = submit_in(&mut tx, &jobs).await?;

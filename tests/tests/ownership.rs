@@ -1,0 +1,161 @@
+//! Who may see and change what: a client reads and cancels only its own
+//! jobs (admins all), secret environment values reach only the submitter
+//! and admins (never the dashboard), only admins account jobs to another
+//! submitter or write datasets, checkpoints and coverage, and a metrics
+//! token reads `/metrics` and nothing else.
+
+use flotilla_e2e::procs::server_on_shared;
+use flotilla_e2e::scratch;
+use serde_json::{json, Value};
+
+async fn token(api: &flotilla_e2e::api::Api, role: &str, description: &str) -> String {
+    let v = api
+        .post(
+            "/api/v1/tokens",
+            json!({"role": role, "description": description}),
+        )
+        .await;
+    v["token"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_see_their_own_jobs_and_secrets_stay_with_their_owner() {
+    let dir = scratch("e2e-owner-");
+    let server = server_on_shared(dir.path(), 5_000).await;
+    let admin = server.api();
+    let alice = admin.with_token(&token(&admin, "client", "alice").await);
+    let bob = admin.with_token(&token(&admin, "client", "bob").await);
+    let metrics = admin.with_token(&token(&admin, "metrics", "prometheus").await);
+
+    // No agent: the job stays queued while we look at it.
+    let id = alice
+        .submit(json!({"kind": "command", "command": "true",
+                       "env": {"PLAIN": "visible", "API_KEY": "hunter2"},
+                       "secret_env": ["API_KEY"]}))
+        .await;
+    let path = format!("/api/v1/jobs/{id}");
+    // The owner and admins see the job whole.
+    for who in [&alice, &admin] {
+        let v = who.get(&path).await;
+        assert_eq!(v["spec"]["env"]["API_KEY"], "hunter2", "{v}");
+    }
+    // Another client neither reads, lists, follows nor cancels it.
+    for (method, p) in [
+        (reqwest::Method::GET, path.clone()),
+        (reqwest::Method::GET, format!("{path}/log")),
+        (reqwest::Method::POST, format!("{path}/cancel")),
+    ] {
+        let (status, v) = bob.raw(method.clone(), &p, None).await;
+        assert_eq!(status, 403, "{method} {p}: {v}");
+        assert!(!v.to_string().contains("hunter2"), "{v}");
+    }
+    let listed = |v: Value| {
+        v["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|j| j["id"] == id.as_str())
+    };
+    assert!(
+        !listed(bob.get("/api/v1/jobs").await),
+        "bob lists only his own"
+    );
+    assert!(listed(alice.get("/api/v1/jobs").await));
+    assert!(listed(admin.get("/api/v1/jobs").await));
+
+    // The dashboard never shows a secret value, not even to an admin.
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let url = server.url();
+    let r = http
+        .post(format!("{url}/ui/login"))
+        .form(&[("token", server.admin_token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let page = http
+        .get(format!("{url}/ui/jobs/{id}"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("visible"), "the job page shows the spec");
+    assert!(!page.contains("hunter2"), "no secret on the dashboard");
+
+    // A secret must name a variable the job has.
+    let (status, v) = alice
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/jobs",
+            Some(json!({"kind": "command", "command": "true", "secret_env": ["NOPE"]})),
+        )
+        .await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["detail"]["path"], "secret_env", "{v}");
+
+    // Only an admin accounts a job to another submitter.
+    let job_as = |who: &str| json!({"kind": "command", "command": "true", "submitter": who});
+    let (status, v) = bob
+        .raw(reqwest::Method::POST, "/api/v1/jobs", Some(job_as("alice")))
+        .await;
+    assert_eq!(status, 403, "{v}");
+    let (status, v) = admin
+        .raw(reqwest::Method::POST, "/api/v1/jobs", Some(job_as("alice")))
+        .await;
+    assert_eq!(status, 201, "{v}");
+
+    // Datasets, checkpoints and coverage are admin writes.
+    let (status, v) = bob
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/datasets",
+            Some(json!({"name": "evil", "input_prefix": "x"})),
+        )
+        .await;
+    assert_eq!(status, 403, "{v}");
+    for (method, p) in [
+        (reqwest::Method::PUT, "/api/v1/datasets/evil/checkpoint"),
+        (reqwest::Method::POST, "/api/v1/coverage/import"),
+    ] {
+        let (status, v) = bob.raw(method.clone(), p, None).await;
+        assert_eq!(status, 403, "{method} {p}: {v}");
+    }
+
+    // A metrics token reads /metrics and nothing else.
+    let (status, text) = metrics.raw(reqwest::Method::GET, "/metrics", None).await;
+    assert_eq!(status, 200);
+    assert!(text.as_str().unwrap().contains("flotilla_jobs{"), "{text}");
+    for p in ["/api/v1/jobs", "/api/v1/agents"] {
+        let (status, v) = metrics.raw(reqwest::Method::GET, p, None).await;
+        assert_eq!(status, 403, "{p}: {v}");
+    }
+    let (status, _) = http
+        .post(format!("{url}/ui/login"))
+        .form(&[("token", metrics.token.as_str())])
+        .send()
+        .await
+        .map(|r| (r.status().as_u16(), ()))
+        .unwrap();
+    assert_eq!(
+        status, 401,
+        "a metrics token does not log in to the dashboard"
+    );
+
+    // The owner cancels its own job.
+    let (status, v) = alice
+        .raw(reqwest::Method::POST, &format!("{path}/cancel"), None)
+        .await;
+    assert_eq!(status, 200, "{v}");
+}
