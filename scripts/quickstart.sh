@@ -11,6 +11,29 @@ cargo build --release --bins
 bin="${CARGO_TARGET_DIR:-target}/release"
 data=./flotilla-data
 
+# As root, `flotilla up` runs PostgreSQL as `postgres` and jobs as
+# `flotilla-job`, which must pass through every parent of the data directory;
+# flotilla does not open those up. Under a closed one (/root is 0700) the
+# data lives in /var/lib/flotilla-quickstart, linked from here so that the
+# CLI still finds it.
+if [ "$(id -u)" = 0 ] && [ ! -e "$data" ]; then
+    closed=
+    d=$(pwd -P)
+    while :; do
+        case $(stat -c %A "$d") in
+            ?????????[xt]) ;;
+            *) closed=$d ;;
+        esac
+        [ "$d" = / ] && break
+        d=$(dirname "$d")
+    done
+    if [ -n "$closed" ]; then
+        mkdir -p /var/lib/flotilla-quickstart
+        ln -s /var/lib/flotilla-quickstart "$data"
+        echo "quickstart: $closed is closed to other users; the data lives in /var/lib/flotilla-quickstart (linked from $data)"
+    fi
+fi
+
 # The server's and agent's logs go to a file, so the demo's output stays readable.
 mkdir -p "$data"
 log="$data/flotilla-up.log"
