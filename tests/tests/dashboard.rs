@@ -121,3 +121,125 @@ async fn dashboard_requires_login_and_metrics_report_the_queue() {
         "{text}"
     );
 }
+
+/// The dashboard's cookie is a server-side session, not the API token:
+/// Secure behind an HTTPS proxy; logout and the revocation of the token it
+/// was opened with each end its open live streams within 10 s, and the
+/// cookie works no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_end_at_logout_and_revocation() {
+    let dir = scratch("e2e-ui-session-");
+    let server = server_on_shared(dir.path(), 5_000).await;
+    let api = server.api();
+    let url = server.url();
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let client = api
+        .post(
+            "/api/v1/tokens",
+            json!({"role": "client", "description": "viewer"}),
+        )
+        .await;
+    let (client_id, client_token) = (
+        client["id"].as_str().unwrap().to_string(),
+        client["token"].as_str().unwrap().to_string(),
+    );
+    let login = |token: String, https: bool| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let mut req = http
+                .post(format!("{url}/ui/login"))
+                .form(&[("token", token)]);
+            if https {
+                req = req.header("x-forwarded-proto", "https");
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 303);
+            r.headers()["set-cookie"].to_str().unwrap().to_string()
+        }
+    };
+    let admin_cookie = login(server.admin_token.clone(), true).await;
+    assert!(admin_cookie.contains("; Secure"), "{admin_cookie}");
+    assert!(
+        !admin_cookie.contains(&server.admin_token),
+        "the cookie is not the token"
+    );
+    let plain = login(server.admin_token.clone(), false).await;
+    assert!(!plain.contains("Secure"), "{plain}");
+    let client_cookie = login(client_token.clone(), false).await;
+    let value = |c: &str| c.split(';').next().unwrap().to_string();
+    let (admin_cookie, client_cookie) = (value(&admin_cookie), value(&client_cookie));
+
+    // An open live stream, drained in the background; returns when the
+    // server ends it.
+    let stream = |cookie: String| {
+        let http = http.clone();
+        let url = url.clone();
+        tokio::spawn(async move {
+            let mut r = http
+                .get(format!("{url}/ui/events"))
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            while let Ok(Some(_)) = r.chunk().await {}
+        })
+    };
+    let ends_within = |task: tokio::task::JoinHandle<()>, what: &'static str| async move {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the stream is still open after 10 s"))
+            .unwrap();
+    };
+    let still_in = |cookie: String| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let r = http
+                .get(format!("{url}/ui"))
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap();
+            r.status() == 200
+        }
+    };
+
+    // Revoking the client token ends its session's stream.
+    let s = stream(client_cookie.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(still_in(client_cookie.clone()).await);
+    let (status, v) = api
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/v1/tokens/{client_id}/revoke"),
+            None,
+        )
+        .await;
+    assert!((200..300).contains(&status), "revoke: {status} {v}");
+    ends_within(s, "revocation").await;
+    assert!(
+        !still_in(client_cookie).await,
+        "a revoked token's session is over"
+    );
+
+    // Logout ends the admin session's stream.
+    let s = stream(admin_cookie.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = http
+        .post(format!("{url}/ui/logout"))
+        .header("cookie", &admin_cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    ends_within(s, "logout").await;
+    assert!(
+        !still_in(admin_cookie).await,
+        "a logged-out session is over"
+    );
+}

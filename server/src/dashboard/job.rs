@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde::Deserialize;
 
-use super::{allowed, render, to_login};
+use super::{allowed, render, session, to_login};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::parse_id;
 use crate::queue::{logs, read};
@@ -118,56 +118,69 @@ pub async fn log_stream(
     Path(id): Path<String>,
     Query(q): Query<After>,
 ) -> ApiResult<Response> {
-    if !allowed(&state, &headers).await {
+    let Some(viewer) = session::viewer(&state, &headers).await else {
         return Ok(StatusCode::UNAUTHORIZED.into_response());
-    }
+    };
     let id = parse_id(&id)?;
     if read::get(&state.db, id).await?.is_none() {
         return Err(ApiError::NotFound(format!("no job {id}")));
     }
     let prev = logs::attempt_before(&state.db, id, q.after).await?;
-    let stream = log_events(state, id, q.after, prev);
+    let stream = log_events(state, viewer, id, q.after, prev);
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
 }
 
+/// New log lines of job `id` after line `after`; ends once the job is
+/// final, or when the viewer's session does (within [`session::RECHECK`]).
 fn log_events(
     state: AppState,
+    viewer: session::Viewer,
     id: uuid::Uuid,
     after: i64,
     prev: Option<i32>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
+    let checked = tokio::time::Instant::now();
     futures::stream::unfold(
-        (state, after, prev, false),
-        move |(state, after, prev, ended)| async move {
-            if ended {
-                return None;
-            }
-            loop {
-                tokio::select! {
-                    _ = state.shutdown.cancelled() => return None,
-                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        (state, after, prev, false, checked),
+        move |(state, after, prev, ended, mut checked)| {
+            let viewer = viewer.clone();
+            async move {
+                if ended {
+                    return None;
                 }
-                let Ok(rows) = logs::page(&state.db, id, after, LOG_LINES_SHOWN).await else {
-                    continue;
-                };
-                if let Some(last) = rows.last().map(|r| r.seq) {
-                    let mut text = String::new();
-                    let prev = logs::render(&rows, prev, &mut text);
-                    let data = text.trim_end_matches('\n').replace('\r', "");
-                    return Some((
-                        Ok(Event::default().event("lines").data(data)),
-                        (state, last, prev, false),
-                    ));
-                }
-                let done =
-                    matches!(read::get(&state.db, id).await, Ok(Some(j)) if j.state.is_final());
-                if done {
-                    return Some((
-                        Ok(Event::default().event("end").data("")),
-                        (state, after, prev, true),
-                    ));
+                loop {
+                    tokio::select! {
+                        _ = state.shutdown.cancelled() => return None,
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
+                    if checked.elapsed() >= session::RECHECK {
+                        if !viewer.still_allowed(&state.db).await {
+                            return None;
+                        }
+                        checked = tokio::time::Instant::now();
+                    }
+                    let Ok(rows) = logs::page(&state.db, id, after, LOG_LINES_SHOWN).await else {
+                        continue;
+                    };
+                    if let Some(last) = rows.last().map(|r| r.seq) {
+                        let mut text = String::new();
+                        let prev = logs::render(&rows, prev, &mut text);
+                        let data = text.trim_end_matches('\n').replace('\r', "");
+                        return Some((
+                            Ok(Event::default().event("lines").data(data)),
+                            (state, last, prev, false, checked),
+                        ));
+                    }
+                    let done =
+                        matches!(read::get(&state.db, id).await, Ok(Some(j)) if j.state.is_final());
+                    if done {
+                        return Some((
+                            Ok(Event::default().event("end").data("")),
+                            (state, after, prev, true, checked),
+                        ));
+                    }
                 }
             }
         },

@@ -22,7 +22,7 @@ use crate::state::AppState;
 
 /// Whether the request may see the dashboard.
 async fn allowed(state: &AppState, headers: &HeaderMap) -> bool {
-    state.settings.dashboard_open || session::signed_in(state, headers).await
+    session::viewer(state, headers).await.is_some()
 }
 
 fn render<T: Template>(t: &T) -> ApiResult<Html<String>> {

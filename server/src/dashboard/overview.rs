@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use flotilla_core::api::{AgentView, JobView};
 use flotilla_core::job::JobState;
 
-use super::{allowed, render, to_login};
+use super::{allowed, render, session, to_login};
 use crate::error::ApiResult;
 use crate::queue::read;
 use crate::state::AppState;
@@ -180,23 +180,35 @@ pub async fn page(State(state): State<AppState>, headers: HeaderMap) -> ApiResul
 }
 
 /// Pushes a fresh overview every two seconds while the page is open.
+/// Ends when the session does (logout, expiry, its token revoked), within
+/// [`session::RECHECK`].
 pub async fn events(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if !allowed(&state, &headers).await {
+    let Some(viewer) = session::viewer(&state, &headers).await else {
         return StatusCode::UNAUTHORIZED.into_response();
-    }
-    let stream = futures::stream::unfold(state, |state| async move {
-        tokio::select! {
-            _ = state.shutdown.cancelled() => return None,
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-        }
-        let event = match overview_body(&state).await {
-            Ok(html) => Event::default()
-                .event("overview")
-                .data(html.replace('\r', "")),
-            Err(_) => Event::default().comment("database unavailable"),
-        };
-        Some((Ok::<_, Infallible>(event), state))
-    });
+    };
+    let checked = tokio::time::Instant::now();
+    let stream = futures::stream::unfold(
+        (state, viewer, checked),
+        |(state, viewer, mut checked)| async move {
+            tokio::select! {
+                _ = state.shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+            if checked.elapsed() >= session::RECHECK {
+                if !viewer.still_allowed(&state.db).await {
+                    return None;
+                }
+                checked = tokio::time::Instant::now();
+            }
+            let event = match overview_body(&state).await {
+                Ok(html) => Event::default()
+                    .event("overview")
+                    .data(html.replace('\r', "")),
+                Err(_) => Event::default().comment("database unavailable"),
+            };
+            Some((Ok::<_, Infallible>(event), (state, viewer, checked)))
+        },
+    );
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()

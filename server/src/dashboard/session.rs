@@ -1,5 +1,11 @@
-//! Dashboard sessions: the login page, the session cookie (an admin or
-//! client API token, HttpOnly), logout.
+//! Dashboard sessions: the login page, the session cookie, logout. The
+//! cookie holds a random session id (HttpOnly, SameSite=Strict, Secure over
+//! HTTPS), never the API token; the `dashboard_sessions` table keeps its
+//! hash, the token it was opened with, and its expiry. A session ends at
+//! logout, at expiry, or when its token is revoked, and live streams check
+//! it every [`RECHECK`], so they end within that.
+
+use std::time::Duration;
 
 use askama::Template;
 use axum::extract::State;
@@ -8,22 +14,86 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::Form;
 use flotilla_core::api::TokenRole;
 use serde::Deserialize;
+use sqlx::PgPool;
+use uuid::Uuid;
 
 use super::render;
+use crate::auth::{hash_token, new_secret};
 use crate::error::ApiResult;
 use crate::state::AppState;
 
 const COOKIE: &str = "flotilla_session";
+/// How long a session lasts: a working day.
+const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// How often a live stream checks that its session is still valid.
+pub(super) const RECHECK: Duration = Duration::from_secs(5);
 
-/// Whether the request carries the cookie of a valid admin or client token.
-pub(super) async fn signed_in(state: &AppState, headers: &HeaderMap) -> bool {
-    let Some(token) = cookie(headers, COOKIE) else {
-        return false;
-    };
-    matches!(
-        crate::auth::lookup(state, &token).await,
-        Ok(c) if matches!(c.role, TokenRole::Admin | TokenRole::Client)
+/// Who is looking at the dashboard.
+#[derive(Debug, Clone)]
+pub(super) enum Viewer {
+    /// The operator turned the login off (a local run).
+    Open,
+    /// A signed-in session, by the hash of its id.
+    Session(Vec<u8>),
+}
+
+impl Viewer {
+    /// Whether the viewer may still look: an open dashboard always; a
+    /// session until logout, expiry or the revocation of its token. A
+    /// database error counts as no (a stream ends; the page can reload).
+    pub(super) async fn still_allowed(&self, db: &PgPool) -> bool {
+        match self {
+            Viewer::Open => true,
+            Viewer::Session(hash) => live(db, hash).await.unwrap_or(false),
+        }
+    }
+}
+
+/// The viewer of a request, if it may look.
+pub(super) async fn viewer(state: &AppState, headers: &HeaderMap) -> Option<Viewer> {
+    if state.settings.dashboard_open {
+        return Some(Viewer::Open);
+    }
+    let id = cookie(headers, COOKIE)?;
+    let hash = hash_token(&id);
+    live(&state.db, &hash)
+        .await
+        .unwrap_or(false)
+        .then_some(Viewer::Session(hash))
+}
+
+/// Whether session `hash` is open, unexpired, and its token unrevoked.
+async fn live(db: &PgPool, hash: &[u8]) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM dashboard_sessions s JOIN api_tokens t ON t.id = s.token_id
+                        WHERE s.id_hash = $1 AND s.ended_at IS NULL AND s.expires_at > now()
+                          AND t.revoked_at IS NULL AND t.role IN ('admin', 'client'))",
     )
+    .bind(hash)
+    .fetch_one(db)
+    .await
+}
+
+/// Opens a session for `token_id`; returns its id (the cookie's value).
+/// Sessions that ended or expired a day ago are deleted on the way.
+async fn open(db: &PgPool, token_id: Uuid) -> Result<String, sqlx::Error> {
+    sqlx::query(
+        "DELETE FROM dashboard_sessions
+         WHERE COALESCE(ended_at, expires_at) < now() - interval '1 day'",
+    )
+    .execute(db)
+    .await?;
+    let id = new_secret();
+    sqlx::query(
+        "INSERT INTO dashboard_sessions (id_hash, token_id, expires_at)
+         VALUES ($1, $2, now() + $3 * interval '1 second')",
+    )
+    .bind(hash_token(&id))
+    .bind(token_id)
+    .bind(SESSION_TTL.as_secs() as i64)
+    .execute(db)
+    .await?;
+    Ok(id)
 }
 
 fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
@@ -35,6 +105,21 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .filter_map(|kv| kv.trim().split_once('='))
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v.to_string())
+}
+
+/// Whether the browser reached us over HTTPS, as the proxy in front that
+/// terminates TLS says (`X-Forwarded-Proto`).
+fn over_https(_state: &AppState, headers: &HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("https"))
+}
+
+/// The session cookie with `value` and `max_age` seconds.
+fn session_cookie(value: &str, max_age: u64, secure: bool) -> String {
+    let secure = if secure { "; Secure" } else { "" };
+    format!("{COOKIE}={value}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}")
 }
 
 #[derive(Template)]
@@ -58,27 +143,43 @@ pub struct LoginForm {
 
 pub async fn login(
     State(state): State<AppState>,
+    headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> ApiResult<Response> {
     let token = form.token.trim();
-    let ok = !token.is_empty()
-        && token.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && matches!(
-            crate::auth::lookup(&state, token).await,
-            Ok(c) if matches!(c.role, TokenRole::Admin | TokenRole::Client)
-        );
-    if !ok {
+    let caller =
+        if !token.is_empty() && token.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            crate::auth::lookup(&state, token)
+                .await
+                .ok()
+                .filter(|c| matches!(c.role, TokenRole::Admin | TokenRole::Client))
+        } else {
+            None
+        };
+    let Some(caller) = caller else {
         let page = render(&LoginPage {
             error: Some("That token is not a valid admin or client token.".into()),
             show_logout: false,
         })?;
         return Ok((StatusCode::UNAUTHORIZED, page).into_response());
-    }
-    let cookie = format!("{COOKIE}={token}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=2592000");
+    };
+    let id = open(&state.db, caller.token_id).await?;
+    let cookie = session_cookie(&id, SESSION_TTL.as_secs(), over_https(&state, &headers));
     Ok(([(header::SET_COOKIE, cookie)], Redirect::to("/ui")).into_response())
 }
 
-pub async fn logout() -> Response {
-    let cookie = format!("{COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0");
-    ([(header::SET_COOKIE, cookie)], Redirect::to("/ui/login")).into_response()
+/// Ends the session (live streams on it stop within [`RECHECK`]) and
+/// clears the cookie.
+pub async fn logout(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
+    if let Some(id) = cookie(&headers, COOKIE) {
+        sqlx::query(
+            "UPDATE dashboard_sessions SET ended_at = now()
+             WHERE id_hash = $1 AND ended_at IS NULL",
+        )
+        .bind(hash_token(&id))
+        .execute(&state.db)
+        .await?;
+    }
+    let cookie = session_cookie("", 0, over_https(&state, &headers));
+    Ok(([(header::SET_COOKIE, cookie)], Redirect::to("/ui/login")).into_response())
 }
