@@ -8,6 +8,8 @@
 //!
 //! - [`serve`]: connects, migrates, and runs the HTTP server with its
 //!   background tasks (reaper, NOTIFY listener, coordinator) until shutdown.
+//! - [`connections`]: the accept loop: a cap on open connections, header,
+//!   keep-alive and stalled-write timeouts.
 //! - [`api`]: the router and its handlers, one module per resource.
 //! - [`extract`]: the JSON body and id extractors the API and dashboard
 //!   share.
@@ -36,6 +38,7 @@ pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod completion;
+pub mod connections;
 pub mod coordinator;
 pub mod dashboard;
 pub mod embedded_pg;

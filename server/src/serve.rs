@@ -16,15 +16,32 @@ use tokio_util::task::TaskTracker;
 
 use crate::state::{AppState, Settings};
 
-/// Connects a pool, retrying for up to `patience` while the database is
-/// unreachable (it may be starting).
+/// Connections of the main pool: the client API, the dashboard and the
+/// background tasks (the agent protocol has its own, [`run`]).
+pub const DEFAULT_POOL_SIZE: u32 = 48;
+
+/// How long a request waits for a pool connection before it fails (503).
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects the main pool ([`DEFAULT_POOL_SIZE`] connections), retrying
+/// for up to `patience` while the database is unreachable (it may be
+/// starting).
 pub async fn connect(opts: PgConnectOptions, patience: Duration) -> anyhow::Result<PgPool> {
+    connect_sized(opts, patience, DEFAULT_POOL_SIZE).await
+}
+
+/// [`connect`] with a pool of `size` connections.
+pub async fn connect_sized(
+    opts: PgConnectOptions,
+    patience: Duration,
+    size: u32,
+) -> anyhow::Result<PgPool> {
     let deadline = tokio::time::Instant::now() + patience;
     loop {
         let pool = PgPoolOptions::new()
-            .max_connections(48)
+            .max_connections(size.max(2))
             .min_connections(2)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(opts.clone())
             .await;
         match pool {
@@ -48,6 +65,18 @@ pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
 }
 
 /// Serves on `listener` until `shutdown` fires.
+///
+/// The agent calls that keep leases alive (register, lease, heartbeat,
+/// start, log, complete, fail) run on a pool of their own,
+/// `settings.agent_pool_size` connections next to `db`: clients, dashboard
+/// tabs and their streams, floods of bad tokens, and agents' own bulk
+/// downloads and uploads can then empty `db` while heartbeats still get a
+/// connection, so no lease is lost to someone else's load. A second pool
+/// rather than a gate on the other requests: a gate counts requests, not
+/// connections, and dashboard streams, background tasks and handlers that
+/// hold two connections would slip past it. The hostile-clients e2e test
+/// lost both its leases when the 900 downloads of its attack shared the
+/// agents' pool.
 pub async fn run(
     listener: TcpListener,
     db: PgPool,
@@ -98,12 +127,18 @@ pub async fn run(
         shutdown.clone(),
     ));
     tasks.close();
-    let app = crate::api::router(state);
-    let stop = shutdown.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
-        .context("HTTP server")?;
+    let agent_db = PgPoolOptions::new()
+        .max_connections(state.settings.agent_pool_size.max(1))
+        .min_connections(1)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_lazy_with((*db.connect_options()).clone());
+    let limits = state.settings.http;
+    let mut app = crate::api::router(state, agent_db);
+    if let Some(stall) = limits.body_stall_timeout {
+        // Resets at every chunk received: a limit on progress, not on time.
+        app = app.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(stall));
+    }
+    crate::connections::serve(listener, app, limits, shutdown.clone()).await;
     shutdown.cancel();
     tasks.wait().await;
     Ok(())

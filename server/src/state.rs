@@ -27,7 +27,7 @@ pub struct AppState {
     pub agent_instances: Arc<crate::agents::Instances>,
 }
 
-/// Queue timings. Defaults suit a fleet; tests shorten them.
+/// Queue timings and HTTP limits. Defaults suit a fleet; tests shorten them.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// How long a lease lives without a heartbeat.
@@ -54,6 +54,47 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Serve the dashboard without a login (a local run only).
     pub dashboard_open: bool,
+    /// What HTTP connections may cost ([`crate::connections`]).
+    pub http: HttpLimits,
+    /// Pool connections only the agent protocol uses, apart from the main
+    /// pool (`serve::run` says why).
+    pub agent_pool_size: u32,
+}
+
+/// Limits on HTTP connections and request bodies, so that clients that
+/// connect and say nothing, send half a request, or stop reading cannot
+/// hold descriptors forever. `None`: no limit (not for production).
+#[derive(Debug, Clone, Copy)]
+pub struct HttpLimits {
+    /// Most connections open at once; past it the server stops accepting.
+    pub max_connections: usize,
+    /// Longest a client may take to send a request's headers, and longest
+    /// an idle keep-alive connection is kept (hyper's one timer for both).
+    /// Agents call at least every heartbeat (10 s), so their connections
+    /// stay open.
+    pub header_read_timeout: Option<Duration>,
+    /// Longest a response write may make no progress: a client that stopped
+    /// reading a stream or a download.
+    pub send_stall_timeout: Option<Duration>,
+    /// Longest a handler may wait for the next bytes of a request body. A
+    /// limit on progress, not on the total, which would cut a legitimate
+    /// 64 GiB output upload.
+    pub body_stall_timeout: Option<Duration>,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            // Far above a fleet's needs (an agent keeps a connection or two,
+            // a dashboard tab two), far below a default open-files limit
+            // raised to its hard limit (`connections` lowers it if not).
+            max_connections: 4096,
+            // Hyper's own default, which only applies with a timer.
+            header_read_timeout: Some(Duration::from_secs(30)),
+            send_stall_timeout: Some(Duration::from_secs(60)),
+            body_stall_timeout: Some(Duration::from_secs(60)),
+        }
+    }
 }
 
 impl Default for Settings {
@@ -73,6 +114,8 @@ impl Default for Settings {
             coordinator_interval: Duration::from_millis(500),
             max_body_bytes: 1 << 20,
             dashboard_open: false,
+            http: HttpLimits::default(),
+            agent_pool_size: 8,
         }
     }
 }

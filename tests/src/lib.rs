@@ -14,8 +14,12 @@
 //! - [`procs`]: server and agent processes.
 //! - [`api`]: a small client for the REST API.
 //! - [`tiles`]: random models, tiles and datasets for the tile tests.
+//! - [`driven`]: an agent process driven by the test, timing heartbeats.
+//! - [`fds`]: a process's open descriptors, from /proc.
 
 pub mod api;
+pub mod driven;
+pub mod fds;
 pub mod pg;
 pub mod procs;
 pub mod tiles;

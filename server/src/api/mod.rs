@@ -39,8 +39,29 @@ use crate::dashboard;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
-pub fn router(state: AppState) -> Router {
+/// The whole surface. The agent calls that keep leases alive (register,
+/// lease, heartbeat, start, log, complete, fail) get `state` with
+/// `agent_db` as their pool (`serve::run` says why); an agent's downloads
+/// and uploads, which a fleet may start by the hundred at once, use the
+/// main pool with everything else.
+pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
     let limit = state.settings.max_body_bytes;
+    let agent_state = AppState {
+        db: agent_db,
+        ..state.clone()
+    };
+    let agent_calls = Router::new()
+        .route("/api/agent/v1/register", post(agent_protocol::register))
+        .route("/api/agent/v1/lease", post(agent_protocol::lease))
+        .route("/api/agent/v1/heartbeat", post(agent_protocol::heartbeat))
+        .route("/api/agent/v1/jobs/{id}/start", post(agent_protocol::start))
+        .route("/api/agent/v1/jobs/{id}/log", post(agent_protocol::log))
+        .route(
+            "/api/agent/v1/jobs/{id}/complete",
+            post(agent_protocol::complete),
+        )
+        .route("/api/agent/v1/jobs/{id}/fail", post(agent_protocol::fail))
+        .with_state(agent_state);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/api/v1/jobs", post(jobs::submit).get(jobs::list))
@@ -74,16 +95,6 @@ pub fn router(state: AppState) -> Router {
             "/api/agent/v1/jobs/{id}/inputs/{*file}",
             get(tile_inputs::input),
         )
-        .route("/api/agent/v1/register", post(agent_protocol::register))
-        .route("/api/agent/v1/lease", post(agent_protocol::lease))
-        .route("/api/agent/v1/heartbeat", post(agent_protocol::heartbeat))
-        .route("/api/agent/v1/jobs/{id}/start", post(agent_protocol::start))
-        .route("/api/agent/v1/jobs/{id}/log", post(agent_protocol::log))
-        .route(
-            "/api/agent/v1/jobs/{id}/complete",
-            post(agent_protocol::complete),
-        )
-        .route("/api/agent/v1/jobs/{id}/fail", post(agent_protocol::fail))
         .route(
             "/api/agent/v1/jobs/{id}/outputs/{*name}",
             // Outputs stream to the store; they may be far bigger than JSON.
@@ -101,13 +112,14 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/jobs/{id}", get(dashboard::job::page))
         .route("/ui/jobs/{id}/log/stream", get(dashboard::job::log_stream))
         .fallback(not_found)
+        .with_state(state)
+        .merge(agent_calls)
         .layer(DefaultBodyLimit::max(limit))
         // A handler that panics answers 500 instead of dropping the
         // connection, which an agent would take for an unreachable server
         // and retry forever.
         .layer(tower_http::catch_panic::CatchPanicLayer::new())
         .layer(tower_http::trace::TraceLayer::new_for_http())
-        .with_state(state)
 }
 
 /// 200 once the server can reach PostgreSQL.

@@ -3,11 +3,13 @@
 //! [`MetricsAuth`].
 //!
 //! - [`tokens`]: the `api_tokens` table (hashed secrets).
-//! - [`cache`]: recently seen tokens and agent ids, per process.
+//! - [`cache`]: recently seen tokens (valid and refused) and agent ids, per
+//!   process; the gate on lookups of never-seen tokens.
 
 pub mod cache;
 pub mod tokens;
 
+use cache::Cached;
 pub use cache::{AuthCache, CACHE_TTL};
 pub use tokens::{create_token, ensure_token, hash_token, list_tokens, new_secret, revoke_token};
 
@@ -58,11 +60,26 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
         .ok_or_else(|| ApiError::Unauthorized("Authorization must be `Bearer TOKEN`".into()))
 }
 
+/// The caller behind `token`: from the cache, else from the database. A
+/// never-seen token waits its turn at the cache's unknown-token gate, so a
+/// flood of random tokens holds only a few pool connections.
 pub(crate) async fn lookup(state: &AppState, token: &str) -> Result<Caller, ApiError> {
+    let refused = || ApiError::Unauthorized("unknown or revoked token".into());
     let hash = hash_token(token);
-    if let Some(c) = state.auth_cache.get(&hash) {
-        return Ok(c);
-    }
+    let _turn = match state.auth_cache.get(&hash) {
+        Cached::Valid(c) => return Ok(c),
+        Cached::Refused => return Err(refused()),
+        Cached::Stale => None,
+        Cached::Unknown => {
+            let turn = state.auth_cache.unknown_lookup().await;
+            // The same token may have been looked up while this one waited.
+            match state.auth_cache.get(&hash) {
+                Cached::Valid(c) => return Ok(c),
+                Cached::Refused => return Err(refused()),
+                Cached::Stale | Cached::Unknown => Some(turn),
+            }
+        }
+    };
     let row: Option<(Uuid, String, Option<String>, Option<String>)> = sqlx::query_as(
         "SELECT id, role, agent_name, description FROM api_tokens
          WHERE token_hash = $1 AND revoked_at IS NULL",
@@ -70,8 +87,10 @@ pub(crate) async fn lookup(state: &AppState, token: &str) -> Result<Caller, ApiE
     .bind(&hash)
     .fetch_optional(&state.db)
     .await?;
-    let (token_id, role, agent_name, description) =
-        row.ok_or_else(|| ApiError::Unauthorized("unknown or revoked token".into()))?;
+    let Some((token_id, role, agent_name, description)) = row else {
+        state.auth_cache.refuse(hash);
+        return Err(refused());
+    };
     let role = TokenRole::parse(&role)
         .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("bad role {role} in api_tokens")))?;
     let caller = Caller {

@@ -9,7 +9,7 @@ use anyhow::Context;
 use flotilla_core::api::TokenRole;
 use sqlx::postgres::PgConnectOptions;
 
-use crate::state::Settings;
+use crate::state::{HttpLimits, Settings};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -43,6 +43,41 @@ pub struct ServeArgs {
     /// listening address nobody else can reach.
     #[arg(long)]
     pub no_dashboard_login: bool,
+    /// Most HTTP connections open at once; past it new ones wait in the
+    /// listen backlog (lowered to fit the open-files limit).
+    #[arg(long, env = "FLOTILLA_MAX_CONNECTIONS", default_value_t = HttpLimits::default().max_connections)]
+    pub max_connections: usize,
+    /// Longest a client may take to send a request's headers, and longest
+    /// an idle keep-alive connection stays open, in milliseconds (0: none).
+    #[arg(long, env = "FLOTILLA_HEADER_READ_TIMEOUT_MS", default_value_t = ms(HttpLimits::default().header_read_timeout))]
+    pub header_read_timeout_ms: u64,
+    /// Longest a response may go unread by its client (a write that makes
+    /// no progress) before the connection is dropped, in milliseconds (0:
+    /// none).
+    #[arg(long, env = "FLOTILLA_SEND_STALL_TIMEOUT_MS", default_value_t = ms(HttpLimits::default().send_stall_timeout))]
+    pub send_stall_timeout_ms: u64,
+    /// Longest a request body may send nothing while the server waits for
+    /// it, in milliseconds (0: none). Not a limit on an upload's total time.
+    #[arg(long, env = "FLOTILLA_BODY_STALL_TIMEOUT_MS", default_value_t = ms(HttpLimits::default().body_stall_timeout))]
+    pub body_stall_timeout_ms: u64,
+    /// PostgreSQL connections for the client API, the dashboard and
+    /// background work.
+    #[arg(long, env = "FLOTILLA_DB_POOL_SIZE", default_value_t = crate::serve::DEFAULT_POOL_SIZE)]
+    pub db_pool_size: u32,
+    /// PostgreSQL connections kept for the agent protocol alone, so that
+    /// heartbeats get through whatever clients do.
+    #[arg(long, env = "FLOTILLA_AGENT_POOL_SIZE", default_value_t = Settings::default().agent_pool_size)]
+    pub agent_pool_size: u32,
+}
+
+/// A timeout in milliseconds as the flags take it (0: none).
+fn ms(d: Option<Duration>) -> u64 {
+    d.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The flags' milliseconds as a timeout (0: none).
+fn timeout(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
 }
 
 impl ServeArgs {
@@ -52,6 +87,13 @@ impl ServeArgs {
         s.log_cap_bytes = self.log_cap_bytes.max(64 << 10);
         s.backoff_base = Duration::from_millis(self.backoff_base_ms);
         s.dashboard_open = self.no_dashboard_login;
+        s.http = HttpLimits {
+            max_connections: self.max_connections.max(1),
+            header_read_timeout: timeout(self.header_read_timeout_ms),
+            send_stall_timeout: timeout(self.send_stall_timeout_ms),
+            body_stall_timeout: timeout(self.body_stall_timeout_ms),
+        };
+        s.agent_pool_size = self.agent_pool_size.max(1);
         s
     }
 }
@@ -61,15 +103,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .database_url
         .parse()
         .context("parsing --database-url")?;
-    let db = crate::serve::connect(opts, Duration::from_secs(60)).await?;
+    let db = crate::serve::connect_sized(opts, Duration::from_secs(60), args.db_pool_size).await?;
     crate::serve::migrate(&db).await?;
     if let Some(path) = &args.admin_token_file {
         let token = read_or_make_token(path)?;
         crate::auth::ensure_token(&db, &token, TokenRole::Admin, None, "admin").await?;
     }
     let store = crate::store::open(&args.store)?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
+    let listener = crate::connections::bind(args.listen)
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
     println!("flotilla: listening on http://{addr}");
