@@ -33,8 +33,9 @@ const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
 /// when the harness runs tests in parallel.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A server with short HTTP timeouts on a fresh database; its database URL.
-async fn start_server(dir: &Path) -> (Server, String) {
+/// A server with short HTTP timeouts (and `env`) on a fresh database; its
+/// database URL.
+async fn start_server(dir: &Path, env: &[(&str, &str)]) -> (Server, String) {
     let pg = pg::shared().await;
     let db = pg::fresh_database(pg).await;
     let database_url = pg.database_url(&db);
@@ -51,7 +52,10 @@ async fn start_server(dir: &Path) -> (Server, String) {
                 ("FLOTILLA_HEADER_READ_TIMEOUT_MS".into(), t.clone()),
                 ("FLOTILLA_SEND_STALL_TIMEOUT_MS".into(), t.clone()),
                 ("FLOTILLA_BODY_STALL_TIMEOUT_MS".into(), t),
-            ],
+            ]
+            .into_iter()
+            .chain(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect(),
         },
     )
     .await;
@@ -313,7 +317,7 @@ async fn hostile_clients_leave_no_descriptors_and_heartbeats_go_on() {
     let _alone = ONE_AT_A_TIME.lock().await;
     fds::raise_open_files_limit();
     let dir = scratch("e2e-hostile-");
-    let (server, _) = start_server(dir.path()).await;
+    let (server, _) = start_server(dir.path(), &[]).await;
     let api = server.api();
     let addr = server.addr;
     let pid = server.pid();
@@ -527,7 +531,7 @@ async fn a_bad_token_flood_does_not_empty_the_pool() {
     let _alone = ONE_AT_A_TIME.lock().await;
     fds::raise_open_files_limit();
     let dir = scratch("e2e-bad-tokens-");
-    let (server, database_url) = start_server(dir.path()).await;
+    let (server, database_url) = start_server(dir.path(), &[]).await;
     let agent = Arc::new(Driven::register(&server, "steady", &["command"], LEASE_TTL).await);
     let stop_beats = Arc::new(AtomicBool::new(false));
     let beats = heartbeat_loop(agent.clone(), HEARTBEAT_EVERY, stop_beats.clone());
@@ -601,5 +605,60 @@ async fn a_bad_token_flood_does_not_empty_the_pool() {
         answers.get(&401),
         Some(&2_000),
         "every bad token gets 401: {answers:?}"
+    );
+}
+
+/// At the connection cap the server stops accepting: a client past it waits
+/// in the listen backlog and is served once a connection closes (here idle
+/// ones, at the header timeout); it is never accepted and dropped, and the
+/// server never holds more than the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_connection_cap_clients_wait_their_turn() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    const CAP: usize = 20;
+    let dir = scratch("e2e-cap-");
+    let cap = CAP.to_string();
+    let (server, _) = start_server(dir.path(), &[("FLOTILLA_MAX_CONNECTIONS", &cap)]).await;
+    let (pid, port) = (server.pid(), server.addr.port());
+    flotilla_e2e::eventually(
+        "the harness's own connections to close",
+        Duration::from_secs(10),
+        || async { fds::tcp_connections(pid, port) == 0 },
+    )
+    .await;
+    let mut idle = Vec::new();
+    for _ in 0..CAP {
+        idle.push(
+            TcpStream::connect(server.addr)
+                .await
+                .expect("connecting below the cap"),
+        );
+    }
+    flotilla_e2e::eventually(
+        "the idle clients to be accepted",
+        Duration::from_secs(5),
+        || async { fds::tcp_connections(pid, port) == CAP },
+    )
+    .await;
+
+    let start = Instant::now();
+    let url = format!("{}/healthz", server.url());
+    let late = tokio::spawn(async move { reqwest::get(url).await.map(|r| r.status()) });
+    let mut most = 0;
+    while !late.is_finished() {
+        most = most.max(fds::tcp_connections(pid, port));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let waited = start.elapsed();
+    let status = late
+        .await
+        .expect("the late client")
+        .expect("served, not dropped");
+    println!("connection cap {CAP}: the next client waited {waited:.1?}; at most {most} open");
+    assert_eq!(status, 200);
+    assert!(most <= CAP, "{most} connections open under a cap of {CAP}");
+    assert!(
+        waited >= Duration::from_millis(TIMEOUT_MS / 2),
+        "served after {waited:?}: accepted past the cap"
     );
 }
