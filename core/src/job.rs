@@ -109,6 +109,17 @@ impl CommandJob {
 }
 
 impl JobSpec {
+    /// The outputs an attempt must upload before it may succeed, and the
+    /// only names it may upload: a command job's `outputs`, a tile job's
+    /// two arrays, nothing for a revdeps step (its answer is the result).
+    pub fn declared_outputs(&self) -> Vec<String> {
+        match self {
+            JobSpec::Command(c) => c.outputs.clone(),
+            JobSpec::Tile(t) => t.tile.output_names().to_vec(),
+            JobSpec::Revdeps(_) => Vec::new(),
+        }
+    }
+
     /// The spec as it may be shown to someone who may not see secrets.
     pub fn redacted(self) -> Self {
         match self {

@@ -505,6 +505,77 @@ async fn a_lease_is_bound_to_the_agent_process_that_took_it() {
     assert_ne!(api.job(&id).await.state, JobState::Succeeded);
 }
 
+/// An agent may upload only the outputs a job declares, and may not
+/// complete it without them, whatever its `complete` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_outputs_are_the_only_ones_and_are_required() {
+    let dir = scratch("e2e-declared-");
+    let server = server_on_shared(dir.path(), 5_000).await;
+    let api = server.api();
+    let agent = api.agent_process(&api.agent_token("uploader").await);
+    let health = serde_json::to_value(flotilla_core::health::HostHealth::default()).unwrap();
+    agent
+        .post(
+            "/api/agent/v1/register",
+            json!({"name": "uploader", "instance": agent.instance(), "capacity": 1,
+                   "kinds": ["command"], "version": "t", "health": health}),
+        )
+        .await;
+    let id = api
+        .submit(json!({"kind": "command", "command": "true", "outputs": ["out.txt"]}))
+        .await;
+    let leased = agent
+        .post("/api/agent/v1/lease", json!({"wait_ms": 5000}))
+        .await;
+    let lease = leased["job"]["lease_token"].as_str().unwrap().to_string();
+    let upload = |name: &str| {
+        let agent = agent.clone();
+        let url = format!(
+            "{}/api/agent/v1/jobs/{id}/outputs/{name}?lease={lease}",
+            agent.base
+        );
+        async move {
+            let r = agent
+                .http
+                .put(url)
+                .bearer_auth(&agent.token)
+                .header(flotilla_core::protocol::INSTANCE_HEADER, agent.instance())
+                .body("data")
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (status, body) = upload("extra.bin").await;
+    assert_eq!(status, 422, "an undeclared output: {body}");
+    assert!(body.contains("out.txt"), "{body}");
+    let (status, v) = agent
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/agent/v1/jobs/{id}/complete"),
+            Some(json!({"lease_token": lease, "exit_code": 0, "outputs": []})),
+        )
+        .await;
+    assert_eq!(status, 422, "completed without its declared output: {v}");
+    assert!(v.to_string().contains("out.txt"), "{v}");
+    assert_eq!(api.job(&id).await.state, JobState::Leased);
+    let (status, body) = upload("out.txt").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, v) = agent
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/agent/v1/jobs/{id}/complete"),
+            Some(json!({"lease_token": lease, "exit_code": 0, "outputs": []})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let j = api.job(&id).await;
+    assert_eq!(j.state, JobState::Succeeded);
+    assert_eq!(j.outputs.len(), 1);
+    assert_eq!(j.outputs[0].name, "out.txt");
+}
+
 /// Pause, drain and resume steer which agent takes work, and survive a
 /// server restart (they live in PostgreSQL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -290,6 +290,21 @@ pub async fn upload_output(
     let lease = lease_key(&agent, &id, q.lease)?;
     let id = lease.job;
     let attempt = lease::current_attempt(&state.db, lease).await?;
+    // Only what the spec declares: an agent cannot add objects to a job.
+    let declared = crate::queue::read::spec(&state.db, id)
+        .await?
+        .map(|s| s.declared_outputs())
+        .unwrap_or_default();
+    if !declared.contains(&name) {
+        return Err(ApiError::invalid(format!(
+            "output `{name}` is not one job {id} declares ({})",
+            if declared.is_empty() {
+                "it declares none".to_string()
+            } else {
+                declared.join(", ")
+            }
+        )));
+    }
     let key = format!("jobs/{id}/{attempt}/{name}");
     let path = object_store::path::Path::from(key.as_str());
     let (size, sha256) =

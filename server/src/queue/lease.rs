@@ -254,7 +254,8 @@ pub async fn record_output(
 }
 
 /// Marks the job succeeded if `key` is still its lease and every output
-/// named was stored under this attempt, in the caller's transaction: one
+/// named, and every output a command job's spec declares, was stored under
+/// this attempt, in the caller's transaction: one
 /// statement, so a crash leaves either the lease or the success, never half
 /// of each. Work that must appear together with the success (a tile's
 /// results at their final keys and its coverage) goes in the same
@@ -273,7 +274,11 @@ pub async fn complete_in(
              WHERE id = $1 AND lease_token = $2 AND agent_id = $3
                AND state IN ('leased', 'running')
                AND NOT EXISTS (
-                   SELECT 1 FROM unnest($6::text[]) AS o(name)
+                   SELECT 1 FROM (SELECT unnest($6::text[])
+                                  UNION
+                                  SELECT jsonb_array_elements_text(
+                                             COALESCE(jobs.spec->'outputs', '[]'::jsonb))
+                                 ) AS o(name)
                    WHERE NOT EXISTS (SELECT 1 FROM job_outputs jo
                                      WHERE jo.job_id = $1 AND jo.attempt = jobs.attempt
                                        AND jo.name = o.name))
@@ -303,9 +308,17 @@ pub async fn complete_in(
             .bind(attempt)
             .fetch_all(&mut *tx)
             .await?;
+    let declared: Vec<String> = sqlx::query_scalar(
+        "SELECT jsonb_array_elements_text(COALESCE(spec->'outputs', '[]'::jsonb))
+         FROM jobs WHERE id = $1",
+    )
+    .bind(key.job)
+    .fetch_all(&mut *tx)
+    .await?;
     let missing = c
         .outputs
         .iter()
+        .chain(&declared)
         .find(|o| !stored.contains(o))
         .cloned()
         .unwrap_or_default();

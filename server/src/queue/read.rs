@@ -155,6 +155,16 @@ pub async fn counts(db: &PgPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
         .await
 }
 
+/// The spec of job `id` (`None`: no such job, or a spec this server
+/// cannot read).
+pub async fn spec(db: &PgPool, id: Uuid) -> Result<Option<JobSpec>, sqlx::Error> {
+    let spec: Option<serde_json::Value> = sqlx::query_scalar("SELECT spec FROM jobs WHERE id = $1")
+        .bind(id)
+        .fetch_optional(db)
+        .await?;
+    Ok(spec.and_then(|s| serde_json::from_value(s).ok()))
+}
+
 /// The spec of tile job `id` (`None`: no such job, or not a tile job).
 pub async fn tile_spec(db: &PgPool, id: Uuid) -> Result<Option<TileJob>, sqlx::Error> {
     let spec: Option<serde_json::Value> =
