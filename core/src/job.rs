@@ -571,6 +571,14 @@ pub fn check_output_path(path: &str) -> Result<(), String> {
         match part {
             "" => return Err("has an empty component (`//` or a trailing `/`)".into()),
             "." | ".." => return Err(format!("has a `{part}` component")),
+            // The local object store keeps an upload's parts as `NAME#N`
+            // and refuses such names (it answered 500 before, job after job).
+            _ if part
+                .rsplit_once('#')
+                .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) =>
+            {
+                return Err(format!("has a component `{part}` ending in `#` and digits"))
+            }
             _ => {}
         }
     }
@@ -593,6 +601,8 @@ mod tests {
             "./a",
             "c:\\x",
             "a\nb",
+            "part#1",
+            "dir#22/file",
         ] {
             assert!(check_output_path(bad).is_err(), "{bad:?} accepted");
         }

@@ -65,6 +65,63 @@ impl Source {
             _ => Source::Dir(p.to_path_buf()),
         }
     }
+
+    /// The same source with a git revision resolved to its commit id, so
+    /// that what it names cannot change under a cache keyed on it (`HEAD`
+    /// after a `git pull` is another tree). A directory stays as it is.
+    pub fn resolved(self) -> Result<Source, Error> {
+        let Source::Git { repo, rev } = self else {
+            return Ok(self);
+        };
+        let args = format!("rev-parse --verify {rev}^{{commit}}");
+        if rev.starts_with('-') {
+            return Err(git_err(
+                &args,
+                "a revision may not start with `-`; name a branch, tag or commit",
+            ));
+        }
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args(["rev-parse", "--verify", "--end-of-options"])
+            .arg(format!("{rev}^{{commit}}"))
+            .output()
+            .map_err(|e| git_err(&args, e.to_string()))?;
+        if !out.status.success() {
+            return Err(git_err(
+                &args,
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
+        }
+        Ok(Source::Git {
+            repo,
+            rev: String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        })
+    }
+
+    /// A key for a cache of loaded repositories: `PATH@COMMIT` for a
+    /// resolved git source; for a directory, `PATH@COMMIT` of the checkout
+    /// it is in (so a `git pull` there changes the key; uncommitted edits
+    /// do not), or its path alone outside git.
+    pub fn cache_key(&self) -> String {
+        match self {
+            Source::Git { repo, rev } => format!("{}@{rev}", repo.display()),
+            Source::Dir(p) => {
+                let head = Command::new("git")
+                    .arg("-C")
+                    .arg(p)
+                    .args(["rev-parse", "--verify", "HEAD"])
+                    .output()
+                    .ok()
+                    .filter(|o| o.status.success())
+                    .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+                match head {
+                    Some(commit) => format!("{}@{commit}", p.display()),
+                    None => p.display().to_string(),
+                }
+            }
+        }
+    }
 }
 
 /// `packages/…/NAME.VERSION/opam` → (name, version).
@@ -269,6 +326,14 @@ fn read_git_files(
     sink: &mut dyn FnMut(Vec<(String, Vec<u8>)>),
 ) -> Result<(), Error> {
     let ls_args = format!("ls-tree -r -z --full-tree {rev} -- packages");
+    // The revision comes from a client; one starting with `-` would be read
+    // as an option of git's.
+    if rev.starts_with('-') {
+        return Err(git_err(
+            &ls_args,
+            "a revision may not start with `-`; name a branch, tag or commit",
+        ));
+    }
     let out = Command::new("git")
         .arg("-C")
         .arg(repo)
@@ -363,6 +428,15 @@ fn read_git_files(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_revision_that_looks_like_an_option_is_refused() {
+        let dir = std::env::temp_dir();
+        let err = super::read_git_files(&dir, "--output=/tmp/flotilla-pwned", &mut |_| {})
+            .expect_err("an option as a revision");
+        assert!(err.to_string().contains("may not start with `-`"), "{err}");
+        assert!(!std::path::Path::new("/tmp/flotilla-pwned").exists());
+    }
+
     use super::*;
 
     #[test]

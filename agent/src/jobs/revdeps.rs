@@ -1,8 +1,9 @@
 //! Revdeps jobs: phase 1 (plan) or a phase-2 shard (solve) of an opam reverse-dependency run.
 //!
 //! Steps run with the `opam-revdeps` library on a blocking thread. Loaded
-//! repositories are kept per `PATH[:REV]`, so the shards an agent takes after
-//! its first do not read 18,000 opam files again.
+//! repositories are kept per `PATH@COMMIT` (the revision resolved at each
+//! step, so a `git pull` is seen at once), so the shards an agent takes
+//! after its first do not read 18,000 opam files again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,7 +18,8 @@ use opam_revdeps::{answer, phase1, phase2, Candidate, Query, Repository, Source,
 
 use super::JobContext;
 
-/// Repositories loaded by this agent, by source spec.
+/// Repositories loaded by this agent, by resolved source
+/// ([`Source::cache_key`]).
 #[derive(Default)]
 pub struct RepoCache {
     repos: Mutex<HashMap<String, Arc<Repository>>>,
@@ -26,16 +28,20 @@ pub struct RepoCache {
 impl RepoCache {
     /// The repository and how long loading took (0 when cached).
     fn get(&self, spec: &str) -> Result<(Arc<Repository>, u64), String> {
+        let source = Source::parse(spec)
+            .resolved()
+            .map_err(|e| format!("resolving the opam repository {spec}: {e}"))?;
+        let key = source.cache_key();
         if let Some(r) = self
             .repos
             .lock()
             .expect("repository cache lock is never poisoned")
-            .get(spec)
+            .get(&key)
         {
             return Ok((r.clone(), 0));
         }
         let start = Instant::now();
-        let repo = Repository::load(&Source::parse(spec))
+        let repo = Repository::load(&source)
             .map_err(|e| format!("loading the opam repository {spec}: {e}"))?;
         if !repo.errors.is_empty() {
             tracing::warn!(
@@ -47,7 +53,7 @@ impl RepoCache {
         self.repos
             .lock()
             .expect("repository cache lock is never poisoned")
-            .insert(spec.to_string(), repo.clone());
+            .insert(key, repo.clone());
         Ok((repo, start.elapsed().as_millis() as u64))
     }
 }
@@ -230,5 +236,60 @@ fn step(cache: &RepoCache, job: &RevdepsJob, threads: usize) -> Result<Found, St
                 result,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::process::Command;
+
+    use super::RepoCache;
+
+    fn git(dir: &Path, args: &[&str]) {
+        let ok = Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .status()
+            .expect("git runs")
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+
+    fn add_package(dir: &Path, name: &str) {
+        let p = dir.join(format!("packages/{name}/{name}.1"));
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(p.join("opam"), "opam-version: \"2.0\"\n").unwrap();
+        git(dir, &["add", "."]);
+        git(dir, &["commit", "-q", "-m", name]);
+    }
+
+    /// A repository at `HEAD` is read again after a commit: the cache is
+    /// keyed on the commit, not on the path (it answered from the old tree
+    /// before).
+    #[test]
+    fn a_new_commit_is_loaded_not_served_from_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        // A bare-looking path: a git repository without a checkout of
+        // `packages/` at its root would be read as a directory otherwise.
+        let repo = dir.path().join("opam-repository");
+        std::fs::create_dir_all(&repo).unwrap();
+        git(&repo, &["init", "-q"]);
+        add_package(&repo, "a");
+        let spec = format!("{}:HEAD", repo.display());
+        let cache = RepoCache::default();
+        let (first, _) = cache.get(&spec).unwrap();
+        assert_eq!(first.packages.len(), 1);
+        let (again, ms) = cache.get(&spec).unwrap();
+        assert_eq!((again.packages.len(), ms), (1, 0), "served from the cache");
+        // The checkout itself (a directory with `packages/`), cached too.
+        let dir_spec = repo.display().to_string();
+        assert_eq!(cache.get(&dir_spec).unwrap().0.packages.len(), 1);
+        add_package(&repo, "b");
+        let (after, _) = cache.get(&spec).unwrap();
+        assert_eq!(after.packages.len(), 2, "the new commit is read");
+        assert_eq!(cache.get(&dir_spec).unwrap().0.packages.len(), 2);
     }
 }
