@@ -9,7 +9,7 @@
 //! through `/proc/self/fd`, so nothing can be swapped in between.
 
 use std::io;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 /// An output opened without following links; keep it alive while
 /// [`OpenedOutput::path`] is read.
@@ -31,6 +31,7 @@ impl OpenedOutput {
 #[cfg(target_os = "linux")]
 pub fn open_without_links(path: &Path) -> io::Result<OpenedOutput> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::path::Component;
 
     use nix::fcntl::{openat, OFlag};
     use nix::sys::stat::Mode;
