@@ -133,15 +133,18 @@ pub fn read_or_make_token(path: &std::path::Path) -> anyhow::Result<String> {
 }
 
 /// Writes `text` to `path` readable by the owner only, via a temporary file
-/// renamed into place.
+/// (created exclusively, mode 0600 from the start) renamed into place.
 pub fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let tmp = path.with_extension("tmp");
+    // A fresh name, created exclusively: an existing file or a planted
+    // symlink at the temporary path is never written through, and never
+    // keeps an older, wider mode.
+    let tmp = path.with_extension(format!("tmp-{}", uuid::Uuid::new_v4().simple()));
     let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
+    opts.write(true).create_new(true);
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -155,4 +158,25 @@ pub fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     f.sync_all()?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A symlink planted where the temporary file used to go is not
+    /// written through, and the file is 0600 (review finding L4).
+    #[test]
+    fn write_private_neither_follows_links_nor_keeps_modes() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        let path = dir.path().join("admin.token");
+        std::os::unix::fs::symlink(&victim, path.with_extension("tmp")).unwrap();
+        super::write_private(&path, "secret").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "secret\n");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
 }
