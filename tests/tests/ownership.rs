@@ -159,3 +159,65 @@ async fn clients_see_their_own_jobs_and_secrets_stay_with_their_owner() {
         .await;
     assert_eq!(status, 200, "{v}");
 }
+
+/// An agent token registers only with the labels and kinds an admin
+/// allowed it: a token for a CPU box cannot claim `gpu=h100` and receive
+/// GPU jobs with their environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_token_claims_only_what_an_admin_allowed() {
+    let dir = scratch("e2e-agent-limits-");
+    let server = server_on_shared(dir.path(), 5_000).await;
+    let admin = server.api();
+    let v = admin
+        .post(
+            "/api/v1/tokens",
+            json!({"role": "agent", "agent_name": "cpu-box",
+                   "allowed_labels": {"site": "lab"}, "allowed_kinds": ["command"]}),
+        )
+        .await;
+    let agent = admin.agent_process(v["token"].as_str().unwrap());
+    let health = serde_json::to_value(flotilla_core::health::HostHealth::default()).unwrap();
+    let register = |labels: Value, kinds: Value| {
+        json!({"name": "cpu-box", "instance": agent.instance(), "capacity": 1,
+               "labels": labels, "kinds": kinds, "version": "t", "health": health})
+    };
+    for (labels, kinds, what) in [
+        (json!({"gpu": "h100"}), json!(["command"]), "gpu=h100"),
+        (
+            json!({"site": "elsewhere"}),
+            json!(["command"]),
+            "site=elsewhere",
+        ),
+        (json!({"site": "lab"}), json!(["command", "tile"]), "tile"),
+    ] {
+        let (status, v) = agent
+            .raw(
+                reqwest::Method::POST,
+                "/api/agent/v1/register",
+                Some(register(labels, kinds)),
+            )
+            .await;
+        assert_eq!(status, 403, "{what}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(what),
+            "{v}"
+        );
+    }
+    let (status, v) = agent
+        .raw(
+            reqwest::Method::POST,
+            "/api/agent/v1/register",
+            Some(register(json!({"site": "lab"}), json!(["command"]))),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    // Limits are for agent tokens only.
+    let (status, v) = admin
+        .raw(
+            reqwest::Method::POST,
+            "/api/v1/tokens",
+            Some(json!({"role": "client", "allowed_kinds": ["command"]})),
+        )
+        .await;
+    assert_eq!(status, 422, "{v}");
+}

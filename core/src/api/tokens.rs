@@ -2,6 +2,8 @@
 //! once, at creation.
 
 use chrono::{DateTime, Utc};
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -15,6 +17,16 @@ pub struct CreateToken {
     /// A note for the operator ("ci", "alice's laptop").
     #[serde(default)]
     pub description: Option<String>,
+    /// For `agent` tokens: the only labels the agent may register with
+    /// (each `key=value` it claims must be one of these; `None`: any). An
+    /// agent claiming `gpu=h100` would otherwise get GPU jobs and their
+    /// environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_labels: Option<BTreeMap<String, String>>,
+    /// For `agent` tokens: the only job kinds the agent may run (`None`:
+    /// any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_kinds: Option<Vec<crate::job::JobKind>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

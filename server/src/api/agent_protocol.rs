@@ -95,7 +95,7 @@ impl FromRequestParts<AppState> for AgentProcess {
 
 pub async fn register(
     State(state): State<AppState>,
-    AgentAuth(_, name): AgentAuth,
+    AgentAuth(caller, name): AgentAuth,
     JsonBody(reg): JsonBody<Register>,
 ) -> ApiResult<Json<Registered>> {
     if reg.name != name {
@@ -109,6 +109,12 @@ pub async fn register(
     }
     if reg.capacity == 0 || reg.capacity > 4096 {
         return Err(ApiError::invalid("`capacity` must be between 1 and 4096"));
+    }
+    // What an admin allowed this token to claim: labels and kinds decide
+    // which jobs (and their environments) reach the agent.
+    let limits = crate::auth::tokens::agent_limits(&state.db, caller.token_id).await?;
+    if let Some(why) = limits.refusal(&reg.labels, &reg.kinds) {
+        return Err(ApiError::Forbidden(why));
     }
     let registration = agents::register_instance(&state.db, &reg, state.settings.lease_ttl)
         .await

@@ -30,6 +30,16 @@ pub async fn create(
         }
         _ => {}
     }
+    let limits = auth::tokens::AgentLimits {
+        labels: body.allowed_labels.clone(),
+        kinds: body.allowed_kinds.clone(),
+    };
+    let limited = limits.labels.is_some() || limits.kinds.is_some();
+    if limited && body.role != TokenRole::Agent {
+        return Err(ApiError::invalid(
+            "`allowed_labels` and `allowed_kinds` are only for agent tokens",
+        ));
+    }
     let (id, token) = auth::create_token(
         &state.db,
         body.role,
@@ -37,6 +47,9 @@ pub async fn create(
         body.description.as_deref(),
     )
     .await?;
+    if limited {
+        auth::tokens::set_agent_limits(&state.db, id, &limits).await?;
+    }
     Ok(created(TokenCreated { id, token }))
 }
 

@@ -113,3 +113,80 @@ pub async fn ensure_token(
     .await?;
     Ok(())
 }
+
+/// What an agent token may claim at registration (`None`: anything).
+#[derive(Debug, Clone, Default)]
+pub struct AgentLimits {
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
+    pub kinds: Option<Vec<flotilla_core::job::JobKind>>,
+}
+
+impl AgentLimits {
+    /// Why `labels` and `kinds` may not be claimed with this token, if not.
+    pub fn refusal(
+        &self,
+        labels: &std::collections::BTreeMap<String, String>,
+        kinds: &[flotilla_core::job::JobKind],
+    ) -> Option<String> {
+        if let Some(allowed) = &self.labels {
+            if let Some((k, v)) = labels.iter().find(|(k, v)| allowed.get(*k) != Some(*v)) {
+                return Some(format!(
+                    "this agent token may not claim the label `{k}={v}`; an admin allows labels \
+                     with `flotilla tokens create --role agent --allow-label KEY=VALUE`"
+                ));
+            }
+        }
+        if let Some(allowed) = &self.kinds {
+            if let Some(k) = kinds.iter().find(|k| !allowed.contains(k)) {
+                return Some(format!(
+                    "this agent token may not run `{k}` jobs; an admin allows kinds with \
+                     `flotilla tokens create --role agent --allow-kind KIND`"
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// Records what agent token `id` may claim.
+pub async fn set_agent_limits(
+    db: &PgPool,
+    id: Uuid,
+    limits: &AgentLimits,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE api_tokens SET allowed_labels = $2, allowed_kinds = $3 WHERE id = $1")
+        .bind(id)
+        .bind(
+            limits
+                .labels
+                .as_ref()
+                .map(|l| serde_json::to_value(l).expect("labels serialise")),
+        )
+        .bind(
+            limits
+                .kinds
+                .as_ref()
+                .map(|k| k.iter().map(|k| k.as_str()).collect::<Vec<_>>()),
+        )
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// What agent token `id` may claim.
+pub async fn agent_limits(db: &PgPool, id: Uuid) -> Result<AgentLimits, sqlx::Error> {
+    let row: Option<(Option<serde_json::Value>, Option<Vec<String>>)> =
+        sqlx::query_as("SELECT allowed_labels, allowed_kinds FROM api_tokens WHERE id = $1")
+            .bind(id)
+            .fetch_optional(db)
+            .await?;
+    let Some((labels, kinds)) = row else {
+        return Ok(AgentLimits::default());
+    };
+    Ok(AgentLimits {
+        // Written by set_agent_limits only; a value that does not parse
+        // allows nothing rather than everything.
+        labels: labels.map(|l| serde_json::from_value(l).unwrap_or_default()),
+        kinds: kinds.map(|k| k.iter().filter_map(|k| k.parse().ok()).collect()),
+    })
+}

@@ -16,6 +16,14 @@ pub enum TokensCommand {
         /// For agent tokens: the agent name it may register as.
         #[arg(long)]
         agent: Option<String>,
+        /// For agent tokens: a label (key=value) the agent may register
+        /// with; repeatable. Without any, it may claim any labels.
+        #[arg(long = "allow-label", value_parser = parse_label)]
+        allow_labels: Vec<(String, String)>,
+        /// For agent tokens: a job kind (command, tile, revdeps) the agent
+        /// may run; repeatable. Without any, it may run every kind.
+        #[arg(long = "allow-kind")]
+        allow_kinds: Vec<flotilla_core::job::JobKind>,
         #[arg(long)]
         description: Option<String>,
         #[command(flatten)]
@@ -71,6 +79,8 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
         TokensCommand::Create {
             role,
             agent,
+            allow_labels,
+            allow_kinds,
             description,
             conn,
         } => {
@@ -82,6 +92,9 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
                         role,
                         agent_name: agent,
                         description,
+                        allowed_labels: (!allow_labels.is_empty())
+                            .then(|| allow_labels.into_iter().collect()),
+                        allowed_kinds: (!allow_kinds.is_empty()).then_some(allow_kinds),
                     },
                 )
                 .await?;
@@ -89,6 +102,12 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("`{s}` is not key=value"))
 }
 
 fn parse_role(s: &str) -> Result<TokenRole, String> {
