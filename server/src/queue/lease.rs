@@ -167,14 +167,22 @@ pub async fn heartbeat(
         .iter()
         .map(|l| l.progress.map(|p| p.total as i64))
         .collect();
+    // The rows are locked in id order first: two heartbeats of one agent
+    // about the same leases (a retry racing the next beat) would otherwise
+    // lock them in whatever order each join produced and could deadlock.
     let extended: Vec<(Uuid, bool)> = sqlx::query_as(
-        "UPDATE jobs j
+        "WITH h AS (SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::bigint[])
+                        AS h(id, token, done, total)),
+              locked AS (SELECT j.id FROM jobs j JOIN h ON j.id = h.id
+                         WHERE j.lease_token = h.token AND j.agent_id = $6
+                           AND j.state IN ('leased', 'running')
+                         ORDER BY j.id FOR UPDATE OF j)
+         UPDATE jobs j
          SET lease_expires_at = now() + $5 * interval '1 millisecond',
              progress_done = COALESCE(h.done, j.progress_done),
              progress_total = COALESCE(h.total, j.progress_total)
-         FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::bigint[]) AS h(id, token, done, total)
-         WHERE j.id = h.id AND j.lease_token = h.token AND j.agent_id = $6
-           AND j.state IN ('leased', 'running')
+         FROM h, locked
+         WHERE j.id = locked.id AND h.id = j.id AND j.lease_token = h.token
          RETURNING j.id, j.cancel_requested",
     )
     .bind(&ids)
