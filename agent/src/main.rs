@@ -27,9 +27,13 @@ use flotilla_agent::server_api::ServerApi;
                   of the agent's but the job's own directory."
 )]
 struct Args {
-    /// Server URL, e.g. http://flotilla.example:8470
+    /// Server URL, e.g. https://flotilla.example:8470
     #[arg(long, env = "FLOTILLA_SERVER")]
     server: String,
+    /// CA certificate(s) (PEM) to trust for an https:// server besides the
+    /// public ones: the server's own CA, or its self-signed certificate.
+    #[arg(long, env = "FLOTILLA_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// File holding the agent token, readable by the agent's user only
     /// (the token is never taken from the command line or the environment,
     /// where a job could read it).
@@ -136,7 +140,11 @@ fn real_main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let api = ServerApi::new(&args.server, &token)?;
+        let roots = match &args.ca_file {
+            Some(path) => read_ca_file(path)?,
+            None => Vec::new(),
+        };
+        let api = ServerApi::trusting(&args.server, &token, roots)?;
         let shutdown = tokio_util::sync::CancellationToken::new();
         let s = shutdown.clone();
         tokio::spawn(async move {
@@ -157,6 +165,20 @@ fn real_main() -> anyhow::Result<()> {
         });
         runner::run(api, config, shutdown).await
     })
+}
+
+/// The certificates of `--ca-file`.
+fn read_ca_file(path: &Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    let pem =
+        std::fs::read(path).with_context(|| format!("reading --ca-file {}", path.display()))?;
+    let roots = reqwest::Certificate::from_pem_bundle(&pem)
+        .with_context(|| format!("reading the certificates in --ca-file {}", path.display()))?;
+    anyhow::ensure!(
+        !roots.is_empty(),
+        "--ca-file {} holds no certificate (a PEM `BEGIN CERTIFICATE` block)",
+        path.display()
+    );
+    Ok(roots)
 }
 
 /// Reads the token file, warning when others than its owner may read it.

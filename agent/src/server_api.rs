@@ -225,6 +225,16 @@ impl ServerApi {
     /// A client for one agent process: a fresh instance id, sent in
     /// [`INSTANCE_HEADER`] on every request.
     pub fn new(base: &str, token: &str) -> anyhow::Result<Self> {
+        Self::trusting(base, token, Vec::new())
+    }
+
+    /// [`ServerApi::new`] that trusts `roots` (the CAs of `--ca-file`)
+    /// besides the public roots.
+    pub fn trusting(
+        base: &str,
+        token: &str,
+        roots: Vec<reqwest::Certificate>,
+    ) -> anyhow::Result<Self> {
         let instance = Uuid::new_v4();
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(
@@ -232,11 +242,14 @@ impl ServerApi {
             reqwest::header::HeaderValue::from_str(&instance.to_string())
                 .expect("a uuid is a valid header value"),
         );
+        let mut http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .default_headers(headers);
+        for root in roots {
+            http = http.add_root_certificate(root);
+        }
         Ok(ServerApi {
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(5))
-                .default_headers(headers)
-                .build()?,
+            http: http.build()?,
             base: base.trim_end_matches('/').to_string(),
             token: token.to_string(),
             instance,
@@ -262,7 +275,8 @@ impl ServerApi {
             .json(body)
             .send()
             .await
-            .map_err(|e| CallError::Unreachable(e.to_string()))?;
+            // Every cause, and what to do about a TLS failure.
+            .map_err(|e| CallError::Unreachable(flotilla_core::tls::explain(&e, &self.base)))?;
         decode(resp).await
     }
 

@@ -17,6 +17,8 @@
 //!   grids.
 //! - [`roi`]: regions of interest (GeoJSON or a bbox) and the tiles they cover.
 //! - [`text`]: cutting text to a byte limit on a character boundary.
+//! - [`tls`]: what a client says when it cannot reach the server (the
+//!   causes, and what to do about a TLS failure).
 
 pub mod api;
 pub mod grid;
@@ -25,3 +27,4 @@ pub mod job;
 pub mod protocol;
 pub mod roi;
 pub mod text;
+pub mod tls;

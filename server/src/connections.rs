@@ -1,6 +1,7 @@
 //! Accepting and serving HTTP connections under limits a hostile client
 //! cannot outlast: a cap on open connections, a header-read (and keep-alive)
-//! timeout, and a timeout on writes that make no progress.
+//! timeout, and a timeout on writes that make no progress; with TLS, a
+//! timeout on the handshake too.
 //!
 //! `axum::serve` sets no timer, so hyper's header-read timeout never applies
 //! there, and it has no connection cap; this is the same loop (hyper's
@@ -13,11 +14,14 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_io_timeout::TimeoutStream;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -54,19 +58,23 @@ pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// Serves `app` on `listener` until `shutdown` fires, then lets open
-/// connections finish (for at most [`SHUTDOWN_GRACE`]). The request-body
-/// limit of `limits` is not applied here (see the module's head).
+/// connections finish (for at most [`SHUTDOWN_GRACE`]). With `tls`, each
+/// connection is a TLS one (the handshake within the header-read timeout).
+/// The request-body limit of `limits` is not applied here (see the
+/// module's head).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
+    tls: Option<TlsAcceptor>,
     shutdown: CancellationToken,
 ) {
     let max = fit_to_fd_limit(limits.max_connections);
     // One permit per open connection, taken before `accept` and released
-    // when the connection's task ends (mini-redis's `limit_connections`).
+    // when the connection's task ends (mini-redis's `limit_connections`):
+    // a TLS handshake in progress holds one too.
     let permits = Arc::new(Semaphore::new(max));
-    let mut http = hyper::server::conn::http1::Builder::new();
+    let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
     let connections = TaskTracker::new();
@@ -90,26 +98,45 @@ pub async fn serve(
         }
         let mut socket = TimeoutStream::new(socket);
         socket.set_write_timeout(limits.send_stall_timeout);
-        let io = TokioIo::new(Box::pin(socket));
-        let service = TowerToHyperService::new(app.clone().into_service::<Incoming>());
-        let conn = http.serve_connection(io, service);
+        let socket = Box::pin(socket);
+        let app = app.clone();
+        let http = http.clone();
         let stop = shutdown.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
             let _permit = permit;
-            tokio::pin!(conn);
-            let ended = tokio::select! {
-                ended = conn.as_mut() => ended,
-                _ = stop.cancelled() => {
-                    // Finish the request in flight, then close (an idle
-                    // keep-alive connection closes at once).
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+            let Some(tls) = tls else {
+                return serve_one(socket, app, &http, &stop, peer).await;
+            };
+            // In this task, not the accept loop: a client that opens a
+            // connection and never finishes its handshake holds its own
+            // slot only, and for at most the header-read timeout.
+            let handshake = tls.accept(socket);
+            let handshake = async {
+                match limits.header_read_timeout {
+                    Some(limit) => {
+                        tokio::time::timeout(limit, handshake)
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    "TLS handshake timed out",
+                                ))
+                            })
+                    }
+                    None => handshake.await,
                 }
             };
-            if let Err(e) = ended {
-                // Timeouts, resets and clients that hung up mid-request end
-                // up here; none is the server's fault.
-                tracing::debug!(%peer, error = %e, "connection ended");
+            let stream = tokio::select! {
+                s = handshake => s,
+                _ = stop.cancelled() => return,
+            };
+            match stream {
+                Ok(stream) => serve_one(stream, app, &http, &stop, peer).await,
+                // Plain HTTP to the TLS port, scanners, timeouts, clients
+                // that do not trust our certificate: none is the server's
+                // fault.
+                Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
             }
         });
     }
@@ -123,6 +150,37 @@ pub async fn serve(
             open = max - permits.available_permits(),
             "connections still open after the shutdown grace; closing them"
         );
+    }
+}
+
+/// Serves HTTP/1 requests on one connection (`io`: a TCP or a TLS stream)
+/// until the client closes it, a limit ends it, or shutdown finishes the
+/// request in flight.
+async fn serve_one<I>(
+    io: I,
+    app: Router,
+    http: &http1::Builder,
+    stop: &CancellationToken,
+    peer: std::net::SocketAddr,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = TowerToHyperService::new(app.into_service::<Incoming>());
+    let conn = http.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let ended = tokio::select! {
+        ended = conn.as_mut() => ended,
+        _ = stop.cancelled() => {
+            // Finish the request in flight, then close (an idle
+            // keep-alive connection closes at once).
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = ended {
+        // Timeouts, resets and clients that hung up mid-request end
+        // up here; none is the server's fault.
+        tracing::debug!(%peer, error = %e, "connection ended");
     }
 }
 

@@ -9,7 +9,9 @@
 //! - [`serve`]: connects, migrates, and runs the HTTP server with its
 //!   background tasks (reaper, NOTIFY listener, coordinator) until shutdown.
 //! - [`connections`]: the accept loop: a cap on open connections, header,
-//!   keep-alive and stalled-write timeouts.
+//!   keep-alive and stalled-write timeouts, the TLS handshake.
+//! - [`transport`]: plain HTTP, TLS served here or ended by a proxy: which
+//!   an address allows, and the TLS acceptor.
 //! - [`api`]: the router and its handlers, one module per resource.
 //! - [`extract`]: the JSON body and id extractors the API and dashboard
 //!   share.
@@ -51,3 +53,4 @@ pub mod serve;
 pub mod state;
 pub mod store;
 pub mod tiles;
+pub mod transport;

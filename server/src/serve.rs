@@ -11,6 +11,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -46,6 +47,8 @@ pub async fn connect_sized(
             .await;
         match pool {
             Ok(p) => return Ok(p),
+            // A certificate does not get better by waiting.
+            Err(e) if tls_refused(&e) => return Err(tls_error(e)),
             Err(e) if tokio::time::Instant::now() < deadline => {
                 tracing::warn!(error = %e, "database not reachable yet; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -53,6 +56,36 @@ pub async fn connect_sized(
             Err(e) => return Err(e).context("connecting to PostgreSQL"),
         }
     }
+}
+
+/// Whether `e` is a failure of TLS with PostgreSQL, which retrying will not
+/// cure: the server offers no TLS (`Error::Tls`), or its certificate was
+/// refused (rustls's error, inside the handshake's `io::Error`).
+fn tls_refused(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Tls(_) => true,
+        sqlx::Error::Io(io) => {
+            io.kind() == std::io::ErrorKind::InvalidData
+                && flotilla_core::tls::classify(&io.to_string(), "").is_some()
+        }
+        _ => false,
+    }
+}
+
+/// A [`tls_refused`] failure, with what to do about it.
+fn tls_error(e: sqlx::Error) -> anyhow::Error {
+    let advice = if e.to_string().contains("does not support TLS") {
+        "PostgreSQL offers no TLS, which the sslmode of --database-url requires: turn on ssl at \
+         the database server (ssl = on, with ssl_cert_file and ssl_key_file)"
+    } else {
+        "PostgreSQL's TLS certificate was refused. With sslmode=verify-full (or verify-ca), the \
+         sslrootcert parameter of --database-url must name the CA certificate (PEM) that signed \
+         the database's certificate (managed services publish theirs, e.g. AWS RDS's \
+         global-bundle.pem), and with verify-full the URL's host must be a name the certificate \
+         gives; sslmode=require encrypts without checking the certificate"
+    };
+    let cause = flotilla_core::tls::chain(&e);
+    anyhow::anyhow!("connecting to PostgreSQL over TLS failed ({cause}). {advice}")
 }
 
 /// Applies the migrations under `migrations/` (an advisory lock keeps
@@ -64,7 +97,7 @@ pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
         .context("applying database migrations")
 }
 
-/// Serves on `listener` until `shutdown` fires.
+/// Serves on `listener` until `shutdown` fires, over TLS with `tls`.
 ///
 /// The agent calls that keep leases alive (register, lease, heartbeat,
 /// start, log, complete, fail) run on a pool of their own,
@@ -82,6 +115,7 @@ pub async fn run(
     db: PgPool,
     store: Arc<dyn ObjectStore>,
     settings: Settings,
+    tls: Option<TlsAcceptor>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let state = AppState {
@@ -138,7 +172,7 @@ pub async fn run(
         // Resets at every chunk received: a limit on progress, not on time.
         app = app.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(stall));
     }
-    crate::connections::serve(listener, app, limits, shutdown.clone()).await;
+    crate::connections::serve(listener, app, limits, tls, shutdown.clone()).await;
     shutdown.cancel();
     tasks.wait().await;
     Ok(())

@@ -54,6 +54,9 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Serve the dashboard without a login (a local run only).
     pub dashboard_open: bool,
+    /// How requests arrive, so which came over HTTPS (the dashboard's
+    /// cookie is `Secure` for those).
+    pub transport: crate::transport::Transport,
     /// What HTTP connections may cost ([`crate::connections`]).
     pub http: HttpLimits,
     /// Pool connections only the agent protocol uses, apart from the main
@@ -114,6 +117,7 @@ impl Default for Settings {
             coordinator_interval: Duration::from_millis(500),
             max_body_bytes: 1 << 20,
             dashboard_open: false,
+            transport: crate::transport::Transport::Plain,
             http: HttpLimits::default(),
             agent_pool_size: 8,
         }

@@ -22,17 +22,38 @@ pub struct ServerOpts {
     pub env: Vec<(String, String)>,
 }
 
+/// The TLS of a server under test: its certificate and key (PEM), and the
+/// CA certificate its clients are given (`--ca-file`).
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
 pub struct Server {
     pub opts: ServerOpts,
     pub dir: PathBuf,
     pub addr: SocketAddr,
     pub admin_token: String,
+    /// Set when it serves HTTPS.
+    pub tls: Option<TlsFiles>,
     child: Child,
 }
 
 impl Server {
     /// Starts `flotilla serve` and waits until it is healthy.
     pub async fn start(dir: &Path, opts: ServerOpts) -> Server {
+        Server::start_with(dir, opts, None).await
+    }
+
+    /// Starts `flotilla serve --tls-cert --tls-key` and waits until it is
+    /// healthy; its API client and agents trust `tls.ca`.
+    pub async fn start_tls(dir: &Path, opts: ServerOpts, tls: TlsFiles) -> Server {
+        Server::start_with(dir, opts, Some(tls)).await
+    }
+
+    async fn start_with(dir: &Path, opts: ServerOpts, tls: Option<TlsFiles>) -> Server {
         let token_file = dir.join("admin.token");
         let mut cmd = Command::new(crate::binary("flotilla"));
         // The URL holds the database password: in the environment, which
@@ -55,12 +76,21 @@ impl Server {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
+        if let Some(tls) = &tls {
+            cmd.arg("--tls-cert")
+                .arg(&tls.cert)
+                .arg("--tls-key")
+                .arg(&tls.key);
+        }
         let mut child = cmd.spawn().expect("spawning flotilla serve");
         let stdout = child.stdout.take().expect("stdout piped");
         let mut lines = BufReader::new(stdout).lines();
         let addr: SocketAddr = tokio::time::timeout(Duration::from_secs(120), async {
             while let Some(line) = lines.next_line().await.expect("reading server stdout") {
-                if let Some(url) = line.strip_prefix("flotilla: listening on http://") {
+                let url = line
+                    .strip_prefix("flotilla: listening on http://")
+                    .or_else(|| line.strip_prefix("flotilla: listening on https://"));
+                if let Some(url) = url {
                     return url.parse().expect("server prints its address");
                 }
             }
@@ -79,6 +109,7 @@ impl Server {
             dir: dir.to_path_buf(),
             addr,
             admin_token,
+            tls,
             child,
         };
         server.wait_healthy(Duration::from_secs(60)).await;
@@ -86,7 +117,8 @@ impl Server {
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The server's process id (to count its descriptors).
@@ -95,12 +127,19 @@ impl Server {
     }
 
     pub fn api(&self) -> Api {
-        Api::new(&self.url(), &self.admin_token)
+        let api = Api::new(&self.url(), &self.admin_token);
+        match &self.tls {
+            Some(tls) => Api {
+                http: client_trusting(&tls.ca),
+                ..api
+            },
+            None => api,
+        }
     }
 
     pub async fn wait_healthy(&self, timeout: Duration) {
         let url = format!("{}/healthz", self.url());
-        let http = reqwest::Client::new();
+        let http = self.api().http;
         crate::eventually("the server to be healthy", timeout, || {
             let req = http.get(&url).timeout(Duration::from_secs(2)).send();
             async move { matches!(req.await, Ok(r) if r.status().is_success()) }
@@ -118,7 +157,7 @@ impl Server {
     pub async fn restart(&mut self) {
         let mut opts = self.opts.clone();
         opts.listen = self.addr;
-        let fresh = Server::start(&self.dir, opts).await;
+        let fresh = Server::start_with(&self.dir, opts, self.tls.clone()).await;
         *self = fresh;
     }
 }
@@ -132,6 +171,7 @@ impl Agent {
     /// Starts `flotilla-agent` with a fresh token for `name`, given in a
     /// 0600 file beside its work directory (agents take no token on the
     /// command line or in the environment).
+    /// Given a TLS server's CA with `--ca-file`.
     pub async fn start(server: &Server, name: &str, capacity: u32, extra: &[&str]) -> Agent {
         let token = server.api().agent_token(name).await;
         let agents = server.dir.join("agents");
@@ -139,7 +179,11 @@ impl Agent {
         std::fs::create_dir_all(&workdir).expect("agent workdir");
         let token_file = agents.join(format!("{name}.token"));
         write_private(&token_file, &token);
-        let child = Command::new(crate::binary("flotilla-agent"))
+        let mut cmd = Command::new(crate::binary("flotilla-agent"));
+        if let Some(tls) = &server.tls {
+            cmd.arg("--ca-file").arg(&tls.ca);
+        }
+        let child = cmd
             .arg("--server")
             .arg(server.url())
             .arg("--token-file")
@@ -221,20 +265,31 @@ pub fn free_addr() -> SocketAddr {
     l.local_addr().expect("local addr")
 }
 
+/// An HTTP client that trusts the CA certificate in `ca` (PEM).
+pub fn client_trusting(ca: &Path) -> reqwest::Client {
+    let pem = std::fs::read(ca).unwrap_or_else(|e| panic!("reading {}: {e}", ca.display()));
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("a PEM certificate"))
+        .build()
+        .expect("building an HTTP client")
+}
+
 /// A server on a fresh database of the shared cluster with a local store.
 pub async fn server_on_shared(dir: &Path, lease_ttl_ms: u64) -> Server {
+    Server::start(dir, opts_on_shared(dir, lease_ttl_ms).await).await
+}
+
+/// [`server_on_shared`]'s options, to change before the start.
+pub async fn opts_on_shared(dir: &Path, lease_ttl_ms: u64) -> ServerOpts {
     let pg = crate::pg::shared().await;
     let db = crate::pg::fresh_database(pg).await;
-    Server::start(
-        dir,
-        ServerOpts {
-            database_url: pg.database_url(&db),
-            store: dir.join("store").to_string_lossy().into_owned(),
-            listen: "127.0.0.1:0".parse().expect("valid address"),
-            lease_ttl_ms,
-            backoff_base_ms: 200,
-            env: Vec::new(),
-        },
-    )
-    .await
+    ServerOpts {
+        database_url: pg.database_url(&db),
+        store: dir.join("store").to_string_lossy().into_owned(),
+        listen: "127.0.0.1:0".parse().expect("valid address"),
+        lease_ttl_ms,
+        backoff_base_ms: 200,
+        env: Vec::new(),
+    }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use flotilla_core::job::JobState;
-use flotilla_e2e::procs::{server_on_shared, Agent};
+use flotilla_e2e::procs::{opts_on_shared, server_on_shared, Agent, Server};
 use flotilla_e2e::scratch;
 use serde_json::json;
 
@@ -123,13 +123,17 @@ async fn dashboard_requires_login_and_metrics_report_the_queue() {
 }
 
 /// The dashboard's cookie is a server-side session, not the API token:
-/// Secure behind an HTTPS proxy; logout and the revocation of the token it
-/// was opened with each end its open live streams within 10 s, and the
-/// cookie works no more.
+/// Secure behind an HTTPS proxy (`--behind-tls-proxy`: tls.rs checks that
+/// the proxy's header counts only then); logout and the revocation of the
+/// token it was opened with each end its open live streams within 10 s, and
+/// the cookie works no more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_end_at_logout_and_revocation() {
     let dir = scratch("e2e-ui-session-");
-    let server = server_on_shared(dir.path(), 5_000).await;
+    let mut opts = opts_on_shared(dir.path(), 5_000).await;
+    opts.env
+        .push(("FLOTILLA_BEHIND_TLS_PROXY".into(), "true".into()));
+    let server = Server::start(dir.path(), opts).await;
     let api = server.api();
     let url = server.url();
     let http = reqwest::Client::builder()

@@ -2,7 +2,7 @@
 //! or the URL `flotilla up` wrote), the API token, and typed calls that
 //! turn the error envelope into a message.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -24,6 +24,10 @@ pub struct Conn {
     /// File holding the API token [default: ./flotilla-data/admin.token]
     #[arg(long, env = "FLOTILLA_TOKEN_FILE", global = true)]
     pub token_file: Option<PathBuf>,
+    /// CA certificate(s) (PEM) to trust for an https:// server besides the
+    /// public ones: the server's own CA, or its self-signed certificate.
+    #[arg(long, env = "FLOTILLA_CA_FILE", global = true)]
+    pub ca_file: Option<PathBuf>,
 }
 
 pub struct Client {
@@ -55,22 +59,58 @@ impl Conn {
                     )
                 })?,
         };
+        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(120));
+        if let Some(ca) = &self.ca_file {
+            for root in read_ca_file(ca)? {
+                http = http.add_root_certificate(root);
+            }
+        }
         Ok(Client {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(120))
-                .build()?,
+            http: http.build()?,
             base: base.trim_end_matches('/').to_string(),
             token,
         })
     }
 }
 
+/// The certificates of a `--ca-file`.
+fn read_ca_file(path: &Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    let pem =
+        std::fs::read(path).with_context(|| format!("reading --ca-file {}", path.display()))?;
+    let roots = reqwest::Certificate::from_pem_bundle(&pem)
+        .with_context(|| format!("reading the certificates in --ca-file {}", path.display()))?;
+    anyhow::ensure!(
+        !roots.is_empty(),
+        "--ca-file {} holds no certificate (a PEM `BEGIN CERTIFICATE` block)",
+        path.display()
+    );
+    Ok(roots)
+}
+
 impl Client {
+    /// Why a request reached no answer: every cause, and what to do about
+    /// a TLS failure.
+    fn unreachable(&self, e: reqwest::Error) -> anyhow::Error {
+        let why = flotilla_core::tls::chain(&e);
+        match flotilla_core::tls::classify(&why, &self.base) {
+            Some(failure) => anyhow::anyhow!(
+                "cannot reach the server at {}: {why}; {}",
+                self.base,
+                failure.advice()
+            ),
+            None => anyhow::anyhow!(
+                "cannot reach the server at {}; is it running? ({why})",
+                self.base
+            ),
+        }
+    }
+
     async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> anyhow::Result<T> {
-        let resp =
-            req.bearer_auth(&self.token).send().await.with_context(|| {
-                format!("cannot reach the server at {}; is it running?", self.base)
-            })?;
+        let resp = req
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
         let status = resp.status();
         let bytes = resp.bytes().await?;
         if !status.is_success() {
@@ -93,7 +133,7 @@ impl Client {
             .bearer_auth(&self.token)
             .send()
             .await
-            .with_context(|| format!("cannot reach the server at {}; is it running?", self.base))?;
+            .map_err(|e| self.unreachable(e))?;
         let status = resp.status();
         let header = |name: &str| {
             resp.headers()

@@ -10,6 +10,7 @@ use flotilla_core::api::TokenRole;
 use sqlx::postgres::PgConnectOptions;
 
 use crate::state::{HttpLimits, Settings};
+use crate::transport::{ExposureError, Transport};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -22,9 +23,23 @@ pub struct ServeArgs {
     /// services).
     #[arg(long, env = "FLOTILLA_STORE")]
     pub store: String,
-    /// Address to listen on; port 0 picks a free one (printed at start).
+    /// Address to listen on; port 0 picks a free one (printed at start). An
+    /// address other machines can reach needs --tls-cert and --tls-key, or
+    /// --behind-tls-proxy.
     #[arg(long, env = "FLOTILLA_LISTEN", default_value = "127.0.0.1:8470")]
     pub listen: SocketAddr,
+    /// Serve HTTPS with this certificate chain (PEM: the server's
+    /// certificate, then any intermediate CA's). Read once at start.
+    #[arg(long, env = "FLOTILLA_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "FLOTILLA_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// A proxy in front terminates TLS and only it reaches this address:
+    /// serve plain HTTP on a non-loopback --listen, and take the proxy's
+    /// `X-Forwarded-Proto: https` as a request's coming over HTTPS.
+    #[arg(long, env = "FLOTILLA_BEHIND_TLS_PROXY")]
+    pub behind_tls_proxy: bool,
     /// File holding the admin token; made (mode 0600) with a fresh token if
     /// it does not exist.
     #[arg(long, env = "FLOTILLA_ADMIN_TOKEN_FILE")]
@@ -40,7 +55,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 2_000)]
     pub backoff_base_ms: u64,
     /// Serve the dashboard (/ui) without a login. Only for a machine whose
-    /// listening address nobody else can reach.
+    /// listening address nobody else can reach (refused on any other than
+    /// loopback).
     #[arg(long)]
     pub no_dashboard_login: bool,
     /// Most HTTP connections open at once; past it new ones wait in the
@@ -81,6 +97,16 @@ fn timeout(ms: u64) -> Option<Duration> {
 }
 
 impl ServeArgs {
+    /// How requests will arrive, or why --listen may not be served so.
+    pub fn transport(&self) -> Result<Transport, ExposureError> {
+        crate::transport::transport_for(
+            self.listen,
+            self.tls_cert.is_some(),
+            self.behind_tls_proxy,
+            self.no_dashboard_login,
+        )
+    }
+
     pub fn settings(&self) -> Settings {
         let mut s = Settings::with_lease_ttl(Duration::from_millis(self.lease_ttl_ms.max(100)));
         // Room for a few lines at either end, whatever was asked.
@@ -99,10 +125,19 @@ impl ServeArgs {
 }
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Before anything is touched: a refused address is a mistake to fix,
+    // not to find after the migrations ran.
+    let mut settings = args.settings();
+    settings.transport = args.transport()?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(crate::transport::acceptor(cert, key)?),
+        _ => None,
+    };
     let opts: PgConnectOptions = args
         .database_url
         .parse()
         .context("parsing --database-url")?;
+    check_root_cert(&args.database_url)?;
     let db = crate::serve::connect_sized(opts, Duration::from_secs(60), args.db_pool_size).await?;
     crate::serve::migrate(&db).await?;
     if let Some(path) = &args.admin_token_file {
@@ -113,9 +148,24 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = crate::connections::bind(args.listen)
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
-    println!("flotilla: listening on http://{addr}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("flotilla: listening on {scheme}://{addr}");
     let shutdown = crate::serve::shutdown_on_signals();
-    crate::serve::run(listener, db, store, args.settings(), shutdown).await
+    crate::serve::run(listener, db, store, settings, tls, shutdown).await
+}
+
+/// Fails at once, saying which, when the URL's `sslrootcert` cannot be
+/// read: connecting would otherwise retry it as an unreachable database.
+fn check_root_cert(database_url: &str) -> anyhow::Result<()> {
+    let Ok(url) = url::Url::parse(database_url) else {
+        return Ok(());
+    };
+    if let Some((_, path)) = url.query_pairs().find(|(k, _)| k == "sslrootcert") {
+        std::fs::File::open(path.as_ref()).with_context(|| {
+            format!("reading the sslrootcert {path} of --database-url (the CA certificate, PEM)")
+        })?;
+    }
+    Ok(())
 }
 
 /// Reads a token file, or writes a fresh token to it with mode 0600.

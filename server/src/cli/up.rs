@@ -25,15 +25,22 @@ use flotilla_core::api::TokenRole;
 
 use crate::embedded_pg::account::Account;
 use crate::embedded_pg::EmbeddedPostgres;
+use crate::transport::{ExposureError, Transport};
 
 #[derive(clap::Args)]
 pub struct UpArgs {
     /// Where everything lives.
     #[arg(long, default_value = "./flotilla-data")]
     pub data: PathBuf,
-    /// Address to serve on; port 0 picks a free one.
+    /// Address to serve on (plain HTTP); port 0 picks a free one. One other
+    /// machines can reach needs --behind-tls-proxy (or `flotilla serve`
+    /// with TLS).
     #[arg(long, default_value = "127.0.0.1:8470")]
     pub listen: SocketAddr,
+    /// A proxy in front terminates TLS and only it reaches --listen (see
+    /// `flotilla serve --help`).
+    #[arg(long, env = "FLOTILLA_BEHIND_TLS_PROXY")]
+    pub behind_tls_proxy: bool,
     /// Local agents to start.
     #[arg(long, default_value_t = 1)]
     pub agents: u32,
@@ -43,8 +50,8 @@ pub struct UpArgs {
     /// How long a lease lives without a heartbeat, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub lease_ttl_ms: u64,
-    /// Serve the dashboard without a login (it listens on loopback by
-    /// default; never combine with a public --listen).
+    /// Serve the dashboard without a login (refused on a --listen other
+    /// than loopback).
     #[arg(long)]
     pub no_dashboard_login: bool,
     /// The unprivileged user local agents run jobs as; only when started as
@@ -53,12 +60,25 @@ pub struct UpArgs {
     pub job_user: Option<String>,
 }
 
+impl UpArgs {
+    /// `up` serves plain HTTP: on loopback, or behind a TLS proxy.
+    fn transport(&self) -> Result<Transport, ExposureError> {
+        crate::transport::transport_for(
+            self.listen,
+            false,
+            self.behind_tls_proxy,
+            self.no_dashboard_login,
+        )
+    }
+}
+
 const DATABASE: &str = "flotilla";
 
 /// The job user `up` makes when started as root without --job-user.
 const DEFAULT_JOB_USER: &str = "flotilla-job";
 
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    args.transport()?;
     let shutdown = crate::serve::shutdown_on_signals();
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("creating {}", args.data.display()))?;
@@ -206,11 +226,13 @@ async fn run_with_pg(
     let mut settings =
         crate::state::Settings::with_lease_ttl(Duration::from_millis(args.lease_ttl_ms.max(100)));
     settings.dashboard_open = args.no_dashboard_login;
+    settings.transport = args.transport()?;
     let server = tokio::spawn(crate::serve::run(
         listener,
         db.clone(),
         store,
         settings,
+        None,
         shutdown.clone(),
     ));
 

@@ -21,6 +21,7 @@ use super::render;
 use crate::auth::{hash_token, new_secret};
 use crate::error::ApiResult;
 use crate::state::AppState;
+use crate::transport::Transport;
 
 const COOKIE: &str = "flotilla_session";
 /// How long a session lasts: a working day.
@@ -107,13 +108,19 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(|(_, v)| v.to_string())
 }
 
-/// Whether the browser reached us over HTTPS, as the proxy in front that
-/// terminates TLS says (`X-Forwarded-Proto`).
-fn over_https(_state: &AppState, headers: &HeaderMap) -> bool {
-    headers
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("https"))
+/// Whether the browser reached us over HTTPS: always when we serve TLS
+/// ourselves; behind a TLS proxy (`--behind-tls-proxy`) when it says so
+/// (`X-Forwarded-Proto`); never on plain HTTP, where anyone may send that
+/// header.
+fn over_https(state: &AppState, headers: &HeaderMap) -> bool {
+    match state.settings.transport {
+        Transport::Tls => true,
+        Transport::Proxy => headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("https")),
+        Transport::Plain => false,
+    }
 }
 
 /// The session cookie with `value` and `max_age` seconds.
