@@ -335,29 +335,33 @@ async fn up_as_root_leaves_a_closed_parent_closed() {
     };
 
     let data = closed.join("data");
-    let mut child = Command::new(binary("flotilla"))
+    // stderr to a file: an `up` that keeps running leaves PostgreSQL holding
+    // whatever it was given.
+    let log = dir.path().join("up.log");
+    let child = Command::new(binary("flotilla"))
         .args(["up", "--data", data.to_str().expect("utf-8 path")])
         .args(["--listen", "127.0.0.1:0"])
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("up.log"))
         .spawn()
         .expect("starting flotilla up");
+    let mut up = Up {
+        child,
+        log: log.clone(),
+    };
     let started = Instant::now();
     let status = loop {
-        if let Some(s) = child.try_wait().expect("waiting for up") {
+        if let Some(s) = up.child.try_wait().expect("waiting for up") {
             break Some(s);
         }
         if started.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            let _ = child.wait();
             break None;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let mut stderr = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
-    }
+    // Still running: stopped (with its PostgreSQL) by SIGTERM on drop.
+    drop(up);
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(
         mode(),
         0o700,
