@@ -73,6 +73,10 @@ struct Args {
     /// lease and the server requeues it.
     #[arg(long, default_value_t = runner::DEFAULT_REPORT_BUDGET.as_secs())]
     report_budget_s: u64,
+    /// How many failed attempts' work directories to keep for a look (the
+    /// most recent); every other attempt's is removed when it ends.
+    #[arg(long, default_value_t = flotilla_agent::jobs::workdirs::DEFAULT_KEEP_FAILED)]
+    keep_failed_dirs: usize,
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -135,6 +139,7 @@ fn real_main() -> anyhow::Result<()> {
         lease_wait: Duration::from_secs(20),
         run_as,
         report_budget: Duration::from_secs(args.report_budget_s),
+        keep_failed_dirs: args.keep_failed_dirs,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -212,6 +212,44 @@ impl JobCall<'_> {
     }
 }
 
+/// How long a file transfer (a download, an output upload) may take. A
+/// transfer that stalls fails instead of holding its job, and whatever it
+/// holds, for as long as the connection stays open.
+#[derive(Debug, Clone, Copy)]
+pub struct TransferLimits {
+    /// Longest wait for the answer's headers and then for each further
+    /// piece of the body (a download), or for the server to take more of
+    /// the body (an upload). A minute: the server answers within
+    /// milliseconds when it is well, and a store read or a TCP
+    /// retransmission takes seconds at worst.
+    pub stall: Duration,
+    /// The whole transfer may take `base` plus its size at `min_rate`
+    /// bytes a second: a slow but moving connection still finishes, one
+    /// that trickles a byte a minute does not.
+    pub base: Duration,
+    pub min_rate: u64,
+}
+
+impl Default for TransferLimits {
+    fn default() -> Self {
+        TransferLimits {
+            stall: Duration::from_secs(60),
+            base: Duration::from_secs(600),
+            // 1 MiB/s: a tile's 1.5 GB of inputs within 35 minutes.
+            min_rate: 1 << 20,
+        }
+    }
+}
+
+impl TransferLimits {
+    /// The longest a transfer of `len` bytes may take (of an unknown size:
+    /// as for 16 GiB).
+    fn total(&self, len: Option<u64>) -> Duration {
+        let len = len.unwrap_or(16 << 30);
+        self.base + Duration::from_secs(len / self.min_rate.max(1))
+    }
+}
+
 #[derive(Clone)]
 pub struct ServerApi {
     http: reqwest::Client,
@@ -219,6 +257,7 @@ pub struct ServerApi {
     token: String,
     /// This process's [`Register::instance`], sent on every call.
     instance: Uuid,
+    transfer: TransferLimits,
 }
 
 impl ServerApi {
@@ -253,7 +292,14 @@ impl ServerApi {
             base: base.trim_end_matches('/').to_string(),
             token: token.to_string(),
             instance,
+            transfer: TransferLimits::default(),
         })
+    }
+
+    /// The same client with other limits on downloads and uploads.
+    pub fn with_transfer_limits(mut self, limits: TransferLimits) -> Self {
+        self.transfer = limits;
+        self
     }
 
     /// This process's instance id, for [`Register::instance`].
@@ -352,13 +398,16 @@ impl ServerApi {
     }
 
     /// Streams a file to the server as one output of the current attempt.
-    /// Not retried here: the caller retries the whole upload.
+    /// Not retried here: the caller retries the whole upload. Fails when
+    /// the server takes nothing more for [`TransferLimits::stall`] or the
+    /// whole takes longer than [`TransferLimits::total`].
     pub async fn upload(
         &self,
         lease: LeaseRef,
         name: &str,
         file: &Path,
     ) -> Result<OutputView, CallError> {
+        use futures::StreamExt;
         let f = tokio::fs::File::open(file)
             .await
             .map_err(|source| CallError::Local {
@@ -367,8 +416,20 @@ impl ServerApi {
                 source,
             })?;
         let len = f.metadata().await.map(|m| m.len()).ok();
-        let body =
-            reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(f, 1 << 20));
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.transfer.total(len);
+        // When the server last took a piece of the body; once it has taken
+        // all of it, only the deadline applies while it stores the file.
+        let progress = std::sync::Arc::new(std::sync::Mutex::new((started, 0u64)));
+        let body = {
+            let progress = progress.clone();
+            tokio_util::io::ReaderStream::with_capacity(f, 1 << 20).inspect(move |chunk| {
+                if let Ok(c) = chunk {
+                    let mut p = progress.lock().expect("progress lock is never poisoned");
+                    *p = (tokio::time::Instant::now(), p.1 + c.len() as u64);
+                }
+            })
+        };
         let encoded: String = name
             .split('/')
             .map(url_escape)
@@ -383,22 +444,55 @@ impl ServerApi {
                 lease.lease_token
             ))
             .bearer_auth(&self.token)
-            .body(body);
+            .body(reqwest::Body::wrap_stream(body));
         if let Some(len) = len {
             req = req.header(reqwest::header::CONTENT_LENGTH, len);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| CallError::Unreachable(e.to_string()))?;
-        decode(resp).await
+        let send = async {
+            let resp = req
+                .send()
+                .await
+                .map_err(|e| CallError::Unreachable(e.to_string()))?;
+            decode(resp).await
+        };
+        tokio::pin!(send);
+        loop {
+            let (last, sent) = *progress.lock().expect("progress lock is never poisoned");
+            let all_sent = len.is_some_and(|len| sent >= len);
+            let wake = if all_sent {
+                deadline
+            } else {
+                (last + self.transfer.stall).min(deadline)
+            };
+            tokio::select! {
+                r = &mut send => return r,
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(CallError::Unreachable(format!(
+                    "uploading {name}: took longer than {}s",
+                    (deadline - started).as_secs()
+                )));
+            }
+            let (last, sent) = *progress.lock().expect("progress lock is never poisoned");
+            if len.is_none_or(|len| sent < len) && now >= last + self.transfer.stall {
+                return Err(CallError::Unreachable(format!(
+                    "uploading {name}: stalled, the server took nothing for {}s",
+                    self.transfer.stall.as_secs()
+                )));
+            }
+        }
     }
 }
 
 impl ServerApi {
     /// Downloads `GET {path}?lease=…` (a tile job's checkpoint or input)
     /// into `dest` through a temporary file renamed into place; returns its
-    /// size and sha256.
+    /// size and sha256. Fails when nothing arrives for
+    /// [`TransferLimits::stall`] or the whole takes longer than
+    /// [`TransferLimits::total`]; the temporary file is removed however
+    /// the download ends, the future dropped included.
     pub async fn download(
         &self,
         lease: LeaseRef,
@@ -407,12 +501,20 @@ impl ServerApi {
     ) -> Result<(u64, String), CallError> {
         use sha2::Digest;
         use tokio::io::AsyncWriteExt;
+        let started = tokio::time::Instant::now();
+        let stall = self.transfer.stall;
+        let stalled = |what: &str| {
+            CallError::Unreachable(format!(
+                "downloading {action}: stalled, {what} for {}s",
+                stall.as_secs()
+            ))
+        };
         let encoded: String = action
             .split('/')
             .map(url_escape)
             .collect::<Vec<_>>()
             .join("/");
-        let mut resp = self
+        let request = self
             .http
             .get(format!(
                 "{}{}?lease={}",
@@ -421,8 +523,10 @@ impl ServerApi {
                 lease.lease_token
             ))
             .bearer_auth(&self.token)
-            .send()
+            .send();
+        let mut resp = tokio::time::timeout(stall, request)
             .await
+            .map_err(|_| stalled("no answer"))?
             .map_err(|e| CallError::Unreachable(e.to_string()))?;
         if !resp.status().is_success() {
             return Err(decode::<IgnoredAny>(resp)
@@ -430,23 +534,31 @@ impl ServerApi {
                 .err()
                 .unwrap_or(CallError::Unreachable("download failed".into())));
         }
+        let deadline = started + self.transfer.total(resp.content_length());
         let io = |source| CallError::Local {
             what: "cannot write",
             path: dest.to_path_buf(),
             source,
         };
-        let tmp = dest.with_extension(format!("part-{}", uuid::Uuid::new_v4().simple()));
-        let mut f = tokio::fs::File::create(&tmp).await.map_err(io)?;
+        let part = PartFile(Some(
+            dest.with_extension(format!("part-{}", uuid::Uuid::new_v4().simple())),
+        ));
+        let mut f = tokio::fs::File::create(part.path()).await.map_err(io)?;
         let mut hasher = sha2::Sha256::new();
         let mut size = 0u64;
         loop {
-            let chunk = match resp.chunk().await {
-                Ok(Some(c)) => c,
-                Ok(None) => break,
-                Err(e) => {
-                    let _ = tokio::fs::remove_file(&tmp).await;
-                    return Err(CallError::Unreachable(e.to_string()));
+            let wake = (tokio::time::Instant::now() + stall).min(deadline);
+            let chunk = match tokio::time::timeout_at(wake, resp.chunk()).await {
+                Ok(Ok(Some(c))) => c,
+                Ok(Ok(None)) => break,
+                Ok(Err(e)) => return Err(CallError::Unreachable(e.to_string())),
+                Err(_) if wake >= deadline => {
+                    return Err(CallError::Unreachable(format!(
+                        "downloading {action}: took longer than {}s",
+                        (deadline - started).as_secs()
+                    )))
                 }
+                Err(_) => return Err(stalled(&format!("no data after {size} bytes"))),
             };
             hasher.update(&chunk);
             size += chunk.len() as u64;
@@ -454,8 +566,35 @@ impl ServerApi {
         }
         f.flush().await.map_err(io)?;
         drop(f);
-        tokio::fs::rename(&tmp, dest).await.map_err(io)?;
+        tokio::fs::rename(part.path(), dest).await.map_err(io)?;
+        part.kept();
         Ok((size, hex::encode(hasher.finalize())))
+    }
+}
+
+/// A download's temporary file, removed when dropped (an error, a timeout,
+/// the job stopped and its future dropped); forgotten once renamed into
+/// place.
+struct PartFile(Option<PathBuf>);
+
+impl PartFile {
+    fn path(&self) -> &Path {
+        self.0
+            .as_deref()
+            .expect("a part file is only kept when it goes")
+    }
+
+    /// Renamed into place: nothing to remove.
+    fn kept(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for PartFile {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 

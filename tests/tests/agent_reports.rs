@@ -87,3 +87,38 @@ async fn an_agent_stops_promptly_after_sigterm_while_the_server_is_down() {
     // Kill grace 2 s + lease TTL 10 s + a try in flight.
     assert!(took < Duration::from_secs(30), "took {took:?}");
 }
+
+/// M10: a failed attempt's work directory was kept for ever, so a job
+/// failing in a loop filled the agent's disk; now only the last few
+/// (`--keep-failed-dirs`) stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempts_leave_only_the_last_few_work_directories() {
+    let dir = scratch("e2e-failed-dirs-");
+    let server = server_on_shared(dir.path(), 10_000).await;
+    let api = server.api();
+    let _agent = Agent::start(&server, "failer", 2, &["--keep-failed-dirs", "2"]).await;
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        let command = format!("echo {i} > mark; exit 3");
+        ids.push(
+            api.submit(json!({"kind": "command", "command": command, "max_attempts": 1}))
+                .await,
+        );
+    }
+    for id in &ids {
+        let j = api.wait_final(id, Duration::from_secs(120)).await;
+        assert_eq!(j.state, JobState::Failed, "{:?}", j.error);
+    }
+    let jobs = server.dir.join("agents").join("failer").join("jobs");
+    let left: Vec<_> = std::fs::read_dir(&jobs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    for d in &left {
+        assert!(
+            d.join("mark").exists(),
+            "a failed attempt's own files stay: {d:?}"
+        );
+    }
+}

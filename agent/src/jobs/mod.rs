@@ -10,12 +10,15 @@
 //! - [`log`]: the job's log, batched to the server.
 //! - [`outputs`]: a job's output opened without following its links (the
 //!   agent may be root and the job not).
+//! - [`workdirs`]: attempts' scratch directories, removed after them but
+//!   for the last few failed ones.
 
 pub mod command;
 pub mod log;
 pub mod outputs;
 pub mod revdeps;
 pub mod tile;
+pub mod workdirs;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -62,7 +65,8 @@ pub trait Execute: Send + Sync + 'static {
 /// The job kinds this agent runs and what they keep between jobs.
 pub struct Kinds {
     api: ServerApi,
-    workdir: PathBuf,
+    /// Attempts' scratch directories, `WORKDIR/jobs/{id}-{attempt}`.
+    workdirs: workdirs::WorkDirs,
     kill_grace: Duration,
     /// Who jobs' processes run as and what environment they start from.
     run_as: RunAs,
@@ -75,9 +79,16 @@ pub struct Kinds {
 
 impl Kinds {
     /// Sets up every kind this host can run, their processes run as
-    /// `run_as`. Tile jobs need an encoder backend, with its profile from
+    /// `run_as`, the last `keep_failed` failed attempts' directories kept.
+    /// Tile jobs need an encoder backend, with its profile from
     /// `FLOTILLA_ENCODER_PROFILE` if set.
-    pub fn detect(api: ServerApi, workdir: &Path, kill_grace: Duration, run_as: RunAs) -> Self {
+    pub fn detect(
+        api: ServerApi,
+        workdir: &Path,
+        kill_grace: Duration,
+        run_as: RunAs,
+        keep_failed: usize,
+    ) -> Self {
         let profile_file = std::env::var_os("FLOTILLA_ENCODER_PROFILE").map(PathBuf::from);
         let tiles = match EncoderSetup::detect(profile_file.as_deref()) {
             Ok(setup) => Some(Arc::new(tile::TileCache::new(
@@ -91,7 +102,7 @@ impl Kinds {
         };
         Kinds {
             api,
-            workdir: workdir.to_path_buf(),
+            workdirs: workdirs::WorkDirs::new(workdir.join("jobs"), keep_failed),
             kill_grace,
             run_as,
             repos: Arc::new(revdeps::RepoCache::default()),
@@ -121,6 +132,7 @@ impl Execute for Kinds {
             lease_token: job.lease_token,
         };
         let (log, forwarder) = JobLog::start(self.api.clone(), lease, control.delivery);
+        let job_dir = self.workdirs.for_attempt(job.job_id, job.attempt);
         let ctx = JobContext {
             api: self.api.clone(),
             lease,
@@ -129,10 +141,7 @@ impl Execute for Kinds {
             stop: control.stop,
             progress: control.progress,
             log,
-            job_dir: self
-                .workdir
-                .join("jobs")
-                .join(format!("{}-{}", job.job_id, job.attempt)),
+            job_dir: job_dir.clone(),
             kill_grace: self.kill_grace,
             run_as: self.run_as.clone(),
         };
@@ -147,6 +156,7 @@ impl Execute for Kinds {
         // The log reaches the server before the report does.
         drop(ctx);
         forwarder.finish().await;
+        self.workdirs.finished(&job_dir, result.is_ok()).await;
         result
     }
 }

@@ -25,47 +25,175 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(3600);
 /// What a failed step says: how the attempt fails, and why.
 type StepError = (FailureClass, String);
 
-/// Checkpoints on disk and loaded encoders, by the checkpoint's sha256.
-/// One download per checkpoint per agent; one load per checkpoint while
-/// the agent runs.
+/// Checkpoints kept on disk and loaded, the most recently used: a dataset's
+/// checkpoint and the next one while an agent moves between datasets. A
+/// TESSERA checkpoint is ~100 MB on disk and more loaded; agents used to
+/// keep every one they had seen.
+const CHECKPOINTS_KEPT: usize = 2;
+
+/// Checkpoints on disk and loaded encoders, by the checkpoint's sha256: the
+/// [`CHECKPOINTS_KEPT`] most recently used. One download and one load per
+/// checkpoint at a time; a job waits only for the checkpoint it needs, so a
+/// download that stalls holds up no job of another checkpoint.
 pub struct TileCache {
     dir: PathBuf,
     setup: EncoderSetup,
-    encoders: tokio::sync::Mutex<HashMap<String, Arc<Encoder>>>,
+    keep: usize,
+    /// Never held across an await.
+    state: std::sync::Mutex<CacheState>,
+}
+
+#[derive(Default)]
+struct CacheState {
+    /// Checkpoints on disk, least recently used first (at start, by their
+    /// files' modification times).
+    recent: Vec<String>,
+    loaded: HashMap<String, Arc<Encoder>>,
+    /// One lock per checkpoint being fetched or loaded, held while that is
+    /// done: jobs needing the same checkpoint wait for the first.
+    fetching: HashMap<String, Arc<tokio::sync::Mutex<()>>>,
 }
 
 impl TileCache {
+    /// A cache in `dir`: checkpoints there from before are kept up to the
+    /// bound, newest first; downloads a crash left half done are removed.
     pub fn new(dir: PathBuf, setup: EncoderSetup) -> Self {
-        TileCache {
+        let cache = TileCache {
             dir,
             setup,
-            encoders: Default::default(),
-        }
+            keep: CHECKPOINTS_KEPT,
+            state: Default::default(),
+        };
+        cache.scan();
+        cache
     }
 
     pub fn setup(&self) -> &EncoderSetup {
         &self.setup
     }
 
-    /// The encoder for `sha`, downloading and loading it on first use. The
-    /// lock is held across the download so two jobs do not fetch it twice;
-    /// file work and loading run on a blocking thread.
+    fn state(&self) -> std::sync::MutexGuard<'_, CacheState> {
+        self.state
+            .lock()
+            .expect("checkpoint cache lock is never poisoned")
+    }
+
+    /// Lists the checkpoints on disk, removes `.part-*` files, and keeps
+    /// the most recent up to the bound.
+    fn scan(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut found: HashMap<String, std::time::SystemTime> = HashMap::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let (stem, ext) = name.split_once('.').unwrap_or((&name, ""));
+            if ext.starts_with("part-") {
+                let _ = std::fs::remove_file(entry.path());
+                continue;
+            }
+            if !valid_sha(stem) {
+                continue;
+            }
+            let modified = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            let t = found.entry(stem.to_string()).or_insert(modified);
+            *t = (*t).max(modified);
+        }
+        let mut recent: Vec<(std::time::SystemTime, String)> =
+            found.into_iter().map(|(sha, t)| (t, sha)).collect();
+        recent.sort();
+        let mut st = self.state();
+        st.recent = recent.into_iter().map(|(_, sha)| sha).collect();
+        self.evict(&mut st);
+    }
+
+    /// Marks `sha` the most recently used and evicts beyond the bound.
+    fn touch(&self, sha: &str) {
+        let mut st = self.state();
+        st.recent.retain(|s| s != sha);
+        st.recent.push(sha.to_string());
+        self.evict(&mut st);
+    }
+
+    /// Drops the least recently used checkpoints beyond the bound: their
+    /// files and loaded encoders (a job still running on one keeps it until
+    /// it ends). One being fetched again is left alone.
+    fn evict(&self, st: &mut CacheState) {
+        let excess = st.recent.len().saturating_sub(self.keep);
+        let victims: Vec<String> = st.recent[..excess]
+            .iter()
+            .filter(|sha| !st.fetching.contains_key(*sha))
+            .cloned()
+            .collect();
+        for sha in victims {
+            st.recent.retain(|s| *s != sha);
+            st.loaded.remove(&sha);
+            let raw = self.dir.join(&sha);
+            for ext in ["pt", "safetensors"] {
+                let _ = std::fs::remove_file(raw.with_extension(ext));
+            }
+            let _ = std::fs::remove_file(&raw);
+            tracing::info!(checkpoint = %sha, "checkpoint evicted from the cache");
+        }
+    }
+
+    /// The encoder for `sha`, downloading and loading it on first use:
+    /// downloaded into the cache first, then loaded on a blocking thread.
+    /// Only jobs for the same checkpoint wait for each other.
     async fn encoder(
         &self,
         api: &ServerApi,
         lease: LeaseRef,
         sha: &str,
     ) -> Result<Arc<Encoder>, StepError> {
-        let mut encoders = self.encoders.lock().await;
-        if let Some(e) = encoders.get(sha) {
-            return Ok(e.clone());
-        }
-        let valid_sha = sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit());
-        if !valid_sha {
+        if !valid_sha(sha) {
             return Err((
                 FailureClass::Fatal,
                 format!("bad checkpoint sha256 {sha:?}"),
             ));
+        }
+        let loaded = self.state().loaded.get(sha).cloned();
+        if let Some(e) = loaded {
+            self.touch(sha);
+            return Ok(e);
+        }
+        let lock = self
+            .state()
+            .fetching
+            .entry(sha.to_string())
+            .or_default()
+            .clone();
+        let result = {
+            let _fetching = lock.lock().await;
+            self.fetch_and_load(api, lease, sha).await
+        };
+        {
+            let mut st = self.state();
+            // The map's and ours: no other job waits on it.
+            if Arc::strong_count(&lock) == 2 {
+                st.fetching.remove(sha);
+            }
+        }
+        if result.is_ok() {
+            self.touch(sha);
+        }
+        result
+    }
+
+    /// [`TileCache::encoder`] under the checkpoint's own lock.
+    async fn fetch_and_load(
+        &self,
+        api: &ServerApi,
+        lease: LeaseRef,
+        sha: &str,
+    ) -> Result<Arc<Encoder>, StepError> {
+        // Another job may have loaded it while this one waited.
+        let loaded = self.state().loaded.get(sha).cloned();
+        if let Some(e) = loaded {
+            return Ok(e);
         }
         tokio::fs::create_dir_all(&self.dir).await.map_err(|e| {
             (
@@ -95,15 +223,24 @@ impl TileCache {
                     .or_else(|_| std::fs::copy(&raw, &named).map(|_| ()))
                     .map_err(|e| (FailureClass::Retryable, format!("caching checkpoint: {e}")))?;
             }
-            Encoder::load(&named, setup.choice, setup.profile)
-                .map_err(|e| (FailureClass::Fatal, format!("loading the checkpoint: {e}")))
+            Encoder::load(&named, setup.choice, setup.profile).map_err(|e| {
+                // Useless to keep: the next job fetches it again.
+                let _ = std::fs::remove_file(&named);
+                let _ = std::fs::remove_file(&raw);
+                (FailureClass::Fatal, format!("loading the checkpoint: {e}"))
+            })
         })
         .await
         .map_err(|e| (FailureClass::Retryable, format!("loading panicked: {e}")))??;
         let enc = Arc::new(enc);
-        encoders.insert(sha.to_string(), enc.clone());
+        self.state().loaded.insert(sha.to_string(), enc.clone());
         Ok(enc)
     }
+}
+
+/// A sha256 as 64 hex digits: a checkpoint's name in the cache.
+fn valid_sha(sha: &str) -> bool {
+    sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// The extension the encoder needs to tell the checkpoint's format: upstream
@@ -357,6 +494,155 @@ async fn fetch_by_command(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server_api::TransferLimits;
+    use sha2::Digest;
+    use tokio::io::AsyncReadExt;
+    use uuid::Uuid;
+
+    /// Writes a small random checkpoint into `dir` under its own sha256.
+    fn checkpoint_in(dir: &Path, seed: u64) -> String {
+        let tmp = dir.join(format!("seed-{seed}.tmp"));
+        let ckpt = tessera_encoder::random_checkpoint(&tessera_encoder::ModelConfig::small(), seed);
+        tessera_encoder::write_safetensors(&ckpt, &tmp).unwrap();
+        let sha = hex::encode(sha2::Sha256::digest(std::fs::read(&tmp).unwrap()));
+        std::fs::rename(&tmp, dir.join(&sha)).unwrap();
+        sha
+    }
+
+    fn cache(dir: &Path) -> TileCache {
+        TileCache::new(dir.to_path_buf(), EncoderSetup::detect(None).unwrap())
+    }
+
+    /// A server that reads each request and never answers; a client of it
+    /// whose downloads stall for `stall`.
+    async fn silent_server(stall: Duration) -> ServerApi {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            loop {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let _ = conn.read(&mut [0u8; 4096]).await;
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                });
+            }
+        });
+        ServerApi::new(&url, "token")
+            .unwrap()
+            .with_transfer_limits(TransferLimits {
+                stall,
+                ..TransferLimits::default()
+            })
+    }
+
+    fn lease() -> LeaseRef {
+        LeaseRef {
+            job_id: Uuid::new_v4(),
+            lease_token: Uuid::new_v4(),
+        }
+    }
+
+    /// M11: the checkpoint download ran under the lock of every loaded
+    /// encoder, so one download that stalled held up every tile job.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_checkpoint_download_holds_up_no_job_of_another_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let on_disk = checkpoint_in(dir.path(), 1);
+        let cache = Arc::new(cache(dir.path()));
+        let api = silent_server(Duration::from_secs(30)).await;
+        let stalled = {
+            let (cache, api) = (cache.clone(), api.clone());
+            tokio::spawn(async move { cache.encoder(&api, lease(), &"a".repeat(64)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let other = tokio::time::timeout(
+            Duration::from_secs(20),
+            cache.encoder(&api, lease(), &on_disk),
+        )
+        .await
+        .expect("not held up by the stalled download");
+        assert!(other.is_ok(), "{:?}", other.err());
+        assert!(!stalled.is_finished(), "that one still downloads");
+        stalled.abort();
+    }
+
+    #[tokio::test]
+    async fn a_stalled_checkpoint_download_fails_the_job_for_a_retry() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache(dir.path());
+        let api = silent_server(Duration::from_millis(500)).await;
+        let Err((class, message)) = cache.encoder(&api, lease(), &"b".repeat(64)).await else {
+            panic!("a stalled download fails")
+        };
+        assert_eq!(class, FailureClass::Retryable);
+        assert!(message.contains("stalled"), "{message}");
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert!(left.is_empty(), "no part file left: {left:?}");
+    }
+
+    /// M10: every checkpoint an agent had seen stayed on disk and loaded.
+    #[tokio::test]
+    async fn only_the_most_recently_used_checkpoints_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache(dir.path());
+        // Put there after the cache started (which keeps only two).
+        let shas: Vec<String> = (1..=3)
+            .map(|seed| checkpoint_in(dir.path(), seed))
+            .collect();
+        // Nothing to download: an unreachable server is never asked.
+        let api = ServerApi::new("http://127.0.0.1:9", "token").unwrap();
+        for sha in [&shas[0], &shas[1], &shas[0], &shas[2]] {
+            cache.encoder(&api, lease(), sha).await.unwrap();
+        }
+        let st = cache.state();
+        assert_eq!(st.recent, [shas[0].clone(), shas[2].clone()]);
+        let mut loaded: Vec<_> = st.loaded.keys().cloned().collect();
+        loaded.sort();
+        let mut expected = vec![shas[0].clone(), shas[2].clone()];
+        expected.sort();
+        assert_eq!(loaded, expected);
+        let mut files: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        let mut expected: Vec<String> = [&shas[0], &shas[2]]
+            .iter()
+            .flat_map(|s| [s.to_string(), format!("{s}.safetensors")])
+            .collect();
+        expected.sort();
+        assert_eq!(files, expected, "the least recently used one is gone");
+    }
+
+    #[test]
+    fn at_start_part_files_go_and_the_newest_checkpoints_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let shas: Vec<String> = (0..4).map(|i| format!("{i}").repeat(64)).collect();
+        for (i, sha) in shas.iter().enumerate() {
+            let path = dir.path().join(sha);
+            std::fs::write(&path, b"x").unwrap();
+            let t = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000 + i as u64);
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        }
+        std::fs::write(
+            dir.path().join(format!("{}.part-abc", "9".repeat(64))),
+            b"x",
+        )
+        .unwrap();
+        let cache = cache(dir.path());
+        assert_eq!(cache.state().recent, shas[2..]);
+        let mut files: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        assert_eq!(files, shas[2..]);
+    }
 
     #[test]
     fn checkpoint_format_is_told_by_its_first_two_bytes() {

@@ -70,6 +70,8 @@ pub struct AgentConfig {
     /// Longest a job's start, log batch or report is retried before the
     /// lease is dropped (see the module documentation).
     pub report_budget: Duration,
+    /// How many failed attempts' directories are kept for a look.
+    pub keep_failed_dirs: usize,
 }
 
 /// [`AgentConfig::report_budget`] unless configured: long enough for a
@@ -100,6 +102,7 @@ pub async fn run(
         &config.workdir,
         config.kill_grace,
         config.run_as.clone(),
+        config.keep_failed_dirs,
     );
     let host = health.collect();
     let reg = Register {

@@ -212,6 +212,7 @@ fn loops(capacity: u32, server: &Arc<FakeServer>, jobs: &Arc<FakeJobs>) -> Arc<F
         lease_wait: Duration::from_secs(20),
         run_as: crate::process::RunAs::agent_user(&[]),
         report_budget: BUDGET,
+        keep_failed_dirs: 0,
     };
     Loops::new(server.clone(), jobs.clone(), &config, AgentState::Active)
 }
