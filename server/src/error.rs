@@ -33,6 +33,8 @@ pub enum ApiError {
     Superseded(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    #[error("{0}")]
+    MethodNotAllowed(String),
     #[error("database unavailable")]
     Unavailable(#[source] sqlx::Error),
     #[error("internal error")]
@@ -58,6 +60,7 @@ impl ApiError {
             ApiError::StaleLease(_) => (StatusCode::CONFLICT, "stale_lease"),
             ApiError::Superseded(_) => (StatusCode::CONFLICT, "superseded"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }

@@ -1,7 +1,8 @@
 //! Request extraction shared by the API and the dashboard: [`JsonBody`]
 //! (axum's `Json`, but every rejection is an [`ApiError`] in the JSON
 //! envelope, naming the line and column of a syntax error and the field of a
-//! type error) and [`parse_id`] for id path segments.
+//! type error), [`QueryParams`] (the same for query strings) and
+//! [`parse_id`] for id path segments.
 
 use axum::extract::{FromRequest, Request};
 use futures::StreamExt;
@@ -28,6 +29,26 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             ));
         }
         parse(&bytes).map(JsonBody)
+    }
+}
+
+/// axum's `Query`, but a query string that does not parse is a `400` in the
+/// JSON envelope saying which parameter and why (axum answers plain text).
+pub struct QueryParams<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> axum::extract::FromRequestParts<S>
+    for QueryParams<T>
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| QueryParams(q.0))
+            .map_err(|e| ApiError::BadRequest(format!("bad query string: {}", e.body_text())))
     }
 }
 

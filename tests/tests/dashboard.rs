@@ -247,3 +247,103 @@ async fn sessions_end_at_logout_and_revocation() {
         "a logged-out session is over"
     );
 }
+
+/// A job page learns that its job ended (the `end` event carries the final
+/// state: browsers drop events with empty data), a reconnect does not get
+/// the same lines again (`Last-Event-ID`), an unknown page under `/ui` is a
+/// page, and every API error is in the JSON shape: a bad query string, a
+/// method a path does not take, an unknown path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_pages_end_and_errors_keep_their_shape() {
+    let dir = scratch("e2e-ui-shapes-");
+    let server = server_on_shared(dir.path(), 5_000).await;
+    let api = server.api();
+    let _agent = Agent::start(&server, "shapes", 1, &[]).await;
+    let id = api
+        .submit(json!({"kind": "command", "command": "echo one; echo two"}))
+        .await;
+    assert_eq!(
+        api.wait_final(&id, Duration::from_secs(30)).await.state,
+        JobState::Succeeded
+    );
+    let url = server.url();
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = http
+        .post(format!("{url}/ui/login"))
+        .form(&[("token", server.admin_token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let stream = |last_event_id: Option<String>| {
+        let (http, url, cookie, id) = (http.clone(), url.clone(), cookie.clone(), id.clone());
+        async move {
+            let mut req = http
+                .get(format!("{url}/ui/jobs/{id}/log/stream?after=0"))
+                .header("cookie", cookie);
+            if let Some(seen) = last_event_id {
+                req = req.header("last-event-id", seen);
+            }
+            let body = tokio::time::timeout(Duration::from_secs(20), async {
+                req.send().await.unwrap().text().await.unwrap()
+            })
+            .await
+            .expect("the stream of a finished job ends");
+            body.replace("\r\n", "\n")
+        }
+    };
+    let body = stream(None).await;
+    assert!(body.contains("event: lines\n"), "{body}");
+    assert!(body.contains("data: one\ndata: two\n"), "{body}");
+    assert!(body.contains("event: end\ndata: succeeded\n"), "{body}");
+    let seen = body
+        .lines()
+        .find_map(|l| l.strip_prefix("id: "))
+        .expect("lines events carry an id")
+        .to_string();
+    let again = stream(Some(seen)).await;
+    assert!(!again.contains("event: lines"), "{again}");
+    assert!(again.contains("event: end\ndata: succeeded\n"), "{again}");
+
+    let r = http
+        .get(format!("{url}/ui/no/such/page"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    assert!(r.text().await.unwrap().contains("No such page"));
+
+    for (method, path, status, code) in [
+        (
+            reqwest::Method::GET,
+            "/api/v1/jobs?limit=lots",
+            400,
+            "bad_request",
+        ),
+        (
+            reqwest::Method::DELETE,
+            "/api/v1/jobs",
+            405,
+            "method_not_allowed",
+        ),
+        (reqwest::Method::GET, "/api/v1/nope", 404, "not_found"),
+    ] {
+        let (s, v) = api.raw(method.clone(), path, None).await;
+        assert_eq!(s, status, "{method} {path}: {v}");
+        assert_eq!(v["error"]["code"], code, "{method} {path}: {v}");
+    }
+}

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::FromRequestParts;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::request::Parts;
 use axum::Json;
 use flotilla_core::api::OutputView;
@@ -24,7 +24,7 @@ use super::tokens::valid_agent_name;
 use crate::agents;
 use crate::auth::AgentAuth;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, JsonBody};
+use crate::extract::{parse_id, JsonBody, QueryParams};
 use crate::queue::claim;
 use crate::queue::lease::{self, LeaseKey, LeaseRefused};
 use crate::state::AppState;
@@ -288,7 +288,7 @@ pub async fn upload_output(
     State(state): State<AppState>,
     agent: AgentProcess,
     Path((id, name)): Path<(String, String)>,
-    Query(q): Query<UploadQuery>,
+    QueryParams(q): QueryParams<UploadQuery>,
     body: Body,
 ) -> ApiResult<Json<OutputView>> {
     check_output_path(&name)

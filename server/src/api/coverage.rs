@@ -2,13 +2,14 @@
 //! recorded as present.
 
 use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::Json;
 use flotilla_core::api::datasets::CoverageImported;
 use serde::Deserialize;
 
 use crate::auth::AdminAuth;
 use crate::error::{ApiError, ApiResult};
+use crate::extract::QueryParams;
 use crate::state::AppState;
 use crate::tiles::coverage;
 
@@ -25,7 +26,7 @@ pub struct ImportQuery {
 pub async fn import(
     State(state): State<AppState>,
     AdminAuth(_): AdminAuth,
-    Query(q): Query<ImportQuery>,
+    QueryParams(q): QueryParams<ImportQuery>,
     body: Bytes,
 ) -> ApiResult<Json<CoverageImported>> {
     super::datasets::known(&state, &q.dataset).await?;

@@ -1,6 +1,6 @@
 //! `/api/v1/jobs`: submit, show, list, cancel (the log: [`super::logs`]).
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::created;
 use crate::auth::{Caller, ClientAuth};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, JsonBody};
+use crate::extract::{parse_id, JsonBody, QueryParams};
 use crate::queue::cancel::{self, Cancelled};
 use crate::queue::submit::NewJob;
 use crate::queue::{classes, read, submit};
@@ -209,7 +209,7 @@ pub struct ListQuery {
 pub async fn list(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
-    Query(q): Query<ListQuery>,
+    QueryParams(q): QueryParams<ListQuery>,
 ) -> ApiResult<Json<JobList>> {
     let st = match q.state.as_deref() {
         None | Some("") => None,

@@ -3,7 +3,7 @@
 //! the log's size.
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use flotilla_core::api::logs::{LogQuery, LOG_MORE_HEADER, LOG_NEXT_HEADER};
@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::auth::ClientAuth;
 use crate::error::ApiResult;
-use crate::extract::parse_id;
+use crate::extract::{parse_id, QueryParams};
 use crate::queue::logs;
 use crate::state::AppState;
 
@@ -24,7 +24,7 @@ pub async fn text(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
     Path(id): Path<String>,
-    Query(q): Query<LogQuery>,
+    QueryParams(q): QueryParams<LogQuery>,
 ) -> ApiResult<Response> {
     let id = parse_id(&id)?;
     super::jobs::check_owner(&state, &caller, id).await?;

@@ -112,6 +112,7 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/ui/jobs/{id}", get(dashboard::job::page))
         .route("/ui/jobs/{id}/log/stream", get(dashboard::job::log_stream))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .merge(agent_calls)
         .layer(DefaultBodyLimit::max(limit))
@@ -128,8 +129,23 @@ async fn healthz(State(state): State<AppState>) -> ApiResult<&'static str> {
     Ok("ok")
 }
 
-async fn not_found() -> ApiError {
-    ApiError::NotFound("no such route; the API lives under /api/v1".into())
+/// An unknown path: the JSON error under the API, a page under `/ui`.
+async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if uri.path() == "/ui" || uri.path().starts_with("/ui/") {
+        return dashboard::not_found_page().into_response();
+    }
+    ApiError::NotFound(format!(
+        "no such route `{}`; the API lives under /api/v1",
+        uri.path()
+    ))
+    .into_response()
+}
+
+/// A known path called with a method it does not take: `405` in the JSON
+/// error shape (axum answers with an empty body).
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::MethodNotAllowed(format!("`{}` does not take {method}", uri.path()))
 }
 
 pub(crate) fn created<T: serde::Serialize>(body: T) -> (StatusCode, axum::Json<T>) {

@@ -5,7 +5,7 @@
 //!   `{input_prefix}/{year}/{tile}/{file}`.
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use futures::TryStreamExt;
 use serde::Deserialize;
@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::agent_protocol::AgentProcess;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::parse_id;
+use crate::extract::{parse_id, QueryParams};
 use crate::queue::lease::{self, LeaseKey};
 use crate::queue::read;
 use crate::state::AppState;
@@ -73,7 +73,7 @@ pub async fn checkpoint(
     State(state): State<AppState>,
     agent: AgentProcess,
     Path(id): Path<String>,
-    Query(q): Query<LeaseQuery>,
+    QueryParams(q): QueryParams<LeaseQuery>,
 ) -> ApiResult<Response> {
     let (_, ds) = held_tile(&state, &agent, &id, q.lease).await?;
     let key = ds
@@ -86,7 +86,7 @@ pub async fn input(
     State(state): State<AppState>,
     agent: AgentProcess,
     Path((id, file)): Path<(String, String)>,
-    Query(q): Query<LeaseQuery>,
+    QueryParams(q): QueryParams<LeaseQuery>,
 ) -> ApiResult<Response> {
     flotilla_core::job::check_output_path(&file)
         .map_err(|why| ApiError::invalid(format!("input name `{file}` {why}")))?;

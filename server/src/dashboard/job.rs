@@ -125,8 +125,15 @@ pub async fn log_stream(
     if read::get(&state.db, id).await?.is_none() {
         return Err(ApiError::NotFound(format!("no job {id}")));
     }
-    let prev = logs::attempt_before(&state.db, id, q.after).await?;
-    let stream = log_events(state, viewer, id, q.after, prev);
+    // A reconnecting browser says where it was (the id of the last event
+    // it got), which is later than the page's `after`.
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i64>().ok())
+        .map_or(q.after, |seen| seen.max(q.after));
+    let prev = logs::attempt_before(&state.db, id, after).await?;
+    let stream = log_events(state, viewer, id, after, prev);
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
@@ -168,16 +175,27 @@ fn log_events(
                         let mut text = String::new();
                         let prev = logs::render(&rows, prev, &mut text);
                         let data = text.trim_end_matches('\n').replace('\r', "");
+                        // The id is the last line's sequence number: a
+                        // browser that reconnects sends it back
+                        // (`Last-Event-ID`) and gets only what follows.
                         return Some((
-                            Ok(Event::default().event("lines").data(data)),
+                            Ok(Event::default()
+                                .event("lines")
+                                .id(last.to_string())
+                                .data(data)),
                             (state, last, prev, false, checked),
                         ));
                     }
-                    let done =
-                        matches!(read::get(&state.db, id).await, Ok(Some(j)) if j.state.is_final());
-                    if done {
+                    let final_state = match read::get(&state.db, id).await {
+                        Ok(Some(j)) if j.state.is_final() => Some(j.state),
+                        _ => None,
+                    };
+                    if let Some(st) = final_state {
+                        // With data: browsers do not deliver an event
+                        // whose data is empty, so the page never learnt
+                        // that its job ended.
                         return Some((
-                            Ok(Event::default().event("end").data("")),
+                            Ok(Event::default().event("end").data(st.as_str())),
                             (state, after, prev, true, checked),
                         ));
                     }

@@ -1,7 +1,8 @@
 //! The browser dashboard: server-rendered HTML (askama templates in
 //! `web/templates`), kept live over server-sent events. It reads the same
-//! tables as the API. A login (an API token kept in an HttpOnly cookie) is
-//! required unless the operator turned it off for a local run.
+//! tables as the API. A login (a server-side session, its id in an
+//! HttpOnly cookie) is required unless the operator turned it off for a
+//! local run.
 //!
 //! - [`session`]: the login page, the session cookie, logout.
 //! - [`overview`]: `/ui`, job counts, agents and recent jobs, pushed anew
@@ -33,6 +34,20 @@ fn render<T: Template>(t: &T) -> ApiResult<Html<String>> {
 
 fn to_login() -> Response {
     Redirect::to("/ui/login").into_response()
+}
+
+#[derive(Template)]
+#[template(path = "not_found.html")]
+struct NotFoundPage {
+    show_logout: bool,
+}
+
+/// `404` for an unknown page under `/ui`: a page, not the API's JSON.
+pub fn not_found_page() -> Response {
+    match (NotFoundPage { show_logout: false }).render() {
+        Ok(html) => (axum::http::StatusCode::NOT_FOUND, Html(html)).into_response(),
+        Err(e) => ApiError::Internal(anyhow::anyhow!("rendering a page: {e}")).into_response(),
+    }
 }
 
 pub async fn root() -> Redirect {
