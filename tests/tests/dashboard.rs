@@ -314,6 +314,28 @@ async fn live_pages_end_and_errors_keep_their_shape() {
     assert!(!again.contains("event: lines"), "{again}");
     assert!(again.contains("event: end\ndata: succeeded\n"), "{again}");
 
+    // Jobs of one minute are told apart on the overview: the link text is
+    // the random tail of the id, not its time prefix.
+    let other = api
+        .submit(json!({"kind": "command", "command": "true"}))
+        .await;
+    let overview = http
+        .get(format!("{url}/ui"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for job in [&id, &other] {
+        let tail = &job.replace('-', "")[24..];
+        assert!(
+            overview.contains(&format!("/ui/jobs/{job}\">{tail}</a>")),
+            "{job} shown as {tail}: {overview}"
+        );
+    }
+
     let r = http
         .get(format!("{url}/ui/no/such/page"))
         .header("cookie", &cookie)

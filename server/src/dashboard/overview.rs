@@ -109,10 +109,17 @@ fn agent_row(a: AgentView) -> AgentRow {
     }
 }
 
+/// The last 8 hex digits of a job id: ids are UUIDv7, whose first digits
+/// are the creation time, so every job of one minute shared its prefix.
+fn short_id(id: uuid::Uuid) -> String {
+    let hex = id.simple().to_string();
+    hex[hex.len() - 8..].to_string()
+}
+
 fn job_row(j: JobView) -> JobRow {
     let what = j.summary(120);
     JobRow {
-        short_id: j.id.simple().to_string()[..8].to_string(),
+        short_id: short_id(j.id),
         id: j.id.to_string(),
         state: j.state.as_str(),
         attempt: format!("{}/{}", j.attempt, j.max_attempts),
