@@ -89,6 +89,9 @@ pub enum JobSpec {
     Revdeps(RevdepsJob),
     /// Encode one TESSERA tile for one year. Made by the server for an ROI.
     Tile(TileJob),
+    /// One job of a pipeline run: list its items, run a stage for one item,
+    /// or one half of a move. Made by the server for a pipeline run.
+    Step(StepJob),
 }
 
 /// What the dashboard and other callers who may not see secrets show in
@@ -117,6 +120,10 @@ impl JobSpec {
             JobSpec::Command(c) => c.outputs.clone(),
             JobSpec::Tile(t) => t.tile.output_names().to_vec(),
             JobSpec::Revdeps(_) => Vec::new(),
+            JobSpec::Step(s) => match s.action {
+                StepAction::Send { .. } => vec![StepJob::SENT_OUTPUT.to_string()],
+                _ => Vec::new(),
+            },
         }
     }
 
@@ -135,6 +142,7 @@ impl JobSpec {
             JobSpec::Command(_) => JobKind::Command,
             JobSpec::Revdeps(_) => JobKind::Revdeps,
             JobSpec::Tile(_) => JobKind::Tile,
+            JobSpec::Step(_) => JobKind::Step,
         }
     }
 }
@@ -147,16 +155,23 @@ pub enum JobKind {
     Command,
     Revdeps,
     Tile,
+    Step,
 }
 
 impl JobKind {
-    pub const ALL: [JobKind; 3] = [JobKind::Command, JobKind::Revdeps, JobKind::Tile];
+    pub const ALL: [JobKind; 4] = [
+        JobKind::Command,
+        JobKind::Revdeps,
+        JobKind::Tile,
+        JobKind::Step,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             JobKind::Command => "command",
             JobKind::Revdeps => "revdeps",
             JobKind::Tile => "tile",
+            JobKind::Step => "step",
         }
     }
 }
@@ -168,7 +183,7 @@ impl fmt::Display for JobKind {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("unknown job kind `{0}`: the kinds are command, revdeps and tile")]
+#[error("unknown job kind `{0}`: the kinds are command, revdeps, tile and step")]
 pub struct UnknownJobKind(pub String);
 
 impl FromStr for JobKind {
@@ -205,6 +220,93 @@ pub struct CommandJob {
     /// is reported succeeded; a missing one fails the attempt.
     #[serde(default)]
     pub outputs: Vec<String>,
+}
+
+/// One job of a pipeline run, on one host: the agent that takes it runs it
+/// itself ([`StepHost::Local`]) or over ssh ([`StepHost::Ssh`]). Every
+/// command runs under `sh -c` (remotely `ssh -tt HOST sh -c …`, so that
+/// the remote side gets the hang-up when the job is stopped).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepJob {
+    pub run_id: uuid::Uuid,
+    /// The item's id (empty for [`StepAction::List`]).
+    pub item: String,
+    /// The step's name in the pipeline file (`items` for the listing).
+    pub step: String,
+    pub host: StepHost,
+    pub action: StepAction,
+    #[serde(default)]
+    pub timeout_s: Option<u64>,
+}
+
+impl StepJob {
+    /// The output a [`StepAction::Send`] uploads: a tar of the path.
+    pub const SENT_OUTPUT: &'static str = "move.tar";
+}
+
+/// Where a step's commands run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum StepHost {
+    /// On the agent that took the job.
+    Local,
+    /// On an ssh host the agent connects to.
+    Ssh(crate::pipeline::spec::SshTarget),
+}
+
+/// What a step job does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum StepAction {
+    /// Run `command`; its stdout, one item id per line, is the result
+    /// ([`StepItems`]).
+    List { command: String },
+    /// A stage for one item. `command` is expanded already, `{out}` being
+    /// `out.temp`. With `out`: the agent removes `out.temp`, makes its
+    /// parent (and `out.temp` itself when `out.dir`), runs the command,
+    /// fails the attempt when `out.temp` does not exist afterwards, and
+    /// otherwise renames `out.temp` to `out.path` (replacing what was
+    /// there). With `consume`: that path is removed after the rename.
+    Run {
+        command: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        out: Option<StepOut>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        consume: Option<String>,
+    },
+    /// The first half of a move: `path` (a file or a directory) packed as a
+    /// tar with one entry named as its last component, uploaded as
+    /// [`StepJob::SENT_OUTPUT`].
+    Send { path: String },
+    /// The second half: the sending job's tar (`GET jobs/{id}/moved` on
+    /// the agent protocol), its size and sha256 checked against `size` and
+    /// `sha256`, unpacked beside `path` under a temporary name and renamed
+    /// to `path`.
+    Receive {
+        size: u64,
+        sha256: String,
+        path: String,
+    },
+    /// Removes `path` (the source of a move that arrived).
+    Remove { path: String },
+}
+
+/// Where a stage's output goes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepOut {
+    /// The final path.
+    pub path: String,
+    /// What the command writes to: beside `path`, renamed to it on success.
+    pub temp: String,
+    /// Make `temp` as a directory before the command runs (the pipeline's
+    /// `out` ended in `/`).
+    pub dir: bool,
+}
+
+/// The result of a [`StepAction::List`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepItems {
+    pub items: Vec<String>,
 }
 
 /// One tile of one year of a dataset. The agent fetches the dataset's

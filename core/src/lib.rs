@@ -15,6 +15,8 @@
 //! - [`health`]: the host health report an agent sends with each heartbeat.
 //! - [`grid`]: TESSERA tile grid geometry — tile ids, UTM projection, zone
 //!   grids.
+//! - [`pipeline`]: the pipeline file format, its checks and the plan the
+//!   server walks.
 //! - [`roi`]: regions of interest (GeoJSON or a bbox) and the tiles they cover.
 //! - [`text`]: cutting text to a byte limit on a character boundary.
 //! - [`tls`]: what a client says when it cannot reach the server (the
@@ -24,6 +26,7 @@ pub mod api;
 pub mod grid;
 pub mod health;
 pub mod job;
+pub mod pipeline;
 pub mod protocol;
 pub mod roi;
 pub mod text;

@@ -7,6 +7,7 @@
 //! - [`command`]: a shell command with declared outputs.
 //! - [`tile`]: a TESSERA tile: checkpoint cache, inputs, encoder, outputs.
 //! - [`revdeps`]: phase 1 or a phase-2 shard of an opam revdeps run.
+//! - [`step`]: one job of a pipeline run, here or on an ssh host.
 //! - [`log`]: the job's log, batched to the server.
 //! - [`outputs`]: a job's output opened without following its links (the
 //!   agent may be root and the job not).
@@ -17,6 +18,7 @@ pub mod command;
 pub mod log;
 pub mod outputs;
 pub mod revdeps;
+pub mod step;
 pub mod tile;
 pub mod workdirs;
 
@@ -152,6 +154,7 @@ impl Execute for Kinds {
                 Some(cache) => tile::run(&ctx, cache, spec).await,
                 None => Err(ctx.fail(FailureClass::Retryable, "this agent has no encoder")),
             },
+            JobSpec::Step(spec) => step::run(&ctx, spec).await,
         };
         // The log reaches the server before the report does.
         drop(ctx);

@@ -91,6 +91,8 @@ impl JobView {
                     format!("revdeps solve {} shard {shard}", r.target)
                 }
             },
+            JobSpec::Step(s) if s.item.is_empty() => format!("pipeline {}", s.step),
+            JobSpec::Step(s) => format!("pipeline {} {}", s.step, s.item),
         };
         text.chars().take(width).collect()
     }

@@ -85,6 +85,12 @@ impl TryFrom<SubmitJob> for ValidJob {
                     "tile jobs are made by the server: submit a region with POST /api/v1/rois",
                 ))
             }
+            JobSpec::Step(_) => {
+                return Err(FieldError::new(
+                    "kind",
+                    "step jobs are made by the server: run a pipeline with POST /api/v1/pipelines",
+                ))
+            }
             JobSpec::Command(c) => {
                 if c.command.trim().is_empty() {
                     return Err(FieldError::at("command", "is empty"));
