@@ -529,6 +529,12 @@ pub mod limits {
     pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
 }
 
+/// A label every agent carries, set by the server at registration: its
+/// name. A job with this label runs on that agent only (a pipeline step
+/// whose host is that agent, or where an item's output is). Lists of agents
+/// leave it out.
+pub const AGENT_NAME_LABEL: &str = "flotilla.agent";
+
 /// Checks a submission's labels: at most [`limits::MAX_LABELS`], each key
 /// non-empty, keys and values within their limits and free of control
 /// characters (a NUL would reach PostgreSQL's jsonb, which refuses it).

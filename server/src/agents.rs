@@ -30,7 +30,7 @@ pub async fn register<'e, E: sqlx::PgExecutor<'e>>(
     )
     .bind(Uuid::new_v4())
     .bind(&reg.name)
-    .bind(serde_json::to_value(&reg.labels).expect("labels serialise"))
+    .bind(serde_json::to_value(with_name_label(reg)).expect("labels serialise"))
     .bind(reg.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>())
     .bind(reg.capacity as i32)
     .bind(&reg.version)
@@ -40,6 +40,18 @@ pub async fn register<'e, E: sqlx::PgExecutor<'e>>(
     .fetch_one(db)
     .await?;
     Ok((id, parse_state(&state)))
+}
+
+/// The labels an agent registers with, plus its name under
+/// [`flotilla_core::job::AGENT_NAME_LABEL`] (whatever it sent there), so
+/// that a job can be pinned to it by label.
+fn with_name_label(reg: &Register) -> BTreeMap<String, String> {
+    let mut labels = reg.labels.clone();
+    labels.insert(
+        flotilla_core::job::AGENT_NAME_LABEL.to_string(),
+        reg.name.clone(),
+    );
+    labels
 }
 
 /// What a registration did.
@@ -301,8 +313,12 @@ pub async fn list(db: &PgPool, heartbeat: Duration) -> Result<Vec<AgentView>, sq
                 name: r.name,
                 state: parse_state(&r.state),
                 online: r.online,
-                labels: serde_json::from_value::<BTreeMap<String, String>>(r.labels)
-                    .unwrap_or_default(),
+                labels: {
+                    let mut labels = serde_json::from_value::<BTreeMap<String, String>>(r.labels)
+                        .unwrap_or_default();
+                    labels.remove(flotilla_core::job::AGENT_NAME_LABEL);
+                    labels
+                },
                 // A kind this server does not know is of no use to it.
                 kinds: r.kinds.iter().filter_map(|k| k.parse().ok()).collect(),
                 capacity: r.capacity as u32,

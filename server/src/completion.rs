@@ -55,10 +55,11 @@ pub async fn fail(state: &AppState, key: LeaseKey, f: &Fail) -> Result<AttemptEn
 }
 
 /// After the commit: a revdeps step that ended for good (a plan or a
-/// shard) may let its run advance. A tile's parent, its ROI, has nothing to
+/// shard) or a pipeline's step job may let its run advance. A tile's parent, its ROI, has nothing to
 /// do: its progress is read from its children.
 fn after_end(state: &AppState, ended: &AttemptEnd) {
-    let run_may_advance = ended.kind == JobKind::Revdeps && ended.state != JobState::Retrying;
+    let run_may_advance =
+        matches!(ended.kind, JobKind::Revdeps | JobKind::Step) && ended.state != JobState::Retrying;
     if run_may_advance {
         state.parents_signal.notify_one();
     }

@@ -1,5 +1,5 @@
 //! The one loop that advances parents when their children end (revdeps
-//! runs today; pipelines will join it): a pass runs at once when a child
+//! runs and pipeline runs): a pass runs at once when a child
 //! ended on this server (`AppState::parents_signal`, woken by
 //! [`crate::completion`]), and every `interval` for children that ended
 //! elsewhere — on another server, by the reaper, or by a cancel. Every pass
@@ -40,7 +40,9 @@ pub async fn run<F, Fut>(
 
 /// Every parent kind's pass, in turn.
 pub async fn advance_all(db: &sqlx::PgPool) -> anyhow::Result<()> {
-    crate::revdeps::coordinator::advance(db).await
+    let revdeps = crate::revdeps::coordinator::advance(db).await;
+    let pipelines = crate::pipelines::engine::advance(db).await;
+    revdeps.and(pipelines)
 }
 
 #[cfg(test)]

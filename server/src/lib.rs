@@ -24,6 +24,8 @@
 //! - [`agents`]: owns the `agents` table.
 //! - [`revdeps`]: opam reverse-dependency runs: submit, read; the
 //!   coordinator's shards and merge.
+//! - [`pipelines`]: pipeline runs: submit, cancel, read; the engine that
+//!   moves items through stages, moves, limit gates and either branches.
 //! - [`tiles`]: TESSERA datasets, coverage, ROI planning, tile completion,
 //!   tile statistics.
 //! - [`auth`]: hashed API tokens and the caller extractors.
@@ -47,6 +49,7 @@ pub mod embedded_pg;
 pub mod error;
 pub mod extract;
 pub mod metrics;
+pub mod pipelines;
 pub mod queue;
 pub mod revdeps;
 pub mod serve;

@@ -10,12 +10,15 @@
 //!   progress.
 //! - [`tiles`]: `/api/v1/tiles/stats` — tiles per hour per agent.
 //! - [`revdeps`]: `/api/v1/revdeps` — opam reverse-dependency runs.
+//! - [`pipelines`]: `/api/v1/pipelines` — pipeline runs and their item ×
+//!   step matrix.
 //! - [`datasets`]: `/api/v1/datasets` and `/api/v1/coverage/import`.
 
 pub mod agents;
 pub mod datasets;
 pub mod jobs;
 pub mod logs;
+pub mod pipelines;
 pub mod revdeps;
 pub mod rois;
 pub mod tiles;

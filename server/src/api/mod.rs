@@ -24,6 +24,7 @@ pub mod coverage;
 pub mod datasets;
 pub mod jobs;
 pub mod logs;
+pub mod pipelines;
 pub mod revdeps;
 pub mod rois;
 pub mod tile_inputs;
@@ -74,6 +75,9 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/api/v1/tokens/{id}/revoke", post(tokens::revoke))
         .route("/api/v1/revdeps", post(revdeps::submit))
         .route("/api/v1/revdeps/{id}", get(revdeps::show))
+        .route("/api/v1/pipelines", post(pipelines::submit).get(pipelines::list))
+        .route("/api/v1/pipelines/{id}", get(pipelines::show))
+        .route("/api/v1/pipelines/{id}/cancel", post(pipelines::cancel))
         .route("/api/v1/rois", post(rois::submit))
         .route("/api/v1/rois/plan", post(rois::plan))
         .route("/api/v1/rois/{id}", get(rois::show))
@@ -95,6 +99,7 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
             "/api/agent/v1/jobs/{id}/inputs/{*file}",
             get(tile_inputs::input),
         )
+        .route("/api/agent/v1/jobs/{id}/moved", get(tile_inputs::moved))
         .route(
             "/api/agent/v1/jobs/{id}/outputs/{*name}",
             // Outputs stream to the store; they may be far bigger than JSON.

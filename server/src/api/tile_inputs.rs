@@ -3,6 +3,8 @@
 //! - `GET /api/agent/v1/jobs/{id}/checkpoint?lease=`: the dataset's checkpoint.
 //! - `GET …/jobs/{id}/inputs/{file}?lease=`: the object
 //!   `{input_prefix}/{year}/{tile}/{file}`.
+//! - `GET …/jobs/{id}/moved?lease=`: what a pipeline move sent, for the
+//!   job that receives it.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -98,5 +100,34 @@ pub async fn input(
         ))
     })?;
     let key = format!("{prefix}/{}/{}/{file}", tile.year, tile.tile.name());
+    stream(&state, &key).await
+}
+
+/// `GET /api/agent/v1/jobs/{id}/moved?lease=`: for a pipeline move's
+/// receiving job, the tar its sending job uploaded (the last one that
+/// succeeded for the same run, item and step).
+pub async fn moved(
+    State(state): State<AppState>,
+    agent: AgentProcess,
+    Path(id): Path<String>,
+    QueryParams(q): QueryParams<LeaseQuery>,
+) -> ApiResult<Response> {
+    let id = parse_id(&id)?;
+    lease::current_attempt(
+        &state.db,
+        LeaseKey {
+            agent: agent.id,
+            job: id,
+            token: q.lease,
+        },
+    )
+    .await?;
+    let key = crate::pipelines::read::sent_tar(&state.db, id)
+        .await?
+        .ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "job {id} is not a pipeline move's receive, or its send stored nothing"
+            ))
+        })?;
     stream(&state, &key).await
 }

@@ -4,7 +4,7 @@
 //!   agents and a local object store in one process tree.
 //! - [`serve`]: the production server.
 //! - [`http`]: the client of the commands below (server URL, token, calls).
-//! - [`jobs`], [`agents`], [`tokens`], [`revdeps`], [`rois`], [`datasets`]
+//! - [`jobs`], [`agents`], [`tokens`], [`revdeps`], [`pipeline`], [`rois`], [`datasets`]
 //!   (with `coverage`): one module per command group that talks to a
 //!   server over the REST API.
 //! - [`tiles`]: tile geometry, computed locally.
@@ -13,6 +13,7 @@ pub mod agents;
 pub mod datasets;
 pub mod http;
 pub mod jobs;
+pub mod pipeline;
 pub mod revdeps;
 pub mod rois;
 pub mod serve;
@@ -56,6 +57,10 @@ pub enum Command {
     /// opam reverse dependencies of a release, computed on the agents.
     #[command(subcommand)]
     Revdeps(revdeps::RevdepsCommand),
+    /// Multi-host pipelines: check a pipeline file, run it and follow it,
+    /// status, cancel, list.
+    #[command(subcommand)]
+    Pipeline(pipeline::PipelineCommand),
     /// TESSERA tile geometry: footprints and zone-grid placement (local, no
     /// server needed).
     #[command(subcommand)]
@@ -98,6 +103,7 @@ pub fn run() -> anyhow::Result<()> {
             Command::Agents(args) => agents::agents(args).await,
             Command::Tokens(cmd) => tokens::tokens(cmd).await,
             Command::Revdeps(cmd) => revdeps::revdeps(cmd).await,
+            Command::Pipeline(cmd) => pipeline::pipeline(cmd).await,
             Command::Tiles(cmd) => tiles::tiles(cmd),
             Command::Roi(cmd) => rois::roi(cmd).await,
             Command::Datasets(cmd) => datasets::datasets(cmd).await,

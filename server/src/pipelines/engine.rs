@@ -1,0 +1,600 @@
+//! What happens when a pipeline run's jobs end. One pass per open run, in a
+//! transaction that holds the run's row (`FOR UPDATE SKIP LOCKED`: another
+//! server already advancing it makes this one move on), so any number of
+//! servers may run [`advance`] at once and each change happens once:
+//!
+//! 1. a listing that ended becomes the run's items (or fails the run);
+//! 2. an item whose job ended moves to its step's next job (a move's
+//!    receive after its send, …), or finishes the step and waits for room
+//!    in what follows, or fails;
+//! 3. waiting items, in list order, enter the next step where it has room:
+//!    the stage's `jobs`, every `limit` gate around it (counted from
+//!    `pipeline_gates` under the same lock, so never above N), and for an
+//!    `either` the first branch with room;
+//! 4. a run whose items all ended is done (or failed, naming how many).
+
+use std::collections::{BTreeSet, HashMap};
+
+use flotilla_core::job::{StepItems, StepJob};
+use flotilla_core::pipeline::plan::{Entry, NodeStep, Plan};
+use flotilla_core::pipeline::PipelineSpec;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::jobs::{phases, ItemPlace, RunJobs};
+use super::Location;
+use crate::queue::submit::submit_in;
+
+/// One pass over every open run. A run that cannot be advanced for a
+/// reason other than the database fails with the reason, never blocking
+/// the others.
+pub async fn advance(db: &PgPool) -> anyhow::Result<()> {
+    let runs: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM pipeline_runs WHERE state IN ('listing', 'running') ORDER BY created_at",
+    )
+    .fetch_all(db)
+    .await?;
+    for run in runs {
+        if let Err(e) = advance_run(db, run).await {
+            if e.downcast_ref::<sqlx::Error>().is_some() {
+                tracing::warn!(%run, error = %e, "advancing a pipeline run: will retry");
+                continue;
+            }
+            tracing::warn!(%run, error = %e, "advancing a pipeline run: the run fails");
+            sqlx::query(
+                "UPDATE pipeline_runs SET state = 'failed', error = $2, finished_at = now()
+                 WHERE id = $1 AND state IN ('listing', 'running')",
+            )
+            .bind(run)
+            .bind(format!("{e:#}"))
+            .execute(db)
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+#[derive(sqlx::FromRow)]
+struct RunRow {
+    state: String,
+    spec: serde_json::Value,
+    list_job: Uuid,
+    priority: i32,
+    submitter: String,
+    owner_token: Option<Uuid>,
+}
+
+async fn advance_run(db: &PgPool, run: Uuid) -> anyhow::Result<()> {
+    let mut tx = db.begin().await?;
+    let row: Option<RunRow> = sqlx::query_as(
+        "SELECT state, spec, list_job, priority, submitter, owner_token FROM pipeline_runs
+         WHERE id = $1 AND state IN ('listing', 'running') FOR UPDATE SKIP LOCKED",
+    )
+    .bind(run)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
+        return Ok(());
+    };
+    let spec: PipelineSpec = serde_json::from_value(row.spec)
+        .map_err(|e| anyhow::anyhow!("the stored pipeline does not parse: {e}"))?;
+    if row.state == "listing" && !list(&mut tx, run, row.list_job).await? {
+        tx.commit().await?;
+        return Ok(());
+    }
+    let jobs = RunJobs {
+        id: run,
+        spec: &spec,
+        priority: row.priority,
+        submitter: &row.submitter,
+        owner: row.owner_token,
+    };
+    let plan = Plan::new(&spec);
+    ended(&mut tx, &jobs, &plan).await?;
+    enter(&mut tx, &jobs, &plan).await?;
+    finish(&mut tx, run).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// A listing that ended: its items recorded and the run running (`true`),
+/// or the run failed; `false` while it has not ended or the run failed.
+async fn list(tx: &mut PgConnection, run: Uuid, list_job: Uuid) -> anyhow::Result<bool> {
+    let (state, result, error): (String, Option<serde_json::Value>, Option<String>) =
+        sqlx::query_as("SELECT state, result, error FROM jobs WHERE id = $1")
+            .bind(list_job)
+            .fetch_one(&mut *tx)
+            .await?;
+    let why = match state.as_str() {
+        "succeeded" => match result.map(serde_json::from_value::<StepItems>) {
+            Some(Ok(items)) => {
+                let mut seen = BTreeSet::new();
+                match items.items.iter().find(|i| !seen.insert(i.as_str())) {
+                    Some(dup) => format!("the items command listed `{dup}` twice"),
+                    None => {
+                        record_items(tx, run, &items.items).await?;
+                        return Ok(true);
+                    }
+                }
+            }
+            _ => "the items command's job returned no item list".to_string(),
+        },
+        "failed" | "cancelled" => format!(
+            "listing the items {state}: {}",
+            error.unwrap_or_else(|| "no reason given".into())
+        ),
+        _ => return Ok(false),
+    };
+    sqlx::query(
+        "UPDATE pipeline_runs SET state = 'failed', error = $2, finished_at = now() WHERE id = $1",
+    )
+    .bind(run)
+    .bind(why)
+    .execute(&mut *tx)
+    .await?;
+    Ok(false)
+}
+
+async fn record_items(tx: &mut PgConnection, run: Uuid, items: &[String]) -> sqlx::Result<()> {
+    let idx: Vec<i32> = (0..items.len() as i32).collect();
+    sqlx::query(
+        "INSERT INTO pipeline_items (run_id, idx, item)
+         SELECT $1, * FROM unnest($2::int[], $3::text[])",
+    )
+    .bind(run)
+    .bind(&idx)
+    .bind(items)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("UPDATE pipeline_runs SET state = 'running', items = $2 WHERE id = $1")
+        .bind(run)
+        .bind(items.len() as i32)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+#[derive(sqlx::FromRow)]
+struct EndedRow {
+    idx: i32,
+    item: String,
+    node: i32,
+    phase: i16,
+    job_id: Uuid,
+    latest: Option<serde_json::Value>,
+    outputs: serde_json::Value,
+    job_state: String,
+    job_error: Option<String>,
+    agent: Option<String>,
+    step_output: Option<serde_json::Value>,
+}
+
+fn place(
+    item: String,
+    latest: Option<serde_json::Value>,
+    outputs: serde_json::Value,
+) -> anyhow::Result<ItemPlace> {
+    Ok(ItemPlace {
+        item,
+        latest: latest.map(serde_json::from_value).transpose()?,
+        outputs: serde_json::from_value(outputs)?,
+    })
+}
+
+/// Items whose job ended: on to the step's next job, out of the step, or
+/// failed.
+async fn ended(tx: &mut PgConnection, jobs: &RunJobs<'_>, plan: &Plan) -> anyhow::Result<()> {
+    let rows: Vec<EndedRow> = sqlx::query_as(
+        "SELECT i.idx, i.item, i.node, i.phase, i.job_id, i.latest, i.outputs,
+                j.state AS job_state, j.error AS job_error, a.name AS agent, s.output AS step_output
+         FROM pipeline_items i
+         JOIN jobs j ON j.id = i.job_id
+         LEFT JOIN agents a ON a.id = j.agent_id
+         LEFT JOIN pipeline_steps s ON s.run_id = i.run_id AND s.idx = i.idx AND s.node = i.node
+         WHERE i.run_id = $1 AND i.state = 'active'
+           AND j.state IN ('succeeded', 'failed', 'cancelled')
+         ORDER BY i.idx",
+    )
+    .bind(jobs.id)
+    .fetch_all(&mut *tx)
+    .await?;
+    for r in rows {
+        let Some(node) = plan.nodes.get(r.node as usize) else {
+            anyhow::bail!(
+                "item {} is at step {}, which the pipeline does not have",
+                r.item,
+                r.node
+            );
+        };
+        if r.job_state != "succeeded" {
+            let why = format!(
+                "{} {}: {}",
+                node.name,
+                r.job_state,
+                r.job_error.unwrap_or_default()
+            );
+            let item_state = if r.job_state == "cancelled" {
+                "cancelled"
+            } else {
+                "failed"
+            };
+            sqlx::query(
+                "UPDATE pipeline_items SET state = $3, error = $4, job_id = NULL
+                 WHERE run_id = $1 AND idx = $2",
+            )
+            .bind(jobs.id)
+            .bind(r.idx)
+            .bind(item_state)
+            .bind(why)
+            .execute(&mut *tx)
+            .await?;
+            set_step(tx, jobs.id, r.idx, r.node, item_state, None).await?;
+            sqlx::query("DELETE FROM pipeline_gates WHERE run_id = $1 AND idx = $2")
+                .bind(jobs.id)
+                .bind(r.idx)
+                .execute(&mut *tx)
+                .await?;
+            continue;
+        }
+        let mut place = place(r.item, r.latest, r.outputs)?;
+        let on_a_set = |host: &str| super::host_is_a_set(jobs.spec, host);
+        let next_phase = r.phase + 1;
+        if next_phase < phases(node) {
+            // A move: send → receive (with what was sent) → remove.
+            let sent = if r.phase == 0 {
+                let row: Option<(i64, String)> = sqlx::query_as(
+                    "SELECT o.size, o.sha256 FROM job_outputs o JOIN jobs j ON j.id = o.job_id
+                     WHERE o.job_id = $1 AND o.attempt = j.attempt AND o.name = $2",
+                )
+                .bind(r.job_id)
+                .bind(StepJob::SENT_OUTPUT)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let (size, sha) = row.ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "move {} of item {}: the send stored no tar",
+                        node.name,
+                        place.item
+                    )
+                })?;
+                Some((size as u64, sha))
+            } else {
+                None
+            };
+            let work = jobs.step(&place, node, next_phase, sent)?;
+            if r.phase == 1 {
+                // It arrived: where, on which agent of a set.
+                let mut dest = work.output.clone().expect("a move has a destination");
+                if on_a_set(&dest.host) {
+                    dest.agent = r.agent.clone();
+                }
+                sqlx::query(
+                    "UPDATE pipeline_steps SET output = $4 WHERE run_id = $1 AND idx = $2 AND node = $3",
+                )
+                .bind(jobs.id)
+                .bind(r.idx)
+                .bind(r.node)
+                .bind(serde_json::to_value(&dest)?)
+                .execute(&mut *tx)
+                .await?;
+            }
+            let id = submit_in(&mut *tx, &[work.job]).await?[0];
+            sqlx::query(
+                "UPDATE pipeline_items SET phase = $3, job_id = $4 WHERE run_id = $1 AND idx = $2",
+            )
+            .bind(jobs.id)
+            .bind(r.idx)
+            .bind(next_phase)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "UPDATE pipeline_steps SET job_id = $4 WHERE run_id = $1 AND idx = $2 AND node = $3",
+            )
+            .bind(jobs.id)
+            .bind(r.idx)
+            .bind(r.node)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+            continue;
+        }
+        // The step is done: its output becomes the item's latest.
+        let output: Option<Location> = match &node.step {
+            NodeStep::Stage(_) => jobs.step(&place, node, 0, None)?.output.map(|mut o| {
+                if on_a_set(&o.host) {
+                    o.agent = r.agent.clone();
+                }
+                o
+            }),
+            NodeStep::Move(_) => r.step_output.map(serde_json::from_value).transpose()?,
+        };
+        if let Some(o) = &output {
+            if matches!(node.step, NodeStep::Stage(_)) {
+                place.outputs.insert(node.name.clone(), o.clone());
+            }
+            place.latest = Some(o.clone());
+        }
+        set_step(tx, jobs.id, r.idx, r.node, "succeeded", output.as_ref()).await?;
+        // Gates that no step after this one is inside are left now, not
+        // when the item enters the next step (it may wait for room there).
+        let keep: Option<BTreeSet<usize>> = plan
+            .candidates(&plan.next[node.index])
+            .into_iter()
+            .map(|c| plan.nodes[c].gates.iter().copied().collect::<BTreeSet<_>>())
+            .reduce(|a, b| a.intersection(&b).copied().collect());
+        let keep: Vec<i32> = keep
+            .unwrap_or_default()
+            .into_iter()
+            .map(|g| g as i32)
+            .collect();
+        sqlx::query(
+            "DELETE FROM pipeline_gates WHERE run_id = $1 AND idx = $2 AND gate <> ALL ($3)",
+        )
+        .bind(jobs.id)
+        .bind(r.idx)
+        .bind(&keep)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE pipeline_items SET state = 'waiting', at = node, node = NULL, phase = 0,
+                 job_id = NULL, latest = $3, outputs = $4
+             WHERE run_id = $1 AND idx = $2",
+        )
+        .bind(jobs.id)
+        .bind(r.idx)
+        .bind(
+            place
+                .latest
+                .as_ref()
+                .map(serde_json::to_value)
+                .transpose()?,
+        )
+        .bind(serde_json::to_value(&place.outputs)?)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
+}
+
+async fn set_step(
+    tx: &mut PgConnection,
+    run: Uuid,
+    idx: i32,
+    node: i32,
+    state: &str,
+    output: Option<&Location>,
+) -> anyhow::Result<()> {
+    sqlx::query(
+        "UPDATE pipeline_steps SET state = $4, finished_at = now(), output = COALESCE($5, output)
+         WHERE run_id = $1 AND idx = $2 AND node = $3",
+    )
+    .bind(run)
+    .bind(idx)
+    .bind(node)
+    .bind(state)
+    .bind(output.map(serde_json::to_value).transpose()?)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+#[derive(sqlx::FromRow)]
+struct WaitingRow {
+    idx: i32,
+    item: String,
+    at: Option<i32>,
+    latest: Option<serde_json::Value>,
+    outputs: serde_json::Value,
+    gates: Vec<i32>,
+}
+
+/// Room at each node and gate, as counted at the start of the pass and
+/// updated as items enter.
+struct Room<'p> {
+    plan: &'p Plan,
+    at_node: Vec<u32>,
+    in_gate: Vec<u32>,
+}
+
+impl Room<'_> {
+    /// Whether an item holding `held` may enter `node`.
+    fn fits(&self, node: usize, held: &BTreeSet<usize>) -> bool {
+        let n = &self.plan.nodes[node];
+        n.concurrency().is_none_or(|c| self.at_node[node] < c)
+            && n.gates
+                .iter()
+                .all(|g| held.contains(g) || self.in_gate[*g] < self.plan.gates[*g])
+    }
+
+    /// The node `entry` leads to that has room: an either's first branch
+    /// (in file order) with room.
+    fn choose(&self, entry: &Entry, held: &BTreeSet<usize>) -> Option<usize> {
+        match entry {
+            Entry::Node(i) => self.fits(*i, held).then_some(*i),
+            Entry::Either(branches) => branches.iter().find_map(|b| self.choose(b, held)),
+            Entry::Done => None,
+        }
+    }
+}
+
+/// Waiting items, in list order, into the step after theirs where it has
+/// room; items with nothing after are done.
+async fn enter(tx: &mut PgConnection, jobs: &RunJobs<'_>, plan: &Plan) -> anyhow::Result<()> {
+    let mut room = Room {
+        plan,
+        at_node: vec![0; plan.nodes.len()],
+        in_gate: vec![0; plan.gates.len()],
+    };
+    let busy: Vec<(i32, i64)> = sqlx::query_as(
+        "SELECT node, count(*) FROM pipeline_items WHERE run_id = $1 AND state = 'active'
+         GROUP BY node",
+    )
+    .bind(jobs.id)
+    .fetch_all(&mut *tx)
+    .await?;
+    for (node, n) in busy {
+        if let Some(c) = room.at_node.get_mut(node as usize) {
+            *c = n as u32;
+        }
+    }
+    let inside: Vec<(i32, i64)> =
+        sqlx::query_as("SELECT gate, count(*) FROM pipeline_gates WHERE run_id = $1 GROUP BY gate")
+            .bind(jobs.id)
+            .fetch_all(&mut *tx)
+            .await?;
+    for (gate, n) in inside {
+        if let Some(c) = room.in_gate.get_mut(gate as usize) {
+            *c = n as u32;
+        }
+    }
+    let waiting: Vec<WaitingRow> = sqlx::query_as(
+        "SELECT i.idx, i.item, i.at, i.latest, i.outputs,
+                COALESCE(array_agg(g.gate) FILTER (WHERE g.gate IS NOT NULL), '{}') AS gates
+         FROM pipeline_items i
+         LEFT JOIN pipeline_gates g ON g.run_id = i.run_id AND g.idx = i.idx
+         WHERE i.run_id = $1 AND i.state = 'waiting'
+         GROUP BY i.run_id, i.idx ORDER BY i.idx",
+    )
+    .bind(jobs.id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut entering: Vec<(i32, usize)> = Vec::new();
+    let mut new_jobs = Vec::new();
+    let mut done: Vec<i32> = Vec::new();
+    let mut leave: Vec<(i32, i32)> = Vec::new();
+    let mut join: Vec<(i32, i32)> = Vec::new();
+    for w in waiting {
+        let entry = match w.at {
+            None => &plan.first,
+            Some(a) => plan.next.get(a as usize).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "item {} finished step {a}, which the pipeline does not have",
+                    w.item
+                )
+            })?,
+        };
+        if *entry == Entry::Done {
+            done.push(w.idx);
+            continue;
+        }
+        let held: BTreeSet<usize> = w.gates.iter().map(|g| *g as usize).collect();
+        let Some(node) = room.choose(entry, &held) else {
+            continue;
+        };
+        let wanted: BTreeSet<usize> = plan.nodes[node].gates.iter().copied().collect();
+        for g in held.difference(&wanted) {
+            room.in_gate[*g] = room.in_gate[*g].saturating_sub(1);
+            leave.push((w.idx, *g as i32));
+        }
+        for g in wanted.difference(&held) {
+            room.in_gate[*g] += 1;
+            join.push((w.idx, *g as i32));
+        }
+        room.at_node[node] += 1;
+        let place = place(w.item, w.latest, w.outputs)?;
+        new_jobs.push(jobs.step(&place, &plan.nodes[node], 0, None)?.job);
+        entering.push((w.idx, node));
+    }
+    if !leave.is_empty() {
+        let (idx, gate): (Vec<i32>, Vec<i32>) = leave.into_iter().unzip();
+        sqlx::query(
+            "DELETE FROM pipeline_gates g USING unnest($2::int[], $3::int[]) AS x(idx, gate)
+             WHERE g.run_id = $1 AND g.idx = x.idx AND g.gate = x.gate",
+        )
+        .bind(jobs.id)
+        .bind(&idx)
+        .bind(&gate)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !join.is_empty() {
+        let (idx, gate): (Vec<i32>, Vec<i32>) = join.into_iter().unzip();
+        sqlx::query(
+            "INSERT INTO pipeline_gates (run_id, gate, idx)
+             SELECT $1, x.gate, x.idx FROM unnest($2::int[], $3::int[]) AS x(idx, gate)",
+        )
+        .bind(jobs.id)
+        .bind(&idx)
+        .bind(&gate)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !entering.is_empty() {
+        let ids = submit_in(&mut *tx, &new_jobs).await?;
+        let idx: Vec<i32> = entering.iter().map(|e| e.0).collect();
+        let node: Vec<i32> = entering.iter().map(|e| e.1 as i32).collect();
+        sqlx::query(
+            "UPDATE pipeline_items i SET state = 'active', node = x.node, phase = 0, job_id = x.job
+             FROM unnest($2::int[], $3::int[], $4::uuid[]) AS x(idx, node, job)
+             WHERE i.run_id = $1 AND i.idx = x.idx",
+        )
+        .bind(jobs.id)
+        .bind(&idx)
+        .bind(&node)
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?;
+        // A step entered again (a resumed item) starts its cell afresh.
+        sqlx::query(
+            "INSERT INTO pipeline_steps (run_id, idx, node, job_id)
+             SELECT $1, x.idx, x.node, x.job FROM unnest($2::int[], $3::int[], $4::uuid[]) AS x(idx, node, job)
+             ON CONFLICT (run_id, idx, node) DO UPDATE SET state = 'running', job_id = EXCLUDED.job_id,
+                 output = NULL, started_at = now(), finished_at = NULL",
+        )
+        .bind(jobs.id)
+        .bind(&idx)
+        .bind(&node)
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !done.is_empty() {
+        sqlx::query(
+            "UPDATE pipeline_items SET state = 'done' WHERE run_id = $1 AND idx = ANY ($2)",
+        )
+        .bind(jobs.id)
+        .bind(&done)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM pipeline_gates WHERE run_id = $1 AND idx = ANY ($2)")
+            .bind(jobs.id)
+            .bind(&done)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// A run with no open item left ends: done, or failed naming how many
+/// items did not make it.
+async fn finish(tx: &mut PgConnection, run: Uuid) -> anyhow::Result<()> {
+    let counts: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state, count(*) FROM pipeline_items WHERE run_id = $1 GROUP BY state",
+    )
+    .bind(run)
+    .fetch_all(&mut *tx)
+    .await?;
+    let by: HashMap<String, i64> = counts.into_iter().collect();
+    let open = by.get("waiting").copied().unwrap_or(0) + by.get("active").copied().unwrap_or(0);
+    if open > 0 {
+        return Ok(());
+    }
+    let failed = by.get("failed").copied().unwrap_or(0) + by.get("cancelled").copied().unwrap_or(0);
+    let total: i64 = by.values().sum();
+    let (state, error) = if failed == 0 {
+        ("done", None)
+    } else {
+        ("failed", Some(format!("{failed} of {total} items failed")))
+    };
+    sqlx::query(
+        "UPDATE pipeline_runs SET state = $2, error = $3, finished_at = now()
+         WHERE id = $1 AND state = 'running'",
+    )
+    .bind(run)
+    .bind(state)
+    .bind(error)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}

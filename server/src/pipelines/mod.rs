@@ -1,0 +1,304 @@
+//! Pipeline runs: owns `pipeline_runs`, `pipeline_items`, `pipeline_steps`
+//! and `pipeline_gates`. A run is its checked pipeline file, the job that
+//! lists its items and, per item, the step it is at; stage and move jobs
+//! are ordinary queue jobs whose parent is the run.
+//!
+//! - here: a submission parsed and checked, recorded with its listing job;
+//!   a cancel; where a step's job runs ([`placement`]).
+//! - [`engine`]: what happens when a run's jobs end: items listed, items
+//!   moved on through stages, moves, limit gates and either branches.
+//! - [`jobs`]: the job of one item at one step, its commands expanded.
+//! - [`read`]: runs as the API and dashboard show them.
+
+pub mod engine;
+pub mod jobs;
+pub mod read;
+
+use std::collections::BTreeMap;
+
+use flotilla_core::api::pipelines::{SubmitPipeline, MAX_PIPELINE_BYTES};
+use flotilla_core::api::FieldError;
+use flotilla_core::job::{check_text, limits, StepAction, StepHost, AGENT_NAME_LABEL};
+use flotilla_core::pipeline::spec::HostTarget;
+use flotilla_core::pipeline::{self, PipelineSpec};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::queue::cancel::{cancel as cancel_job, Cancelled};
+use crate::queue::submit::submit_in;
+
+/// A submission whose file parsed and passed its checks.
+#[derive(Debug, Clone)]
+pub struct ValidPipeline {
+    pub name: String,
+    pub source: String,
+    pub spec: PipelineSpec,
+    pub priority: i32,
+}
+
+/// Why a submission was refused: a field, or the file's own mistakes.
+#[derive(Debug)]
+pub enum Refused {
+    Field(FieldError),
+    /// Every mistake, each with its file, line and column.
+    File(pipeline::PipelineErrors),
+}
+
+impl TryFrom<SubmitPipeline> for ValidPipeline {
+    type Error = Refused;
+
+    fn try_from(s: SubmitPipeline) -> Result<Self, Refused> {
+        check_text("name", &s.name, "", limits::MAX_NAME_BYTES).map_err(Refused::Field)?;
+        if s.name.trim().is_empty() {
+            return Err(Refused::Field(FieldError::at(
+                "name",
+                "is empty: give the file's name",
+            )));
+        }
+        if s.source.len() > MAX_PIPELINE_BYTES {
+            return Err(Refused::Field(FieldError::at(
+                "source",
+                format_args!("is longer than {MAX_PIPELINE_BYTES} bytes"),
+            )));
+        }
+        if !limits::PRIORITY_RANGE.contains(&s.priority) {
+            return Err(Refused::Field(FieldError::at(
+                "priority",
+                format_args!(
+                    "must be between {} and {}",
+                    limits::PRIORITY_RANGE.start(),
+                    limits::PRIORITY_RANGE.end()
+                ),
+            )));
+        }
+        let spec = pipeline::load(&s.name, &s.source).map_err(Refused::File)?;
+        Ok(ValidPipeline {
+            name: s.name,
+            source: s.source,
+            spec,
+            priority: s.priority,
+        })
+    }
+}
+
+/// Where an output is: a host of the pipeline, the agent it is on when the
+/// host is a set of agents (or an agent), and its path there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Location {
+    pub host: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    pub path: String,
+}
+
+/// How a job for `host` is queued: where its commands run and the labels
+/// that take it to the right agent. `pin` is the agent an item's output is
+/// on, which a host of several agents (labels) must keep to.
+pub fn placement(
+    spec: &PipelineSpec,
+    host: &str,
+    pin: Option<&str>,
+) -> (StepHost, BTreeMap<String, String>) {
+    let mut labels = BTreeMap::new();
+    // `check` made sure every host a step names is declared.
+    let Some(decl) = spec.hosts.get(host) else {
+        return (StepHost::Local, labels);
+    };
+    match &decl.target {
+        HostTarget::Agent { name } => {
+            labels.insert(AGENT_NAME_LABEL.to_string(), name.clone());
+            (StepHost::Local, labels)
+        }
+        HostTarget::Labels { labels: wanted } => {
+            labels.extend(wanted.clone());
+            if let Some(agent) = pin {
+                labels.insert(AGENT_NAME_LABEL.to_string(), agent.to_string());
+            }
+            (StepHost::Local, labels)
+        }
+        HostTarget::Ssh(target) => {
+            if let Some(via) = &target.via {
+                labels.insert(AGENT_NAME_LABEL.to_string(), via.clone());
+            }
+            (StepHost::Ssh(target.clone()), labels)
+        }
+    }
+}
+
+/// Whether outputs on `host` are on one particular agent, which later steps
+/// there must keep to (a host of several agents).
+pub fn host_is_a_set(spec: &PipelineSpec, host: &str) -> bool {
+    matches!(
+        spec.hosts.get(host).map(|h| &h.target),
+        Some(HostTarget::Labels { .. })
+    )
+}
+
+/// The file's mistakes about this fleet: a host that names an agent (or an
+/// ssh host's `via`) no agent has registered as. Every step would wait
+/// forever for it, so it is refused like a syntax error, with its line.
+pub async fn unknown_agents(
+    db: &PgPool,
+    run: &ValidPipeline,
+) -> Result<Option<pipeline::PipelineErrors>, sqlx::Error> {
+    let named: Vec<(&str, &pipeline::spec::HostDecl)> = run
+        .spec
+        .hosts
+        .values()
+        .filter_map(|h| match &h.target {
+            HostTarget::Agent { name } => Some((name.as_str(), h)),
+            HostTarget::Ssh(t) => t.via.as_deref().map(|v| (v, h)),
+            HostTarget::Labels { .. } => None,
+        })
+        .collect();
+    if named.is_empty() {
+        return Ok(None);
+    }
+    let names: Vec<&str> = named.iter().map(|(n, _)| *n).collect();
+    let known: Vec<String> = sqlx::query_scalar("SELECT name FROM agents WHERE name = ANY ($1)")
+        .bind(&names)
+        .fetch_all(db)
+        .await?;
+    let errors: Vec<pipeline::PipelineError> = named
+        .into_iter()
+        .filter(|(n, _)| !known.iter().any(|k| k == n))
+        .map(|(n, h)| pipeline::PipelineError {
+            file: run.name.clone(),
+            span: h.span,
+            message: format!(
+                "host `{}` names agent `{n}`, which has never registered with this server                  (`flotilla agents` lists those that have)",
+                h.name
+            ),
+            line_text: run
+                .source
+                .lines()
+                .nth(h.span.line.saturating_sub(1) as usize)
+                .unwrap_or_default()
+                .to_string(),
+        })
+        .collect();
+    Ok((!errors.is_empty()).then_some(pipeline::PipelineErrors(errors)))
+}
+
+/// Records a run and queues its listing job, in one transaction. Its jobs
+/// are accounted to `submitter` and belong to the token `owner`.
+pub async fn submit(
+    db: &PgPool,
+    run: ValidPipeline,
+    submitter: &str,
+    owner: Option<Uuid>,
+) -> Result<Uuid, sqlx::Error> {
+    let run_id = Uuid::new_v4();
+    let (host, labels) = placement(&run.spec, &run.spec.items.host, None);
+    let list = jobs::queued(
+        run.priority,
+        submitter,
+        owner,
+        flotilla_core::job::StepJob {
+            run_id,
+            item: String::new(),
+            step: "items".into(),
+            host,
+            action: StepAction::List {
+                command: run.spec.items.command.clone(),
+            },
+            timeout_s: None,
+        },
+        labels,
+        3,
+    );
+    let mut tx = db.begin().await?;
+    let list_job = submit_in(&mut tx, &[list]).await?[0];
+    sqlx::query(
+        "INSERT INTO pipeline_runs (id, name, source, spec, list_job, priority, submitter,
+                                    owner_token)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(run_id)
+    .bind(&run.name)
+    .bind(&run.source)
+    .bind(serde_json::to_value(&run.spec).expect("a pipeline spec serialises"))
+    .bind(list_job)
+    .bind(run.priority)
+    .bind(submitter)
+    .bind(owner)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(run_id)
+}
+
+/// What a cancel found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RunCancel {
+    /// Its open items are cancelled and their jobs told to stop.
+    Cancelled {
+        jobs: usize,
+    },
+    AlreadyFinal(String),
+    NotFound,
+}
+
+/// Cancels run `id`: its open items end `cancelled`, their gates are freed,
+/// and every job of it that has not ended is cancelled (a running one is
+/// stopped by its agent, its whole process tree, over ssh too).
+pub async fn cancel(db: &PgPool, id: Uuid) -> Result<RunCancel, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let state: Option<String> =
+        sqlx::query_scalar("SELECT state FROM pipeline_runs WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    match state.as_deref() {
+        None => return Ok(RunCancel::NotFound),
+        Some(s @ ("done" | "failed" | "cancelled")) => {
+            return Ok(RunCancel::AlreadyFinal(s.to_string()))
+        }
+        Some(_) => {}
+    }
+    sqlx::query(
+        "UPDATE pipeline_runs SET state = 'cancelled', finished_at = now(),
+             error = 'cancelled' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE pipeline_items SET state = 'cancelled'
+         WHERE run_id = $1 AND state IN ('waiting', 'active')",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE pipeline_steps SET state = 'cancelled', finished_at = now()
+         WHERE run_id = $1 AND state = 'running'",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM pipeline_gates WHERE run_id = $1")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    let open: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT j.id FROM jobs j WHERE j.parent_id = $1
+           AND j.state NOT IN ('succeeded', 'failed', 'cancelled')
+         UNION SELECT r.list_job FROM pipeline_runs r WHERE r.id = $1",
+    )
+    .bind(id)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    let mut jobs = 0;
+    for job in open {
+        if matches!(
+            cancel_job(db, job).await?,
+            Cancelled::Now | Cancelled::Requested
+        ) {
+            jobs += 1;
+        }
+    }
+    Ok(RunCancel::Cancelled { jobs })
+}
