@@ -8,10 +8,13 @@
 //! - [`overview`]: `/ui`, job counts, agents and recent jobs, pushed anew
 //!   over SSE.
 //! - [`job`]: `/ui/jobs/{id}`, one job with its log, streamed as it grows.
+//! - [`pipeline`]: `/ui/pipelines`, runs, and a run's item × step matrix,
+//!   its cells patched live from SSE.
 //! - here: what every page shares (rendering, the login check).
 
 pub mod job;
 pub mod overview;
+pub mod pipeline;
 pub mod session;
 
 use askama::Template;

@@ -1,0 +1,288 @@
+//! `/ui/pipelines` and `/ui/pipelines/{id}`: pipeline runs, and one run's
+//! item × step matrix (each cell linked to its job and log), kept live by
+//! patching cells from server-sent events instead of redrawing the page.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use askama::Template;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use flotilla_core::api::pipelines::{PipelineSummary, PipelineView};
+use futures::Stream;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::{allowed, render, session, to_login};
+use crate::error::{ApiError, ApiResult};
+use crate::extract::parse_id;
+use crate::pipelines::read;
+use crate::state::AppState;
+
+/// Rows (items) on one page of the matrix.
+const ROWS_PER_PAGE: u32 = 500;
+
+/// How often a live page is brought up to date.
+const REFRESH: Duration = Duration::from_secs(1);
+
+/// The script of the run page, served from the binary: pages carry no
+/// inline script.
+const PIPELINE_JS: &str = include_str!("../../../web/static/pipeline.js");
+
+pub async fn script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        PIPELINE_JS,
+    )
+        .into_response()
+}
+
+struct RunRow {
+    id: String,
+    name: String,
+    state: &'static str,
+    done: u64,
+    active: u64,
+    waiting: u64,
+    failed: u64,
+    items: String,
+    percent: u64,
+    created: String,
+}
+
+#[derive(Template)]
+#[template(path = "pipelines.html")]
+struct ListPage {
+    runs: Vec<RunRow>,
+    show_logout: bool,
+}
+
+fn run_row(s: PipelineSummary) -> RunRow {
+    let total = s.items.unwrap_or(0);
+    RunRow {
+        id: s.id.to_string(),
+        name: s.name,
+        state: s.state.as_str(),
+        done: s.counts.done,
+        active: s.counts.active,
+        waiting: s.counts.waiting,
+        failed: s.counts.failed + s.counts.cancelled,
+        items: s.items.map_or("?".into(), |n| n.to_string()),
+        percent: (s.counts.done * 100).checked_div(total).unwrap_or(0),
+        created: s.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+    }
+}
+
+pub async fn list(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
+    if !allowed(&state, &headers).await {
+        return Ok(to_login());
+    }
+    let runs = read::list(&state.db, None, None, 100).await?;
+    Ok(render(&ListPage {
+        runs: runs.into_iter().map(run_row).collect(),
+        show_logout: !state.settings.dashboard_open,
+    })?
+    .into_response())
+}
+
+struct Column {
+    name: String,
+    kind: String,
+    host: String,
+    running: u64,
+    succeeded: u64,
+    failed: u64,
+    mean: String,
+}
+
+struct Cell {
+    state: String,
+    href: String,
+    title: String,
+}
+
+struct ItemLine {
+    item: String,
+    state: String,
+    cells: Vec<Cell>,
+    error: String,
+}
+
+#[derive(Template)]
+#[template(path = "pipeline.html")]
+struct RunPage {
+    run: RunRow,
+    error: String,
+    final_state: bool,
+    columns: Vec<Column>,
+    gates: Vec<(u32, u64)>,
+    rows: Vec<ItemLine>,
+    after: String,
+    next: Option<u64>,
+    show_logout: bool,
+}
+
+#[derive(Deserialize)]
+pub struct Page {
+    after: Option<u64>,
+}
+
+fn cells(view: &PipelineView) -> Vec<ItemLine> {
+    view.rows
+        .iter()
+        .map(|r| ItemLine {
+            item: r.item.clone(),
+            state: r.state.clone(),
+            cells: view
+                .steps
+                .iter()
+                .zip(&r.cells)
+                .map(|(step, c)| match c {
+                    Some(c) => Cell {
+                        state: c.state.clone(),
+                        href: c.job_id.map_or(String::new(), |j| format!("/ui/jobs/{j}")),
+                        title: format!("{} {}: {}", r.item, step.name, c.state),
+                    },
+                    None => Cell {
+                        state: "none".into(),
+                        href: String::new(),
+                        title: format!("{} {}: not there", r.item, step.name),
+                    },
+                })
+                .collect(),
+            error: r.error.clone().unwrap_or_default(),
+        })
+        .collect()
+}
+
+pub async fn page(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<Page>,
+) -> ApiResult<Response> {
+    if !allowed(&state, &headers).await {
+        return Ok(to_login());
+    }
+    let id = parse_id(&id)?;
+    let view = read::get(&state.db, id, q.after, ROWS_PER_PAGE)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no pipeline run {id}")))?;
+    let rows = cells(&view);
+    let columns = view
+        .steps
+        .iter()
+        .map(|s| Column {
+            name: s.name.clone(),
+            kind: s.kind.clone(),
+            host: s.host.clone(),
+            running: s.running,
+            succeeded: s.succeeded,
+            failed: s.failed,
+            mean: s.mean_s.map_or("-".into(), |m| format!("{m:.1} s")),
+        })
+        .collect();
+    let gates = view.gates.iter().map(|g| (g.limit, g.inside)).collect();
+    let final_state = view.summary.state.is_final();
+    let error = view.summary.error.clone().unwrap_or_default();
+    Ok(render(&RunPage {
+        run: run_row(view.summary),
+        error,
+        final_state,
+        columns,
+        gates,
+        rows,
+        after: q.after.map_or(String::new(), |a| a.to_string()),
+        next: view.next_after,
+        show_logout: !state.settings.dashboard_open,
+    })?
+    .into_response())
+}
+
+/// `state` events (JSON: counts, columns, this page's cells) whenever
+/// something changed, and an `end` event once the run is final; ends too
+/// when the viewer's session does.
+pub async fn events(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<Page>,
+) -> ApiResult<Response> {
+    let Some(viewer) = session::viewer(&state, &headers).await else {
+        return Ok(StatusCode::UNAUTHORIZED.into_response());
+    };
+    let id = parse_id(&id)?;
+    if read::owner(&state.db, id).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no pipeline run {id}")));
+    }
+    Ok(Sse::new(run_events(state, viewer, id, q.after))
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+fn run_events(
+    state: AppState,
+    viewer: session::Viewer,
+    id: Uuid,
+    after: Option<u64>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let checked = tokio::time::Instant::now();
+    futures::stream::unfold(
+        (state, String::new(), false, checked),
+        move |(state, last, ended, mut checked)| {
+            let viewer = viewer.clone();
+            async move {
+                if ended {
+                    return None;
+                }
+                loop {
+                    tokio::select! {
+                        _ = state.shutdown.cancelled() => return None,
+                        _ = tokio::time::sleep(REFRESH) => {}
+                    }
+                    if checked.elapsed() >= session::RECHECK {
+                        if !viewer.still_allowed(&state.db).await {
+                            return None;
+                        }
+                        checked = tokio::time::Instant::now();
+                    }
+                    let Ok(Some(view)) = read::get(&state.db, id, after, ROWS_PER_PAGE).await
+                    else {
+                        continue;
+                    };
+                    let final_state = view.summary.state.is_final();
+                    let data = serde_json::json!({
+                        "state": view.summary.state.as_str(),
+                        "counts": view.summary.counts,
+                        "items": view.summary.items,
+                        "steps": view.steps,
+                        "gates": view.gates,
+                        "rows": view.rows.iter().map(|r| serde_json::json!({
+                            "state": r.state,
+                            "cells": r.cells.iter().map(|c| c.as_ref().map(|c| {
+                                serde_json::json!([c.state, c.job_id])
+                            })).collect::<Vec<_>>(),
+                        })).collect::<Vec<_>>(),
+                    })
+                    .to_string();
+                    if data != last {
+                        return Some((
+                            Ok(Event::default().event("state").data(data.clone())),
+                            (state, data, final_state, checked),
+                        ));
+                    }
+                    if final_state {
+                        return Some((
+                            Ok(Event::default()
+                                .event("end")
+                                .data(view.summary.state.as_str())),
+                            (state, last, true, checked),
+                        ));
+                    }
+                }
+            }
+        },
+    )
+}
