@@ -3,7 +3,8 @@
 # PostgreSQL (the embedded default runs the system's initdb/pg_ctl), oneDNN
 # (the encoder's fast CPU path), a C toolchain. With --test, also what the
 # test suite starts or reads with: an S3-compatible server (moto) and numpy,
-# both from PyPI.
+# both from PyPI; sshd and ssh (pipeline steps on ssh hosts), poppler-utils
+# and tesseract (the pipeline tests' PDF pages and OCR), from apt.
 set -euo pipefail
 
 want_test=0
@@ -16,6 +17,9 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 pkgs=(postgresql libdnnl-dev build-essential pkg-config git ca-certificates curl python3 python3-pip)
+if [ "$want_test" = 1 ]; then
+    pkgs+=(openssh-server openssh-client poppler-utils tesseract-ocr tesseract-ocr-eng)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -22,6 +22,7 @@ pub mod driven;
 pub mod fds;
 pub mod pg;
 pub mod procs;
+pub mod sshd;
 pub mod tiles;
 
 use std::path::PathBuf;

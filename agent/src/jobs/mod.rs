@@ -73,6 +73,8 @@ pub struct Kinds {
     /// Who jobs' processes run as and what environment they start from.
     run_as: RunAs,
     repos: Arc<revdeps::RepoCache>,
+    /// Master connections to the ssh hosts of pipeline steps, one per host.
+    ssh: step::SshSessions,
     /// Checkpoints and loaded encoders for tile jobs; `None` when no encoder
     /// backend could be set up here (the agent then does not offer the
     /// `tile` kind).
@@ -108,6 +110,7 @@ impl Kinds {
             kill_grace,
             run_as,
             repos: Arc::new(revdeps::RepoCache::default()),
+            ssh: step::SshSessions::new(&workdir.join("ssh")),
             tiles,
         }
     }
@@ -115,6 +118,9 @@ impl Kinds {
     /// The kinds to register.
     pub fn names(&self) -> Vec<JobKind> {
         let mut kinds = vec![JobKind::Command, JobKind::Revdeps];
+        if step::SUPPORTED {
+            kinds.push(JobKind::Step);
+        }
         if self.tiles.is_some() {
             kinds.push(JobKind::Tile);
         }
@@ -154,7 +160,7 @@ impl Execute for Kinds {
                 Some(cache) => tile::run(&ctx, cache, spec).await,
                 None => Err(ctx.fail(FailureClass::Retryable, "this agent has no encoder")),
             },
-            JobSpec::Step(spec) => step::run(&ctx, spec).await,
+            JobSpec::Step(spec) => step::run(&ctx, &self.ssh, spec).await,
         };
         // The log reaches the server before the report does.
         drop(ctx);

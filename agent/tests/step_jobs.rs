@@ -1,0 +1,787 @@
+//! Step jobs run by the real step code, here and on a real sshd on
+//! loopback (`tests/src/sshd.rs`, included as it is: the e2e crate depends
+//! on the server, and the agent's tests stay light).
+//!
+//! A job's context is made as the agent makes it, with its log in memory
+//! and its server a stub on loopback that takes output uploads and serves
+//! `GET jobs/{id}/moved` from the bytes a test gives it: the server's side
+//! of a move is tested end to end elsewhere (the e2e tests).
+#![cfg(unix)]
+
+// Not every helper of the fixture is used here.
+#[allow(dead_code)]
+#[path = "../../tests/src/sshd.rs"]
+mod sshd;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flotilla_agent::jobs::log::{JobLog, LogSink};
+use flotilla_agent::jobs::step::{self, SshSessions};
+use flotilla_agent::jobs::JobContext;
+use flotilla_agent::process::RunAs;
+use flotilla_agent::server_api::{CallError, Delivery, ServerApi};
+use flotilla_core::job::{FailureClass, StepAction, StepHost, StepItems, StepJob, StepOut};
+use flotilla_core::protocol::{Complete, Fail, LeaseRef, LogBatch};
+use sha2::Digest;
+use sshd::Sshd;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// The stub server's state: uploaded outputs by job, tars to serve by job.
+#[derive(Default)]
+struct Stub {
+    uploads: Mutex<HashMap<Uuid, Vec<u8>>>,
+    moved: Mutex<HashMap<Uuid, Vec<u8>>>,
+}
+
+/// Starts the stub on loopback; its URL.
+async fn start_stub(stub: Arc<Stub>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (conn, _) = listener.accept().await.unwrap();
+            tokio::spawn(serve(conn, stub.clone()));
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// One request per connection: `PUT …/outputs/NAME` stores the body and
+/// answers an `OutputView`; `GET …/moved` answers the tar set for the job
+/// (404 when none).
+async fn serve(mut conn: tokio::net::TcpStream, stub: Arc<Stub>) {
+    let mut buf = Vec::new();
+    let head_end = loop {
+        let mut chunk = [0u8; 4096];
+        let n = conn.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "connection closed inside the headers");
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut body = buf[head_end..].to_vec();
+    let request_line = head.lines().next().unwrap().to_string();
+    let mut words = request_line.split(' ');
+    let (method, target) = (words.next().unwrap(), words.next().unwrap());
+    let path = target.split('?').next().unwrap();
+    let job: Uuid = path
+        .strip_prefix("/api/agent/v1/jobs/")
+        .and_then(|p| p.split('/').next())
+        .and_then(|id| id.parse().ok())
+        .expect("a job path");
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().unwrap())
+        })
+        .unwrap_or(0);
+    while body.len() < len {
+        let mut chunk = vec![0u8; 1 << 16];
+        let n = conn.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "connection closed inside the body");
+        body.extend_from_slice(&chunk[..n]);
+    }
+    let (status, answer) = match (method, path.ends_with("/moved")) {
+        ("PUT", false) => {
+            let name = path.rsplit('/').next().unwrap().to_string();
+            let view = serde_json::json!({
+                "name": name,
+                "key": format!("jobs/{job}/{name}"),
+                "size": body.len(),
+                "sha256": hex::encode(sha2::Sha256::digest(&body)),
+            });
+            stub.uploads.lock().unwrap().insert(job, body);
+            ("200 OK", serde_json::to_vec(&view).unwrap())
+        }
+        ("GET", true) => match stub.moved.lock().unwrap().get(&job) {
+            Some(tar) => ("200 OK", tar.clone()),
+            None => (
+                "404 Not Found",
+                br#"{"error":{"code":"not_found","message":"no such tar"}}"#.to_vec(),
+            ),
+        },
+        _ => panic!("the stub does not serve {method} {path}"),
+    };
+    let mut reply = format!(
+        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        answer.len()
+    )
+    .into_bytes();
+    reply.extend_from_slice(&answer);
+    let _ = conn.write_all(&reply).await;
+    let _ = conn.shutdown().await;
+}
+
+/// A job's log, kept in memory.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<String>>>);
+
+impl LogSink for Log {
+    async fn send(
+        &self,
+        _job: Uuid,
+        batch: &LogBatch,
+        _stop: &CancellationToken,
+    ) -> Result<(), CallError> {
+        let mut lines = self.0.lock().unwrap();
+        lines.extend(batch.lines.iter().map(|l| l.line.clone()));
+        Ok(())
+    }
+}
+
+/// What the step code needs around it: a stub server, a work directory,
+/// the agent's ssh sessions.
+struct Agent {
+    // Dropped first: its masters are closed through sockets under `work`.
+    ssh: SshSessions,
+    stub: Arc<Stub>,
+    api: ServerApi,
+    work: tempfile::TempDir,
+    run_as: RunAs,
+}
+
+/// One job's end: its report and its log.
+struct Ran {
+    job: Uuid,
+    result: Result<Complete, Fail>,
+    log: Vec<String>,
+}
+
+impl Ran {
+    fn ok(&self) -> &Complete {
+        match &self.result {
+            Ok(c) => c,
+            Err(f) => panic!("the step failed: {f:?}; log: {:#?}", self.log),
+        }
+    }
+
+    fn failed(&self, class: FailureClass) -> &Fail {
+        match &self.result {
+            Err(f) if f.class == class => f,
+            other => panic!(
+                "expected a {class:?} failure, got {other:?}; log: {:#?}",
+                self.log
+            ),
+        }
+    }
+}
+
+impl Agent {
+    async fn new() -> Agent {
+        Self::running_jobs_as(RunAs::agent_user(&[])).await
+    }
+
+    async fn running_jobs_as(run_as: RunAs) -> Agent {
+        let stub = Arc::new(Stub::default());
+        let url = start_stub(stub.clone()).await;
+        let work = tempfile::Builder::new().prefix("agent-").tempdir().unwrap();
+        let ssh = SshSessions::new(&work.path().join("ssh"));
+        Agent {
+            stub,
+            api: ServerApi::new(&url, "token").unwrap(),
+            work,
+            ssh,
+            run_as,
+        }
+    }
+
+    async fn run(&self, host: &StepHost, action: StepAction) -> Ran {
+        self.run_until(host, action, CancellationToken::new()).await
+    }
+
+    /// Runs one step job as the agent would, `stop` being its stop token.
+    async fn run_until(&self, host: &StepHost, action: StepAction, stop: CancellationToken) -> Ran {
+        self.run_job(Uuid::new_v4(), host, action, stop).await
+    }
+
+    async fn run_job(
+        &self,
+        job: Uuid,
+        host: &StepHost,
+        action: StepAction,
+        stop: CancellationToken,
+    ) -> Ran {
+        let lease = LeaseRef {
+            job_id: job,
+            lease_token: Uuid::new_v4(),
+        };
+        let sink = Log::default();
+        let delivery = Delivery::new(CancellationToken::new(), Duration::from_secs(10));
+        let (log, forwarder) = JobLog::start(sink.clone(), lease, delivery);
+        let ctx = JobContext {
+            api: self.api.clone(),
+            lease,
+            attempt: 1,
+            cost: 1,
+            stop,
+            progress: Arc::new(|_, _| {}),
+            log,
+            job_dir: self.work.path().join("jobs").join(format!("{job}-1")),
+            kill_grace: Duration::from_secs(2),
+            run_as: self.run_as.clone(),
+        };
+        let spec = StepJob {
+            run_id: Uuid::new_v4(),
+            item: "item-1".into(),
+            step: "test".into(),
+            host: host.clone(),
+            action,
+            timeout_s: Some(120),
+        };
+        let result = step::run(&ctx, &self.ssh, &spec).await;
+        drop(ctx);
+        forwarder.finish().await;
+        let log = sink.0.lock().unwrap().clone();
+        Ran { job, result, log }
+    }
+
+    /// A directory of this agent's for a test's local files.
+    fn local_dir(&self) -> PathBuf {
+        let d = self.work.path().join("data");
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}
+
+fn sshd(name: &str) -> Sshd {
+    Sshd::start(name).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn on(sshd: &Sshd) -> StepHost {
+    StepHost::Ssh(sshd.ssh_target())
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn items(c: &Complete) -> Vec<String> {
+    let result = c.result.clone().expect("a listing has a result");
+    serde_json::from_value::<StepItems>(result).unwrap().items
+}
+
+#[tokio::test]
+async fn a_listing_here_and_over_ssh_gives_the_trimmed_lines_of_stdout() {
+    let agent = Agent::new().await;
+    let host = sshd("list");
+    let command = "printf 'a\\n\\n  b  \\nc d\\n'; echo 'not an item' >&2";
+    for place in [StepHost::Local, on(&host)] {
+        let ran = agent
+            .run(
+                &place,
+                StepAction::List {
+                    command: command.into(),
+                },
+            )
+            .await;
+        assert_eq!(items(ran.ok()), ["a", "b", "c d"], "{place:?}");
+        // Over ssh stderr shares the terminal with stdout; it is still the
+        // log, not an item.
+        assert!(ran.log.iter().any(|l| l == "not an item"), "{:?}", ran.log);
+        assert!(
+            ran.log.iter().any(|l| l.contains("listed 3 items")),
+            "{:?}",
+            ran.log
+        );
+        // stdin is empty both here and behind the remote terminal.
+        let ran = agent
+            .run(
+                &place,
+                StepAction::List {
+                    command: "cat; echo read-nothing".into(),
+                },
+            )
+            .await;
+        assert_eq!(items(ran.ok()), ["read-nothing"], "{place:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_listing_line_that_is_no_item_id_fails_fatal_naming_its_line() {
+    let agent = Agent::new().await;
+    let host = sshd("badlist");
+    for place in [StepHost::Local, on(&host)] {
+        let ran = agent
+            .run(
+                &place,
+                StepAction::List {
+                    command: "printf 'ok\\n\\nx/y\\nz\\n'".into(),
+                },
+            )
+            .await;
+        let f = ran.failed(FailureClass::Fatal);
+        assert!(f.message.contains("line 3"), "{place:?}: {}", f.message);
+        assert!(f.message.contains("x/y"), "{}", f.message);
+        let ran = agent
+            .run(
+                &place,
+                StepAction::List {
+                    command: "echo a; exit 5".into(),
+                },
+            )
+            .await;
+        assert_eq!(
+            ran.failed(FailureClass::Retryable).exit_code,
+            Some(5),
+            "{place:?}"
+        );
+    }
+}
+
+/// A stage's `out` for `path`, written at `path.tmp`.
+fn out(path: &Path, dir: bool) -> StepOut {
+    StepOut {
+        path: s(path),
+        temp: format!("{}.tmp", s(path)),
+        dir,
+    }
+}
+
+#[tokio::test]
+async fn a_stage_renames_its_temp_into_place_and_consumes_its_input() {
+    let agent = Agent::new().await;
+    let host = sshd("stage");
+    for (place, root) in [
+        (StepHost::Local, agent.local_dir()),
+        (on(&host), host.home()),
+    ] {
+        // A file out, its parent made by the step.
+        std::fs::write(root.join("in.txt"), "input").unwrap();
+        let o = out(&root.join("texts/page.txt"), false);
+        let ran = agent
+            .run(
+                &place,
+                StepAction::Run {
+                    command: format!("tr a-z A-Z < {} > '{}'", s(&root.join("in.txt")), o.temp),
+                    out: Some(o.clone()),
+                    consume: Some(s(&root.join("in.txt"))),
+                },
+            )
+            .await;
+        ran.ok();
+        assert_eq!(std::fs::read_to_string(&o.path).unwrap(), "INPUT");
+        assert!(!Path::new(&o.temp).exists());
+        assert!(!root.join("in.txt").exists(), "consumed");
+
+        // A directory out replaces the one there.
+        let o = out(&root.join("pages"), true);
+        std::fs::create_dir_all(root.join("pages")).unwrap();
+        std::fs::write(root.join("pages/stale"), "old").unwrap();
+        let ran = agent
+            .run(
+                &place,
+                StepAction::Run {
+                    command: format!("echo 1 > '{0}/p1'; echo 2 > '{0}/p2'", o.temp),
+                    out: Some(o.clone()),
+                    consume: None,
+                },
+            )
+            .await;
+        ran.ok();
+        assert_eq!(
+            std::fs::read_to_string(root.join("pages/p2")).unwrap(),
+            "2\n"
+        );
+        assert!(!root.join("pages/stale").exists());
+        assert!(!Path::new(&o.temp).exists());
+    }
+}
+
+#[tokio::test]
+async fn a_failing_stage_leaves_no_output_and_one_that_writes_nothing_is_fatal() {
+    let agent = Agent::new().await;
+    let host = sshd("failing");
+    for (place, root) in [
+        (StepHost::Local, agent.local_dir()),
+        (on(&host), host.home()),
+    ] {
+        std::fs::write(root.join("input"), "x").unwrap();
+        let o = out(&root.join("result"), false);
+        let ran = agent
+            .run(
+                &place,
+                StepAction::Run {
+                    command: format!("echo partial > '{}'; exit 4", o.temp),
+                    out: Some(o.clone()),
+                    consume: Some(s(&root.join("input"))),
+                },
+            )
+            .await;
+        let f = ran.failed(FailureClass::Retryable);
+        assert_eq!(f.exit_code, Some(4), "{place:?}");
+        assert!(!Path::new(&o.path).exists(), "{place:?}: no final path");
+        assert!(root.join("input").exists(), "{place:?}: not consumed");
+
+        let ran = agent
+            .run(
+                &place,
+                StepAction::Run {
+                    command: "true".into(),
+                    out: Some(o.clone()),
+                    consume: None,
+                },
+            )
+            .await;
+        let f = ran.failed(FailureClass::Fatal);
+        assert_eq!(
+            f.message,
+            format!("the command exited 0 but wrote nothing at {}", o.temp),
+            "{place:?}"
+        );
+        assert!(!Path::new(&o.path).exists());
+    }
+}
+
+/// True when `pid` no longer runs: gone, or a zombie nobody reaped yet.
+fn is_dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[tokio::test]
+async fn stopping_a_stage_over_ssh_ends_its_remote_grandchild() {
+    let agent = Agent::new().await;
+    let host = sshd("cancel");
+    let pidfile = host.home().join("sleep.pid");
+    let stop = CancellationToken::new();
+    let action = StepAction::Run {
+        command: format!("sh -c 'sleep 300 & echo $! > {}; wait'", s(&pidfile)),
+        out: None,
+        consume: None,
+    };
+    let place = on(&host);
+    let job = agent.run_until(&place, action, stop.clone());
+    let watch = async {
+        let start = Instant::now();
+        let pid = loop {
+            if let Some(pid) = std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|t| t.trim().parse::<u32>().ok())
+            {
+                break pid;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the stage never started"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(!is_dead(pid), "the remote sleep runs");
+        stop.cancel();
+        pid
+    };
+    let (ran, pid) = tokio::join!(job, watch);
+    ran.failed(FailureClass::Cancelled);
+    let start = Instant::now();
+    while !is_dead(pid) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the remote sleep (pid {pid}) outlived its stopped job by 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every file under `root` with its content (a link's target), by path.
+fn tree(root: &Path) -> Vec<(String, String)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = s(p.strip_prefix(root).unwrap());
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            if meta.file_type().is_symlink() {
+                out.push((rel, format!("-> {}", s(&std::fs::read_link(&p).unwrap()))));
+            } else if meta.is_dir() {
+                out.push((rel.clone(), "/".into()));
+                walk(root, &p, out);
+            } else {
+                let bytes = std::fs::read(&p).unwrap();
+                out.push((rel, hex::encode(sha2::Sha256::digest(&bytes))));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
+
+fn make_tree(root: &Path) {
+    std::fs::create_dir_all(root.join("a/b/c")).unwrap();
+    std::fs::write(root.join("a/b/c/deep.txt"), "deep\n").unwrap();
+    std::fs::write(root.join("a/page 1.png"), [0u8, 255, 13, 10, 0, 26, 4]).unwrap();
+    std::fs::write(root.join(".hidden"), "h").unwrap();
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(root.join("big.bin"), big).unwrap();
+    std::os::unix::fs::symlink("a/b", root.join("link")).unwrap();
+}
+
+impl Agent {
+    /// Sends `path` from `from`, then hands its tar to a receive of
+    /// `dest` on `to`; both reports' logs on failure.
+    async fn move_path(&self, from: &StepHost, path: &Path, to: &StepHost, dest: &Path) {
+        let sent = self.run(from, StepAction::Send { path: s(path) }).await;
+        assert_eq!(sent.ok().outputs, [StepJob::SENT_OUTPUT]);
+        let tar = self.stub.uploads.lock().unwrap()[&sent.job].clone();
+        let receive = Uuid::new_v4();
+        self.stub.moved.lock().unwrap().insert(receive, tar.clone());
+        let ran = self
+            .run_job(
+                receive,
+                to,
+                StepAction::Receive {
+                    size: tar.len() as u64,
+                    sha256: hex::encode(sha2::Sha256::digest(&tar)),
+                    path: s(dest),
+                },
+                CancellationToken::new(),
+            )
+            .await;
+        ran.ok();
+    }
+}
+
+#[tokio::test]
+async fn a_directory_moves_here_to_a_host_and_back_whole() {
+    let agent = Agent::new().await;
+    let host = sshd("move");
+    let here = agent.local_dir();
+    make_tree(&here.join("pages"));
+    let want = tree(&here.join("pages"));
+
+    // Here → the host, to a different name, over what was there.
+    std::fs::create_dir_all(host.home().join("in/recv/old")).unwrap();
+    agent
+        .move_path(
+            &StepHost::Local,
+            &here.join("pages"),
+            &on(&host),
+            &host.home().join("in/recv"),
+        )
+        .await;
+    assert_eq!(tree(&host.home().join("in/recv")), want);
+    assert!(!host.home().join("in/.recv.flotilla-recv").exists());
+
+    // The host → here.
+    agent
+        .move_path(
+            &on(&host),
+            &host.home().join("in/recv"),
+            &StepHost::Local,
+            &here.join("back/pages"),
+        )
+        .await;
+    assert_eq!(tree(&here.join("back/pages")), want);
+
+    // One file, host to host (two fixtures), then its source removed, twice.
+    let other = sshd("move-other");
+    std::fs::write(host.home().join("one.txt"), "one").unwrap();
+    agent
+        .move_path(
+            &on(&host),
+            &host.home().join("one.txt"),
+            &on(&other),
+            &other.home().join("x/one.txt"),
+        )
+        .await;
+    assert_eq!(
+        std::fs::read_to_string(other.home().join("x/one.txt")).unwrap(),
+        "one"
+    );
+    for _ in 0..2 {
+        let ran = agent
+            .run(
+                &on(&host),
+                StepAction::Remove {
+                    path: s(&host.home().join("one.txt")),
+                },
+            )
+            .await;
+        ran.ok();
+        assert!(!host.home().join("one.txt").exists());
+    }
+}
+
+/// As root with a job user, local sends and receives run as that user
+/// (the agent reads nothing the job could not, and what arrives is the
+/// job's), while ssh still runs as the agent (its master serves only its
+/// own user).
+#[tokio::test]
+async fn with_a_job_user_moves_here_run_as_that_user() {
+    use flotilla_agent::process::user::JobUser;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: not root, so no job user can be switched to");
+        return;
+    }
+    let user = JobUser::lookup("nobody").expect("the nobody user exists");
+    let uid = user.uid();
+    let agent = Agent::running_jobs_as(RunAs::job_user(user, &[])).await;
+    std::fs::set_permissions(agent.work.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let here = agent.local_dir();
+    std::fs::set_permissions(&here, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let mine = here.join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    agent.run_as.give_dir(&mine).unwrap();
+    std::fs::write(mine.join("page.txt"), "the job's").unwrap();
+    std::os::unix::fs::chown(mine.join("page.txt"), Some(uid), None).unwrap();
+
+    agent
+        .move_path(
+            &StepHost::Local,
+            &mine.join("page.txt"),
+            &StepHost::Local,
+            &mine.join("got/page.txt"),
+        )
+        .await;
+    let got = mine.join("got/page.txt");
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), "the job's");
+    assert_eq!(
+        std::fs::metadata(&got).unwrap().uid(),
+        uid,
+        "received as the job's user"
+    );
+
+    // A file only root may read is not sent.
+    std::fs::write(here.join("secret"), "root's").unwrap();
+    std::fs::set_permissions(here.join("secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let ran = agent
+        .run(
+            &StepHost::Local,
+            StepAction::Send {
+                path: s(&here.join("secret")),
+            },
+        )
+        .await;
+    assert!(
+        ran.result.is_err(),
+        "sent a file the job cannot read: {:?}",
+        ran.log
+    );
+
+    let host = sshd("jobuser");
+    let ran = agent
+        .run(
+            &on(&host),
+            StepAction::List {
+                command: "id -u".into(),
+            },
+        )
+        .await;
+    assert_eq!(items(ran.ok()), ["0"]);
+}
+
+#[tokio::test]
+async fn a_moved_tar_that_is_not_what_was_sent_fails_and_changes_nothing() {
+    let agent = Agent::new().await;
+    let host = sshd("badsum");
+    let here = agent.local_dir();
+    std::fs::write(here.join("f"), "content").unwrap();
+    let sent = agent
+        .run(
+            &StepHost::Local,
+            StepAction::Send {
+                path: s(&here.join("f")),
+            },
+        )
+        .await;
+    sent.ok();
+    let tar = agent.stub.uploads.lock().unwrap()[&sent.job].clone();
+    for place in [StepHost::Local, on(&host)] {
+        let dest = host.home().join("dest");
+        let job = Uuid::new_v4();
+        agent.stub.moved.lock().unwrap().insert(job, tar.clone());
+        let wrong = "0".repeat(64);
+        let ran = agent
+            .run_job(
+                job,
+                &place,
+                StepAction::Receive {
+                    size: tar.len() as u64,
+                    sha256: wrong.clone(),
+                    path: s(&dest),
+                },
+                CancellationToken::new(),
+            )
+            .await;
+        let f = ran.failed(FailureClass::Retryable);
+        let right = hex::encode(sha2::Sha256::digest(&tar));
+        assert!(
+            f.message.contains(&wrong) && f.message.contains(&right),
+            "{}",
+            f.message
+        );
+        assert!(!dest.exists());
+    }
+}
+
+#[tokio::test]
+async fn sending_a_missing_path_fails_fatal_naming_it() {
+    let agent = Agent::new().await;
+    let host = sshd("missing");
+    for (place, root) in [
+        (StepHost::Local, agent.local_dir()),
+        (on(&host), host.home()),
+    ] {
+        let path = s(&root.join("not-there"));
+        let ran = agent
+            .run(&place, StepAction::Send { path: path.clone() })
+            .await;
+        let f = ran.failed(FailureClass::Fatal);
+        assert!(f.message.contains(&path), "{place:?}: {}", f.message);
+    }
+}
+
+#[tokio::test]
+async fn each_host_keeps_its_master_while_others_connect() {
+    let agent = Agent::new().await;
+    let (a, b) = (sshd("keep-a"), sshd("keep-b"));
+    let first = agent.ssh.connect(&a.ssh_target()).await.unwrap();
+    let other = agent.ssh.connect(&b.ssh_target()).await.unwrap();
+    let again = agent.ssh.connect(&a.ssh_target()).await.unwrap();
+    assert!(
+        Arc::ptr_eq(&first, &again),
+        "the first host's master was replaced"
+    );
+    assert!(!Arc::ptr_eq(&first, &other));
+    first.check().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_master_connection_that_died_is_replaced() {
+    let agent = Agent::new().await;
+    let host = sshd("reconnect");
+    let list = || StepAction::List {
+        command: "echo one".into(),
+    };
+    agent.run(&on(&host), list()).await.ok();
+    let session = agent.ssh.connect(&host.ssh_target()).await.unwrap();
+    let exit = std::process::Command::new("ssh")
+        .arg("-S")
+        .arg(session.control_socket())
+        .args(["-O", "exit", "none"])
+        .output()
+        .unwrap();
+    assert!(
+        exit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&exit.stderr)
+    );
+    drop(session);
+    let ran = agent.run(&on(&host), list()).await;
+    assert_eq!(items(ran.ok()), ["one"]);
+}
