@@ -5,6 +5,8 @@
 //! - [`spec`]: the typed pipeline (hosts, items, steps) with spans.
 //! - [`template`]: `{id}`, `{out}`, `{in}`, `{STAGE.out}` in commands and
 //!   paths, and shell quoting of their values.
+//! - [`lexer`]: the file's statements as words: comments, `\` lines and the
+//!   command colon, each character's line and column.
 //! - [`parse`]: the file's text into a [`PipelineSpec`], syntax errors with
 //!   line and column.
 //! - [`check`]: what must hold before any host is contacted (hosts exist,
@@ -36,6 +38,7 @@
 
 pub mod check;
 pub mod error;
+pub mod lexer;
 pub mod parse;
 pub mod plan;
 pub mod spec;
