@@ -16,6 +16,7 @@
 //! - [`tiles`]: random models, tiles and datasets for the tile tests.
 //! - [`driven`]: an agent process driven by the test, timing heartbeats.
 //! - [`fds`]: a process's open descriptors, from /proc.
+//! - [`up`]: `flotilla up` as a child process, and the CLI against it.
 
 pub mod api;
 pub mod driven;
@@ -24,6 +25,7 @@ pub mod pg;
 pub mod procs;
 pub mod sshd;
 pub mod tiles;
+pub mod up;
 
 use std::path::PathBuf;
 

@@ -1,98 +1,18 @@
 //! The embedded default end to end: `flotilla up` (its own PostgreSQL cluster, the local object store, one local agent) encodes an ROI of a few tiles submitted with the CLI; the outputs load in numpy as int8 (H,W,128) and f32 (H,W) and equal what `tessera-encode` writes for the same inputs.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use flotilla_e2e::up::{run, Up};
 use flotilla_e2e::{binary, scratch, tiles};
 
 const TILES: [&str; 2] = ["grid_0.05_52.05", "grid_0.15_52.05"];
 
-/// `flotilla up`, stopped with SIGTERM (which also stops its PostgreSQL) when dropped.
-struct Up {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        use nix::sys::signal::{kill, Signal};
-        use nix::unistd::Pid;
-        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-    }
-}
-
-fn run(program: &Path, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
-    assert!(
-        out.status.success(),
-        "{} {args:?}: {}{}",
-        program.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn an_roi_on_flotilla_up_is_encoded_and_loads_in_numpy() {
     let dir = scratch("e2e-up-");
-    let data = dir.path().join("data");
-    let log = dir.path().join("up.log");
-    let child = Command::new(binary("flotilla"))
-        .args(["up", "--data", data.to_str().unwrap()])
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--agents",
-            "1",
-            "--capacity",
-            "2",
-        ])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("starting flotilla up");
-    let mut up = Up { child, log };
-
-    // Ready when it has written its URL and answers /healthz.
-    let started = Instant::now();
-    let url = loop {
-        if let Ok(url) = std::fs::read_to_string(data.join("server.url")) {
-            let healthy = Command::new("curl")
-                .args(["-fs", &format!("{}/healthz", url.trim())])
-                .stdout(Stdio::null())
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            if healthy {
-                break url.trim().to_string();
-            }
-        }
-        if let Ok(Some(status)) = up.child.try_wait() {
-            panic!(
-                "flotilla up exited ({status}): {}",
-                std::fs::read_to_string(&up.log).unwrap_or_default()
-            );
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "flotilla up not ready after 120 s: {}",
-            std::fs::read_to_string(&up.log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let up = Up::start(dir.path(), 2);
+    let (data, url) = (up.data.clone(), up.url.clone());
 
     // A tiny model and inputs written into the local store under the dataset's prefix.
     let ckpt = tiles::synth_ckpt(dir.path(), tiles::TINY, 3);

@@ -29,10 +29,11 @@
 //! limit 4 {
 //!     stage read on ocr jobs 2 out /tmp/text/{id}.txt consume: cat {in}/*.png | ocr > {out}
 //! }
+//! move text to gpus:/x/in/{id}.txt
 //! either {
-//!     stage fast on gpu-a jobs 4 out /x/{id}: enc {in} {out}
+//!     stage fast on gpus jobs 4 out /x/fast/{id}: enc {in} {out}
 //! |
-//!     stage slow on gpu-b jobs 1 out /x/{id}: enc {in} {out}
+//!     stage slow on gpus jobs 1 out /x/slow/{id}: enc --slow {in} {out}
 //! }
 //! ```
 

@@ -75,7 +75,10 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/api/v1/tokens/{id}/revoke", post(tokens::revoke))
         .route("/api/v1/revdeps", post(revdeps::submit))
         .route("/api/v1/revdeps/{id}", get(revdeps::show))
-        .route("/api/v1/pipelines", post(pipelines::submit).get(pipelines::list))
+        .route(
+            "/api/v1/pipelines",
+            post(pipelines::submit).get(pipelines::list),
+        )
         .route("/api/v1/pipelines/{id}", get(pipelines::show))
         .route("/api/v1/pipelines/{id}/cancel", post(pipelines::cancel))
         .route("/api/v1/rois", post(rois::submit))
@@ -117,7 +120,10 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/ui/jobs/{id}", get(dashboard::job::page))
         .route("/ui/pipelines", get(dashboard::pipeline::list))
         .route("/ui/pipelines/{id}", get(dashboard::pipeline::page))
-        .route("/ui/pipelines/{id}/events", get(dashboard::pipeline::events))
+        .route(
+            "/ui/pipelines/{id}/events",
+            get(dashboard::pipeline::events),
+        )
         .route("/ui/static/pipeline.js", get(dashboard::pipeline::script))
         .route("/ui/jobs/{id}/log/stream", get(dashboard::job::log_stream))
         .fallback(not_found)

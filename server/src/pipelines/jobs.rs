@@ -115,8 +115,7 @@ impl RunJobs<'_> {
         &self,
         place: &ItemPlace,
         node: &Node,
-        host: &str,
-        pin: Option<&str>,
+        (host, pin): (&str, Option<&str>),
         action: StepAction,
         timeout_s: Option<u64>,
         attempts: u32,
@@ -199,8 +198,7 @@ impl RunJobs<'_> {
                     job: self.job(
                         place,
                         node,
-                        &node.host,
-                        pin,
+                        (&node.host, pin),
                         StepAction::Run {
                             command,
                             out,
@@ -231,8 +229,7 @@ impl RunJobs<'_> {
                     0 => self.job(
                         place,
                         node,
-                        &source.host,
-                        source_pin,
+                        (&source.host, source_pin),
                         StepAction::Send {
                             path: source.path.clone(),
                         },
@@ -246,8 +243,7 @@ impl RunJobs<'_> {
                         self.job(
                             place,
                             node,
-                            &m.host,
-                            None,
+                            (&m.host, None),
                             StepAction::Receive {
                                 size,
                                 sha256,
@@ -260,8 +256,7 @@ impl RunJobs<'_> {
                     _ => self.job(
                         place,
                         node,
-                        &source.host,
-                        source_pin,
+                        (&source.host, source_pin),
                         StepAction::Remove {
                             path: source.path.clone(),
                         },

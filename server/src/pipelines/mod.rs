@@ -138,6 +138,8 @@ pub fn host_is_a_set(spec: &PipelineSpec, host: &str) -> bool {
 /// The file's mistakes about this fleet: a host that names an agent (or an
 /// ssh host's `via`) no agent has registered as. Every step would wait
 /// forever for it, so it is refused like a syntax error, with its line.
+/// A fleet where no agent has registered yet takes the run (its agents may
+/// be starting, as under `flotilla up`), as the queue does for jobs.
 pub async fn unknown_agents(
     db: &PgPool,
     run: &ValidPipeline,
@@ -160,14 +162,22 @@ pub async fn unknown_agents(
         .bind(&names)
         .fetch_all(db)
         .await?;
-    let errors: Vec<pipeline::PipelineError> = named
+    if known.is_empty()
+        && !sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM agents)")
+            .fetch_one(db)
+            .await?
+    {
+        return Ok(None);
+    }
+    let mut errors: Vec<pipeline::PipelineError> = named
         .into_iter()
         .filter(|(n, _)| !known.iter().any(|k| k == n))
         .map(|(n, h)| pipeline::PipelineError {
             file: run.name.clone(),
             span: h.span,
             message: format!(
-                "host `{}` names agent `{n}`, which has never registered with this server                  (`flotilla agents` lists those that have)",
+                "host `{}` names agent `{n}`, which has never registered with this server \
+                 (`flotilla agents` lists those that have)",
                 h.name
             ),
             line_text: run
@@ -178,6 +188,7 @@ pub async fn unknown_agents(
                 .to_string(),
         })
         .collect();
+    errors.sort_by_key(|e| e.span);
     Ok((!errors.is_empty()).then_some(pipeline::PipelineErrors(errors)))
 }
 

@@ -1,0 +1,226 @@
+//! Pipelines over ssh hosts and on `flotilla up`: the OCR example end to
+//! end (PDFs split with pdftoppm on one host, OCR'd with tesseract on
+//! another under `limit`, the text moved back), on two real sshd and on
+//! the embedded default as the README shows it; and a cancel that reaches
+//! a remote grandchild.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use flotilla_e2e::procs::{server_on_shared, Agent};
+use flotilla_e2e::sshd::Sshd;
+use flotilla_e2e::up::{run, Up};
+use flotilla_e2e::{binary, scratch};
+use serde_json::json;
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/ocr")
+        .join(name)
+}
+
+/// Writes `docs` PDFs of two pages into `dir`; returns the expected lines
+/// (`doc-K page P: WORDS`).
+fn make_pdfs(dir: &Path, docs: u32) -> Vec<String> {
+    run(
+        Path::new("python3"),
+        &[
+            example("make-pdfs.py").to_str().unwrap(),
+            dir.to_str().unwrap(),
+            &docs.to_string(),
+            "2",
+        ],
+    );
+    std::fs::read_to_string(dir.join("expected.txt"))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Each document's text holds the words of each of its pages.
+fn check_text(text_dir: &Path, expected: &[String]) {
+    for line in expected {
+        let (doc, words) = line.split_once(" page ").unwrap();
+        let words = words.split_once(": ").unwrap().1;
+        let path = text_dir.join(format!("{doc}.txt"));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for w in words.split(' ') {
+            assert!(
+                text.contains(w),
+                "{}: `{w}` not in {text:?}",
+                path.display()
+            );
+        }
+    }
+}
+
+fn ssh_host(s: &Sshd) -> String {
+    format!(
+        "ssh://{}@127.0.0.1:{} key {}",
+        s.user(),
+        s.port(),
+        s.key_path().display()
+    )
+}
+
+/// The OCR example's steps over two ssh hosts (each its own sshd and its
+/// own tree), run by two real agents: the text comes back to the first
+/// host, no page images are left on either, and at most 2 documents were
+/// on the OCR host at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ocr_over_two_ssh_hosts_brings_back_the_known_words() {
+    let scan = Sshd::start("scan").expect("sshd");
+    let ocr = Sshd::start("ocr").expect("sshd");
+    let (sh, oh) = (
+        scan.home().display().to_string(),
+        ocr.home().display().to_string(),
+    );
+    let expected = make_pdfs(&scan.home().join("pdf"), 4);
+    let dir = scratch("e2e-pipeline-ocr-");
+    let server = server_on_shared(dir.path(), 10_000).await;
+    let _a = Agent::start(&server, "ocr-agent-a", 4, &[]).await;
+    let _b = Agent::start(&server, "ocr-agent-b", 4, &[]).await;
+    let source = format!(
+        "host scan = {}
+host ocr = {}
+items on scan: cd {sh}/pdf && ls *.pdf | sed 's/\\.pdf$//'
+stage split on scan jobs 2 out {sh}/pages/{{id}}/: pdftoppm -r 100 -png {sh}/pdf/{{id}}.pdf {{out}}/page
+limit 2 {{
+    move pages to ocr:{oh}/ocr-in/{{id}}
+    stage read on ocr jobs 2 out {oh}/ocr-out/{{id}}.txt consume: for p in {{in}}/page-*.png; do tesseract \"$p\" - 2>/dev/null; done > {{out}}
+}}
+move text to scan:{sh}/text/{{id}}.txt
+",
+        ssh_host(&scan),
+        ssh_host(&ocr)
+    );
+    let api = server.api();
+    let run = api
+        .post(
+            "/api/v1/pipelines",
+            json!({"name": "ocr.pipeline", "source": source}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut most_inside = 0;
+    let mut view = serde_json::Value::Null;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(240) {
+        view = api.get(&format!("/api/v1/pipelines/{run}?limit=1")).await;
+        most_inside = most_inside.max(view["gates"][0]["inside"].as_u64().unwrap_or(0));
+        if view["state"] != "listing" && view["state"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(view["state"], "done", "{view:#}");
+    assert!(most_inside <= 2, "{most_inside} documents inside limit 2");
+    check_text(&scan.home().join("text"), &expected);
+    for (host, sub) in [(&sh, "pages"), (&oh, "ocr-in"), (&oh, "ocr-out")] {
+        let left: Vec<_> = std::fs::read_dir(Path::new(host).join(sub))
+            .map(|rd| rd.filter_map(Result::ok).map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{host}/{sub} still holds {left:?}");
+    }
+}
+
+/// Cancelling a run whose stage runs on an ssh host kills the remote
+/// process tree: a grandchild of the remote shell is gone soon after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_reaches_a_remote_grandchild() {
+    let host = Sshd::start("cancel").expect("sshd");
+    let home = host.home().display().to_string();
+    let dir = scratch("e2e-pipeline-cancel-");
+    let server = server_on_shared(dir.path(), 10_000).await;
+    let _a = Agent::start(&server, "cancel-agent", 2, &[]).await;
+    let source = format!(
+        "host h = {}
+items on h: echo only
+stage wait on h: sleep 300 & echo $! > {home}/grandchild.pid; wait
+",
+        ssh_host(&host)
+    );
+    let api = server.api();
+    let run = api
+        .post(
+            "/api/v1/pipelines",
+            json!({"name": "cancel.pipeline", "source": source}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pid_file = host.home().join("grandchild.pid");
+    flotilla_e2e::eventually("the remote sleep to start", Duration::from_secs(60), || {
+        let p = pid_file.clone();
+        async move { std::fs::read_to_string(&p).is_ok_and(|s| s.trim().parse::<u32>().is_ok()) }
+    })
+    .await;
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let proc = PathBuf::from(format!("/proc/{pid}"));
+    assert!(proc.exists(), "the remote sleep {pid} is not running");
+    api.post(&format!("/api/v1/pipelines/{run}/cancel"), json!({}))
+        .await;
+    flotilla_e2e::eventually(
+        "the remote grandchild to be gone",
+        Duration::from_secs(30),
+        || {
+            let proc = proc.clone();
+            async move {
+                // Gone, or a zombie waiting for its reaper.
+                std::fs::read_to_string(proc.join("stat"))
+                    .map_or(true, |s| s.split(' ').nth(2) == Some("Z"))
+            }
+        },
+    )
+    .await;
+    let view = api.get(&format!("/api/v1/pipelines/{run}")).await;
+    assert_eq!(view["state"], "cancelled", "{view:#}");
+}
+
+/// The example as the README runs it: `flotilla up`, the PDFs made by
+/// make-pdfs.py, `flotilla pipeline run examples/ocr/ocr.pipeline`.
+#[test]
+fn the_ocr_example_runs_on_flotilla_up() {
+    // The example's own paths, as the README has them.
+    let (pdf, work) = (
+        Path::new("/tmp/flotilla-ocr-pdf"),
+        Path::new("/tmp/flotilla-ocr"),
+    );
+    let _ = std::fs::remove_dir_all(pdf);
+    let _ = std::fs::remove_dir_all(work);
+    let expected = make_pdfs(pdf, 3);
+    let dir = scratch("e2e-up-ocr-");
+    let up = Up::start(dir.path(), 2);
+    let flotilla = binary("flotilla");
+    // The README runs the pipeline once `flotilla agents` lists local-1.
+    let conn = up.conn();
+    let mut agents = vec!["agents"];
+    agents.extend(conn.iter().map(String::as_str));
+    let started = std::time::Instant::now();
+    while !run(&flotilla, &agents).contains("local-1") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "local-1 did not register"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut args = vec!["pipeline", "run"];
+    let file = example("ocr.pipeline");
+    args.push(file.to_str().unwrap());
+    args.extend(conn.iter().map(String::as_str));
+    let out = run(&flotilla, &args);
+    assert!(out.contains("(done)"), "{out}");
+    check_text(&work.join("text"), &expected);
+    drop(up);
+    let _ = std::fs::remove_dir_all(pdf);
+    let _ = std::fs::remove_dir_all(work);
+}
