@@ -8,9 +8,13 @@ CREATE TABLE pipeline_runs (
     name         text NOT NULL,
     source       text NOT NULL,
     spec         jsonb NOT NULL,
+    -- listing: its items job runs; probing: its probe jobs look for
+    -- outputs that exist already (a run of a file that ran before), so
+    -- each item resumes after the furthest of them.
     state        text NOT NULL DEFAULT 'listing'
-                 CHECK (state IN ('listing', 'running', 'done', 'failed', 'cancelled')),
+                 CHECK (state IN ('listing', 'probing', 'running', 'done', 'failed', 'cancelled')),
     list_job     uuid NOT NULL,
+    probe_jobs   uuid[] NOT NULL DEFAULT '{}',
     items        integer,
     priority     integer NOT NULL DEFAULT 0,
     submitter    text NOT NULL,
@@ -19,7 +23,7 @@ CREATE TABLE pipeline_runs (
     created_at   timestamptz NOT NULL DEFAULT now(),
     finished_at  timestamptz
 );
-CREATE INDEX pipeline_runs_open ON pipeline_runs (state) WHERE state IN ('listing', 'running');
+CREATE INDEX pipeline_runs_open ON pipeline_runs (state) WHERE state IN ('listing', 'probing', 'running');
 CREATE INDEX pipeline_runs_created ON pipeline_runs (created_at DESC);
 
 -- One row per item. `at` is the last node (a stage or move, numbered in

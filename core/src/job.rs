@@ -289,6 +289,17 @@ pub enum StepAction {
     },
     /// Removes `path` (the source of a move that arrived).
     Remove { path: String },
+    /// Which of `paths` exist (the outputs a run of the same file may have
+    /// left, so that each item resumes after the furthest): a
+    /// [`StepProbe`] result. The paths reach the shell on its stdin, one a
+    /// line, however many there are.
+    Probe { paths: Vec<String> },
+}
+
+/// The result of a [`StepAction::Probe`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepProbe {
+    pub exist: Vec<String>,
 }
 
 /// Where a stage's output goes.

@@ -142,7 +142,9 @@ either {{
                 None,
             )
             .await;
-        if status == 200 && v["state"] != "listing" && v["state"] != "running" {
+        if status == 200
+            && ["done", "failed", "cancelled"].contains(&v["state"].as_str().unwrap_or(""))
+        {
             break v;
         }
         assert!(
@@ -351,4 +353,86 @@ async fn bad_pipeline_files_name_line_and_column_and_queue_nothing() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Polls run `run` until it is final; returns its view (every row).
+async fn finished(api: &flotilla_e2e::api::Api, run: &str) -> Value {
+    let started = std::time::Instant::now();
+    loop {
+        let v = api.get(&format!("/api/v1/pipelines/{run}")).await;
+        if ["done", "failed", "cancelled"].contains(&v["state"].as_str().unwrap_or("")) {
+            return v;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "run {run} did not end in 120 s: {v:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A file run again resumes each item after the furthest step whose output
+/// exists: after a first run, the last stage's outputs of items 1–3 are
+/// removed (as if it had been stopped there); the second run runs that
+/// stage for items 1–3 only, and nothing else (the first stage's output
+/// was consumed, but the second's is there, so the first never runs again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_run_of_a_file_resumes_after_the_furthest_output() {
+    let dir = scratch("e2e-pipeline-resume-");
+    let d = dir.path().display().to_string();
+    let server = server_on_shared(dir.path(), 10_000).await;
+    let _a = Agent::start(&server, "resume-a", 4, &[]).await;
+    let api = server.api();
+    std::fs::create_dir_all(dir.path().join("marks")).unwrap();
+    let source = format!(
+        "host a = agent resume-a
+items on a: seq 1 6
+stage one on a jobs 2 out {d}/one/{{id}}: echo x >> {d}/marks/one.{{id}}; echo {{id}} > {{out}}
+stage two on a jobs 2 out {d}/two/{{id}} consume: echo x >> {d}/marks/two.{{id}}; cat {{in}} > {{out}}
+stage three on a jobs 2 out {d}/three/{{id}}: echo x >> {d}/marks/three.{{id}}; cat {{in}} > {{out}}
+"
+    );
+    let submit = |api: flotilla_e2e::api::Api, source: String| async move {
+        api.post(
+            "/api/v1/pipelines",
+            json!({"name": "resume.pipeline", "source": source}),
+        )
+        .await["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let first = submit(api.clone(), source.clone()).await;
+    assert_eq!(finished(&api, &first).await["state"], "done");
+    for i in 1..=3 {
+        std::fs::remove_file(dir.path().join(format!("three/{i}"))).unwrap();
+    }
+    let second = submit(api.clone(), source).await;
+    let view = finished(&api, &second).await;
+    assert_eq!(view["state"], "done", "{view:#}");
+    let marks = runs(&dir.path().join("marks"));
+    for i in 1..=6 {
+        assert_eq!(marks.get(&format!("one.{i}")), Some(&1), "{marks:?}");
+        assert_eq!(marks.get(&format!("two.{i}")), Some(&1), "{marks:?}");
+        let three = if i <= 3 { 2 } else { 1 };
+        assert_eq!(marks.get(&format!("three.{i}")), Some(&three), "{marks:?}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(format!("three/{i}"))).unwrap(),
+            format!("{i}\n")
+        );
+    }
+    // The matrix shows where each item resumed: items 4–6 at `three`,
+    // items 1–3 at `two`, then through `three`.
+    for (i, row) in view["rows"].as_array().unwrap().iter().enumerate() {
+        let cells = row["cells"].as_array().unwrap();
+        assert!(cells[0].is_null(), "{row}");
+        if i < 3 {
+            assert_eq!(cells[1]["state"], "succeeded", "{row}");
+            assert!(cells[1]["job_id"].is_null(), "{row}");
+            assert!(cells[2]["job_id"].is_string(), "{row}");
+        } else {
+            assert!(cells[1].is_null(), "{row}");
+            assert!(cells[2]["job_id"].is_null(), "{row}");
+        }
+    }
 }

@@ -112,7 +112,7 @@ move text to scan:{sh}/text/{{id}}.txt
     while started.elapsed() < Duration::from_secs(240) {
         view = api.get(&format!("/api/v1/pipelines/{run}?limit=1")).await;
         most_inside = most_inside.max(view["gates"][0]["inside"].as_u64().unwrap_or(0));
-        if view["state"] != "listing" && view["state"] != "running" {
+        if ["done", "failed", "cancelled"].contains(&view["state"].as_str().unwrap_or("")) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -26,6 +26,9 @@ pub const MAX_PIPELINE_BYTES: usize = 1024 * 1024;
 pub enum PipelineState {
     /// Its items command is running.
     Listing,
+    /// Looking on its hosts for outputs a run of the same file left, to
+    /// resume each item after the furthest.
+    Probing,
     Running,
     /// Every item went through every step.
     Done,
@@ -38,6 +41,7 @@ impl PipelineState {
     pub fn as_str(self) -> &'static str {
         match self {
             PipelineState::Listing => "listing",
+            PipelineState::Probing => "probing",
             PipelineState::Running => "running",
             PipelineState::Done => "done",
             PipelineState::Failed => "failed",
@@ -55,6 +59,7 @@ impl PipelineState {
     pub fn parse(s: &str) -> Option<Self> {
         [
             PipelineState::Listing,
+            PipelineState::Probing,
             PipelineState::Running,
             PipelineState::Done,
             PipelineState::Failed,

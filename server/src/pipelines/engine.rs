@@ -3,7 +3,9 @@
 //! server already advancing it makes this one move on), so any number of
 //! servers may run [`advance`] at once and each change happens once:
 //!
-//! 1. a listing that ended becomes the run's items (or fails the run);
+//! 1. a listing that ended becomes the run's items (or fails the run),
+//!    and outputs a run of the same file left are looked for
+//!    ([`resume`]): each item starts after the furthest that exists;
 //! 2. an item whose job ended moves to its step's next job (a move's
 //!    receive after its send, …), or finishes the step and waits for room
 //!    in what follows, or fails;
@@ -22,6 +24,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::jobs::{phases, ItemPlace, RunJobs};
+use super::resume;
 use super::Location;
 use crate::queue::submit::submit_in;
 
@@ -30,7 +33,7 @@ use crate::queue::submit::submit_in;
 /// the others.
 pub async fn advance(db: &PgPool) -> anyhow::Result<()> {
     let runs: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM pipeline_runs WHERE state IN ('listing', 'running') ORDER BY created_at",
+        "SELECT id FROM pipeline_runs WHERE state IN ('listing', 'probing', 'running') ORDER BY created_at",
     )
     .fetch_all(db)
     .await?;
@@ -43,7 +46,7 @@ pub async fn advance(db: &PgPool) -> anyhow::Result<()> {
             tracing::warn!(%run, error = %e, "advancing a pipeline run: the run fails");
             sqlx::query(
                 "UPDATE pipeline_runs SET state = 'failed', error = $2, finished_at = now()
-                 WHERE id = $1 AND state IN ('listing', 'running')",
+                 WHERE id = $1 AND state IN ('listing', 'probing', 'running')",
             )
             .bind(run)
             .bind(format!("{e:#}"))
@@ -59,6 +62,7 @@ struct RunRow {
     state: String,
     spec: serde_json::Value,
     list_job: Uuid,
+    probe_jobs: Vec<Uuid>,
     priority: i32,
     submitter: String,
     owner_token: Option<Uuid>,
@@ -67,8 +71,9 @@ struct RunRow {
 async fn advance_run(db: &PgPool, run: Uuid) -> anyhow::Result<()> {
     let mut tx = db.begin().await?;
     let row: Option<RunRow> = sqlx::query_as(
-        "SELECT state, spec, list_job, priority, submitter, owner_token FROM pipeline_runs
-         WHERE id = $1 AND state IN ('listing', 'running') FOR UPDATE SKIP LOCKED",
+        "SELECT state, spec, list_job, probe_jobs, priority, submitter, owner_token
+         FROM pipeline_runs
+         WHERE id = $1 AND state IN ('listing', 'probing', 'running') FOR UPDATE SKIP LOCKED",
     )
     .bind(run)
     .fetch_optional(&mut *tx)
@@ -78,10 +83,6 @@ async fn advance_run(db: &PgPool, run: Uuid) -> anyhow::Result<()> {
     };
     let spec: PipelineSpec = serde_json::from_value(row.spec)
         .map_err(|e| anyhow::anyhow!("the stored pipeline does not parse: {e}"))?;
-    if row.state == "listing" && !list(&mut tx, run, row.list_job).await? {
-        tx.commit().await?;
-        return Ok(());
-    }
     let jobs = RunJobs {
         id: run,
         spec: &spec,
@@ -90,6 +91,21 @@ async fn advance_run(db: &PgPool, run: Uuid) -> anyhow::Result<()> {
         owner: row.owner_token,
     };
     let plan = Plan::new(&spec);
+    let running = match row.state.as_str() {
+        "listing" => match list(&mut tx, run, row.list_job).await? {
+            Some(items) => {
+                record_items(&mut tx, run, &items).await?;
+                resume::look(&mut tx, &jobs, &plan, &items).await?
+            }
+            None => false,
+        },
+        "probing" => resume::resume(&mut tx, &jobs, &plan, &row.probe_jobs).await?,
+        _ => true,
+    };
+    if !running {
+        tx.commit().await?;
+        return Ok(());
+    }
     ended(&mut tx, &jobs, &plan).await?;
     enter(&mut tx, &jobs, &plan).await?;
     finish(&mut tx, run).await?;
@@ -97,9 +113,13 @@ async fn advance_run(db: &PgPool, run: Uuid) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A listing that ended: its items recorded and the run running (`true`),
-/// or the run failed; `false` while it has not ended or the run failed.
-async fn list(tx: &mut PgConnection, run: Uuid, list_job: Uuid) -> anyhow::Result<bool> {
+/// A listing that ended well: its items; `None` while it has not ended,
+/// or when it failed (and the run with it).
+async fn list(
+    tx: &mut PgConnection,
+    run: Uuid,
+    list_job: Uuid,
+) -> anyhow::Result<Option<Vec<String>>> {
     let (state, result, error): (String, Option<serde_json::Value>, Option<String>) =
         sqlx::query_as("SELECT state, result, error FROM jobs WHERE id = $1")
             .bind(list_job)
@@ -111,10 +131,7 @@ async fn list(tx: &mut PgConnection, run: Uuid, list_job: Uuid) -> anyhow::Resul
                 let mut seen = BTreeSet::new();
                 match items.items.iter().find(|i| !seen.insert(i.as_str())) {
                     Some(dup) => format!("the items command listed `{dup}` twice"),
-                    None => {
-                        record_items(tx, run, &items.items).await?;
-                        return Ok(true);
-                    }
+                    None => return Ok(Some(items.items)),
                 }
             }
             _ => "the items command's job returned no item list".to_string(),
@@ -123,8 +140,14 @@ async fn list(tx: &mut PgConnection, run: Uuid, list_job: Uuid) -> anyhow::Resul
             "listing the items {state}: {}",
             error.unwrap_or_else(|| "no reason given".into())
         ),
-        _ => return Ok(false),
+        _ => return Ok(None),
     };
+    fail_run(tx, run, &why).await?;
+    Ok(None)
+}
+
+/// Ends run `run` failed with `why`.
+pub(super) async fn fail_run(tx: &mut PgConnection, run: Uuid, why: &str) -> sqlx::Result<()> {
     sqlx::query(
         "UPDATE pipeline_runs SET state = 'failed', error = $2, finished_at = now() WHERE id = $1",
     )
@@ -132,7 +155,7 @@ async fn list(tx: &mut PgConnection, run: Uuid, list_job: Uuid) -> anyhow::Resul
     .bind(why)
     .execute(&mut *tx)
     .await?;
-    Ok(false)
+    Ok(())
 }
 
 async fn record_items(tx: &mut PgConnection, run: Uuid, items: &[String]) -> sqlx::Result<()> {
@@ -146,7 +169,7 @@ async fn record_items(tx: &mut PgConnection, run: Uuid, items: &[String]) -> sql
     .bind(items)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("UPDATE pipeline_runs SET state = 'running', items = $2 WHERE id = $1")
+    sqlx::query("UPDATE pipeline_runs SET items = $2 WHERE id = $1")
         .bind(run)
         .bind(items.len() as i32)
         .execute(&mut *tx)
@@ -355,6 +378,16 @@ async fn ended(tx: &mut PgConnection, jobs: &RunJobs<'_>, plan: &Plan) -> anyhow
         .await?;
     }
     Ok(())
+}
+
+/// The gates an item that finished `node` stays inside: those of every
+/// step it may enter next (none when it is done).
+pub(super) fn kept_gates(plan: &Plan, node: usize) -> BTreeSet<usize> {
+    plan.candidates(&plan.next[node])
+        .into_iter()
+        .map(|c| plan.nodes[c].gates.iter().copied().collect::<BTreeSet<_>>())
+        .reduce(|a, b| a.intersection(&b).copied().collect())
+        .unwrap_or_default()
 }
 
 async fn set_step(

@@ -8,11 +8,14 @@
 //! - [`engine`]: what happens when a run's jobs end: items listed, items
 //!   moved on through stages, moves, limit gates and either branches.
 //! - [`jobs`]: the job of one item at one step, its commands expanded.
+//! - [`resume`]: outputs a run of the same file left, looked for on the
+//!   hosts, so each item starts after the furthest that exists.
 //! - [`read`]: runs as the API and dashboard show them.
 
 pub mod engine;
 pub mod jobs;
 pub mod read;
+pub mod resume;
 
 use std::collections::BTreeMap;
 

@@ -138,7 +138,68 @@ mod unix {
                 let script = script::remove(&marker, path);
                 run_plain(ctx, &place, &marker, &script, timeout).await
             }
+            StepAction::Probe { paths } => probe(ctx, &place, &marker, paths, timeout).await,
         }
+    }
+
+    /// Which of `paths` exist: they go to the script on its stdin (a list
+    /// of thousands would not fit one argument), the ones that exist come
+    /// back as marker lines.
+    async fn probe(
+        ctx: &JobContext,
+        place: &Place,
+        marker: &Marker,
+        paths: &[String],
+        timeout: Option<Duration>,
+    ) -> Result<Complete, Fail> {
+        let list = ctx.job_dir.join("probe.paths");
+        let mut text = String::new();
+        for p in paths {
+            if p.contains('\n') || p.contains('\0') {
+                return Err(ctx.fail(
+                    FailureClass::Fatal,
+                    format!("a path to look for holds a line break or NUL: {p:?}"),
+                ));
+            }
+            text.push_str(p);
+            text.push('\n');
+        }
+        std::fs::write(&list, text).map_err(|e| {
+            ctx.fail(
+                FailureClass::Retryable,
+                format!("cannot write {}: {e}", list.display()),
+            )
+        })?;
+        let mut exist = Vec::new();
+        let io = Io {
+            stdin: Some(&list),
+            stdout: None,
+        };
+        let end = run_script(
+            ctx,
+            place,
+            marker,
+            &script::probe(marker),
+            io,
+            timeout,
+            |line| {
+                exist.push(line.to_string());
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|e| ctx.fail(FailureClass::Fatal, e.to_string()))?;
+        ended(ctx, place, end, timeout)?;
+        ctx.note(format!(
+            "{} of {} outputs exist already on {}",
+            exist.len(),
+            paths.len(),
+            place.describe()
+        ))
+        .await;
+        let result = serde_json::to_value(flotilla_core::job::StepProbe { exist })
+            .expect("a list of strings is valid JSON");
+        Ok(ctx.complete(Some(0), Vec::new(), Some(result)))
     }
 
     /// Runs a script that reports nothing but how it ended.

@@ -227,6 +227,15 @@ pub fn receive(marker: &Marker, dest: &PathParts) -> String {
 }
 
 /// Removes `path`; nothing there is success too.
+/// Reads paths from stdin, one a line, and names each that exists as
+/// `MARKER item PATH`.
+pub fn probe(marker: &Marker) -> String {
+    format!(
+        "while IFS= read -r p; do if [ -e \"$p\" ] || [ -L \"$p\" ]; then printf '%s item %s\\n' {} \"$p\"; fi; done; exit 0",
+        q(&marker.0)
+    )
+}
+
 pub fn remove(marker: &Marker, path: &str) -> String {
     format!(
         "rm -rf {} || {}; exit 0",
