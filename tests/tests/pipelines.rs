@@ -38,7 +38,7 @@ fn visible(dir: &Path) -> u64 {
 }
 
 /// 24 items through `one` on agent pa, then, inside `limit 2`, a move to
-/// agent pb and `two` there (which consumes the moved copy), then an
+/// host b (the agents labelled pool=b: pb) and `two` there (which consumes the moved copy), then an
 /// either of a fast and a slow branch. The server is SIGKILLed mid-run and
 /// restarted. Sampled every 100 ms: never more than 2 items inside the
 /// limit (by the engine's gate count and by the moved copies on disk).
@@ -52,7 +52,7 @@ async fn items_pass_every_step_once_within_limits_across_a_server_kill() {
     let mut server = server_on_shared(dir.path(), 4_000).await;
     server.opts.listen = server.addr;
     let _pa = Agent::start(&server, "pa", 4, &[]).await;
-    let _pb = Agent::start(&server, "pb", 4, &[]).await;
+    let _pb = Agent::start(&server, "pb", 4, &["--label", "pool=b"]).await;
     let api = server.api();
     flotilla_e2e::eventually("both agents to register", Duration::from_secs(30), || {
         let api = api.clone();
@@ -67,7 +67,7 @@ async fn items_pass_every_step_once_within_limits_across_a_server_kill() {
     let source = format!(
         "# a test pipeline
 host a = agent pa
-host b = agent pb
+host b = agent labels pool=b
 items on a: seq 1 24
 stage one on a jobs 3 out {d}/one/{{id}}: sleep 0.3; echo x >> {d}/marks/one.{{id}}; \\
     echo one-{{id}} > {{out}}
@@ -423,7 +423,8 @@ stage three on a jobs 2 out {d}/three/{{id}}: echo x >> {d}/marks/three.{{id}}; 
     }
     // The matrix shows where each item resumed: items 4–6 at `three`,
     // items 1–3 at `two`, then through `three`.
-    for (i, row) in view["rows"].as_array().unwrap().iter().enumerate() {
+    let rows = view["rows"].as_array().unwrap();
+    for (i, row) in rows.iter().enumerate() {
         let cells = row["cells"].as_array().unwrap();
         assert!(cells[0].is_null(), "{row}");
         if i < 3 {
@@ -435,4 +436,53 @@ stage three on a jobs 2 out {d}/three/{{id}}: echo x >> {d}/marks/three.{{id}}; 
             assert!(cells[2]["job_id"].is_null(), "{row}");
         }
     }
+
+    // The dashboard's pages: the run in the list, its matrix with each cell
+    // linked to its job, and its event stream (state, then end).
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let url = server.url();
+    let r = http
+        .post(format!("{url}/ui/login"))
+        .form(&[("token", server.admin_token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let page = |path: String| {
+        let (http, cookie) = (http.clone(), cookie.clone());
+        async move {
+            let r = http
+                .get(path)
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.text().await.unwrap()
+        }
+    };
+    let list = page(format!("{url}/ui/pipelines")).await;
+    assert!(list.contains(&format!("/ui/pipelines/{second}")), "{list}");
+    let matrix = page(format!("{url}/ui/pipelines/{second}")).await;
+    let job = rows[0]["cells"][2]["job_id"].as_str().unwrap();
+    assert!(
+        matrix.contains(&format!(
+            "id=\"cell-0-2\" class=\"cell s-succeeded\" href=\"/ui/jobs/{job}\""
+        )),
+        "{matrix}"
+    );
+    assert!(!matrix.contains("<script>"), "inline script on the page");
+    let events = page(format!("{url}/ui/pipelines/{second}/events")).await;
+    let state = events.find("event: state").expect("a state event");
+    let end = events.find("event: end").expect("an end event");
+    assert!(state < end, "{events}");
 }

@@ -128,8 +128,15 @@ move text to scan:{sh}/text/{{id}}.txt
     }
 }
 
-/// Cancelling a run whose stage runs on an ssh host kills the remote
-/// process tree: a grandchild of the remote shell is gone soon after.
+/// `/proc/PID` gone, or a zombie waiting for its reaper.
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_or(true, |s| s.split(' ').nth(2) == Some("Z"))
+}
+
+/// Cancelling one item, then the run, whose stage runs on an ssh host
+/// kills each remote process tree: a grandchild of the remote shell is gone
+/// soon after, and the other item's is not touched by the item's cancel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_reaches_a_remote_grandchild() {
     let host = Sshd::start("cancel").expect("sshd");
@@ -139,8 +146,8 @@ async fn cancel_reaches_a_remote_grandchild() {
     let _a = Agent::start(&server, "cancel-agent", 2, &[]).await;
     let source = format!(
         "host h = {}
-items on h: echo only
-stage wait on h: sleep 300 & echo $! > {home}/grandchild.pid; wait
+items on h: printf 'one\\ntwo\\n'
+stage wait on h jobs 2: sleep 300 & echo $! > {home}/{{id}}.pid; wait
 ",
         ssh_host(&host)
     );
@@ -154,32 +161,48 @@ stage wait on h: sleep 300 & echo $! > {home}/grandchild.pid; wait
         .as_str()
         .unwrap()
         .to_string();
-    let pid_file = host.home().join("grandchild.pid");
-    flotilla_e2e::eventually("the remote sleep to start", Duration::from_secs(60), || {
-        let p = pid_file.clone();
-        async move { std::fs::read_to_string(&p).is_ok_and(|s| s.trim().parse::<u32>().is_ok()) }
-    })
+    let pid_of = |item: &str| host.home().join(format!("{item}.pid"));
+    for item in ["one", "two"] {
+        let p = pid_of(item);
+        flotilla_e2e::eventually("the remote sleeps to start", Duration::from_secs(60), || {
+            let p = p.clone();
+            async move { std::fs::read_to_string(&p).is_ok_and(|s| s.trim().parse::<u32>().is_ok()) }
+        })
+        .await;
+    }
+    let pid = |item: &str| -> u32 {
+        std::fs::read_to_string(pid_of(item))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (one, two) = (pid("one"), pid("two"));
+    assert!(
+        !gone(one) && !gone(two),
+        "the remote sleeps are not running"
+    );
+    api.post(
+        &format!("/api/v1/pipelines/{run}/items/one/cancel"),
+        json!({}),
+    )
     .await;
-    let pid: u32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let proc = PathBuf::from(format!("/proc/{pid}"));
-    assert!(proc.exists(), "the remote sleep {pid} is not running");
+    flotilla_e2e::eventually(
+        "item one's remote grandchild to be gone",
+        Duration::from_secs(30),
+        || async move { gone(one) },
+    )
+    .await;
+    assert!(!gone(two), "cancelling item one killed item two's process");
+    let view = api.get(&format!("/api/v1/pipelines/{run}")).await;
+    assert_eq!(view["state"], "running", "{view:#}");
+    assert_eq!(view["rows"][0]["state"], "cancelled", "{view:#}");
     api.post(&format!("/api/v1/pipelines/{run}/cancel"), json!({}))
         .await;
     flotilla_e2e::eventually(
-        "the remote grandchild to be gone",
+        "item two's remote grandchild to be gone",
         Duration::from_secs(30),
-        || {
-            let proc = proc.clone();
-            async move {
-                // Gone, or a zombie waiting for its reaper.
-                std::fs::read_to_string(proc.join("stat"))
-                    .map_or(true, |s| s.split(' ').nth(2) == Some("Z"))
-            }
-        },
+        || async move { gone(two) },
     )
     .await;
     let view = api.get(&format!("/api/v1/pipelines/{run}")).await;

@@ -81,6 +81,10 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         )
         .route("/api/v1/pipelines/{id}", get(pipelines::show))
         .route("/api/v1/pipelines/{id}/cancel", post(pipelines::cancel))
+        .route(
+            "/api/v1/pipelines/{id}/items/{item}/cancel",
+            post(pipelines::cancel_item),
+        )
         .route("/api/v1/rois", post(rois::submit))
         .route("/api/v1/rois/plan", post(rois::plan))
         .route("/api/v1/rois/{id}", get(rois::show))

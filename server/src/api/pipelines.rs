@@ -111,7 +111,34 @@ pub async fn cancel(
 ) -> ApiResult<impl IntoResponse> {
     let id = parse_id(&id)?;
     check_owner(&state, &caller, id).await?;
-    match pipelines::cancel(&state.db, id).await? {
+    let done = pipelines::cancel(&state.db, id).await?;
+    state.parents_signal.notify_one();
+    cancel_reply(id, done, None)
+}
+
+/// `POST /api/v1/pipelines/{id}/items/{item}/cancel`: one item.
+pub async fn cancel_item(
+    State(state): State<AppState>,
+    ClientAuth(caller): ClientAuth,
+    Path((id, item)): Path<(String, String)>,
+) -> ApiResult<impl IntoResponse> {
+    let id = parse_id(&id)?;
+    check_owner(&state, &caller, id).await?;
+    let done = pipelines::cancel_item(&state.db, id, &item).await?;
+    state.parents_signal.notify_one();
+    cancel_reply(id, done, Some(&item))
+}
+
+fn cancel_reply(
+    id: Uuid,
+    done: RunCancel,
+    item: Option<&str>,
+) -> ApiResult<(StatusCode, Json<CancelReply>)> {
+    let what = match item {
+        Some(item) => format!("item `{item}` of pipeline run {id}"),
+        None => format!("pipeline run {id}"),
+    };
+    match done {
         RunCancel::Cancelled { jobs } => Ok((
             StatusCode::ACCEPTED,
             Json(CancelReply {
@@ -122,8 +149,8 @@ pub async fn cancel(
             }),
         )),
         RunCancel::AlreadyFinal(s) => Err(ApiError::Conflict(format!(
-            "pipeline run {id} already finished: {s}"
+            "{what} already finished: {s}"
         ))),
-        RunCancel::NotFound => Err(ApiError::NotFound(format!("no pipeline run {id}"))),
+        RunCancel::NotFound => Err(ApiError::NotFound(format!("no {what}"))),
     }
 }

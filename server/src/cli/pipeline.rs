@@ -42,10 +42,13 @@ pub enum PipelineCommand {
         #[command(flatten)]
         conn: Conn,
     },
-    /// Cancel a run: its items stop, and its running jobs' process trees
-    /// are killed, on ssh hosts too.
+    /// Cancel a run (or one item of it with --item): its items stop, and
+    /// their running jobs' process trees are killed, on ssh hosts too.
     Cancel {
         id: String,
+        /// Only this item; the others go on.
+        #[arg(long)]
+        item: Option<String>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -150,11 +153,12 @@ pub async fn pipeline(cmd: PipelineCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        PipelineCommand::Cancel { id, conn } => {
-            let reply: CancelReply = conn
-                .client()?
-                .post(&format!("/api/v1/pipelines/{id}/cancel"), &())
-                .await?;
+        PipelineCommand::Cancel { id, item, conn } => {
+            let path = match &item {
+                Some(item) => format!("/api/v1/pipelines/{id}/items/{}/cancel", url_segment(item)),
+                None => format!("/api/v1/pipelines/{id}/cancel"),
+            };
+            let reply: CancelReply = conn.client()?.post(&path, &()).await?;
             println!("{}: {}", reply.id, reply.status);
             Ok(())
         }
@@ -178,6 +182,18 @@ pub async fn pipeline(cmd: PipelineCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `s` as one URL path segment (item ids may hold spaces, `%`, `?`, `#`).
+fn url_segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 fn read(file: &Path) -> anyhow::Result<(String, String)> {

@@ -270,7 +270,8 @@ fn run_events(
                     if data != last {
                         return Some((
                             Ok(Event::default().event("state").data(data.clone())),
-                            (state, data, final_state, checked),
+                            // The end event follows on the next turn.
+                            (state, data, false, checked),
                         ));
                     }
                     if final_state {

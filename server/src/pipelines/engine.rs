@@ -613,12 +613,22 @@ async fn finish(tx: &mut PgConnection, run: Uuid) -> anyhow::Result<()> {
     if open > 0 {
         return Ok(());
     }
-    let failed = by.get("failed").copied().unwrap_or(0) + by.get("cancelled").copied().unwrap_or(0);
+    let failed = by.get("failed").copied().unwrap_or(0);
+    let cancelled = by.get("cancelled").copied().unwrap_or(0);
     let total: i64 = by.values().sum();
-    let (state, error) = if failed == 0 {
-        ("done", None)
-    } else {
-        ("failed", Some(format!("{failed} of {total} items failed")))
+    let (state, error) = match (failed, cancelled) {
+        (0, 0) => ("done", None),
+        (f, 0) => ("failed", Some(format!("{f} of {total} items failed"))),
+        (0, c) => (
+            "failed",
+            Some(format!("{c} of {total} items were cancelled")),
+        ),
+        (f, c) => (
+            "failed",
+            Some(format!(
+                "{f} of {total} items failed and {c} were cancelled"
+            )),
+        ),
     };
     sqlx::query(
         "UPDATE pipeline_runs SET state = $2, error = $3, finished_at = now()

@@ -254,6 +254,66 @@ pub enum RunCancel {
     NotFound,
 }
 
+/// Cancels item `item` of run `id`: it ends `cancelled`, leaves its gates,
+/// and its job, if one is running, is stopped (its whole process tree, over
+/// ssh too). The other items go on.
+pub async fn cancel_item(db: &PgPool, id: Uuid, item: &str) -> Result<RunCancel, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let run: Option<String> =
+        sqlx::query_scalar("SELECT state FROM pipeline_runs WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if run.is_none() {
+        return Ok(RunCancel::NotFound);
+    }
+    let row: Option<(i32, String, Option<Uuid>)> = sqlx::query_as(
+        "SELECT idx, state, job_id FROM pipeline_items WHERE run_id = $1 AND item = $2",
+    )
+    .bind(id)
+    .bind(item)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((idx, state, job)) = row else {
+        return Ok(RunCancel::NotFound);
+    };
+    if !matches!(state.as_str(), "waiting" | "active") {
+        return Ok(RunCancel::AlreadyFinal(state));
+    }
+    sqlx::query(
+        "UPDATE pipeline_items SET state = 'cancelled', error = 'cancelled', job_id = NULL
+         WHERE run_id = $1 AND idx = $2",
+    )
+    .bind(id)
+    .bind(idx)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE pipeline_steps SET state = 'cancelled', finished_at = now()
+         WHERE run_id = $1 AND idx = $2 AND state = 'running'",
+    )
+    .bind(id)
+    .bind(idx)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM pipeline_gates WHERE run_id = $1 AND idx = $2")
+        .bind(id)
+        .bind(idx)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    let mut jobs = 0;
+    if let Some(job) = job {
+        if matches!(
+            cancel_job(db, job).await?,
+            Cancelled::Now | Cancelled::Requested
+        ) {
+            jobs = 1;
+        }
+    }
+    Ok(RunCancel::Cancelled { jobs })
+}
+
 /// Cancels run `id`: its open items end `cancelled`, their gates are freed,
 /// and every job of it that has not ended is cancelled (a running one is
 /// stopped by its agent, its whole process tree, over ssh too).
