@@ -127,6 +127,7 @@ pub async fn run(
         shutdown: shutdown.clone(),
         auth_cache: Arc::default(),
         agent_instances: Arc::default(),
+        live_pages: Arc::default(),
     };
     let extended = crate::queue::reaper::grace_after_start(&db, state.settings.lease_ttl)
         .await

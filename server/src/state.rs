@@ -25,6 +25,8 @@ pub struct AppState {
     pub auth_cache: Arc<crate::auth::AuthCache>,
     /// Which process of each agent may call ([`crate::agents::Instances`]).
     pub agent_instances: Arc<crate::agents::Instances>,
+    /// What the dashboard's live streams compute once and share.
+    pub live_pages: Arc<crate::dashboard::shared::LivePages>,
 }
 
 /// Queue timings and HTTP limits. Defaults suit a fleet; tests shorten them.

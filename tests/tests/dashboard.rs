@@ -369,3 +369,101 @@ async fn live_pages_end_and_errors_keep_their_shape() {
         assert_eq!(v["error"]["code"], code, "{method} {path}: {v}");
     }
 }
+
+/// Transactions the server's database has committed or rolled back so far
+/// (PostgreSQL's own count; backends report within about a second).
+async fn transactions(db: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database
+         WHERE datname = current_database()",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap()
+}
+
+/// The database's transactions per second while `tabs` overview streams
+/// are open (after a warm-up), over `window`.
+async fn rate_with_tabs(
+    url: &str,
+    cookie: &str,
+    db: &sqlx::PgPool,
+    tabs: usize,
+    window: Duration,
+) -> f64 {
+    let http = reqwest::Client::new();
+    let mut streams = Vec::new();
+    for _ in 0..tabs {
+        let r = http
+            .get(format!("{url}/ui/events"))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        streams.push(tokio::spawn(async move {
+            let mut r = r;
+            let mut events = 0usize;
+            while let Ok(Some(chunk)) = r.chunk().await {
+                events += String::from_utf8_lossy(&chunk)
+                    .matches("event: overview")
+                    .count();
+            }
+            events
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = transactions(db).await;
+    tokio::time::sleep(window).await;
+    let after = transactions(db).await;
+    for s in &streams {
+        assert!(!s.is_finished(), "an overview stream ended early");
+    }
+    for s in streams {
+        s.abort();
+    }
+    (after - before) as f64 / window.as_secs_f64()
+}
+
+/// 200 open overview tabs cost the database what one does: the panel is
+/// rendered once per interval and shared, and one session's tabs share its
+/// re-check (before, each tab ran its own queries every 2 s: about 200
+/// times the transactions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_overview_tabs_cost_the_database_what_one_does() {
+    let dir = scratch("e2e-ui-tabs-");
+    let server = server_on_shared(dir.path(), 10_000).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let url = server.url();
+    let r = http
+        .post(format!("{url}/ui/login"))
+        .form(&[("token", server.admin_token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&server.opts.database_url)
+        .await
+        .unwrap();
+    let window = Duration::from_secs(10);
+    let one = rate_with_tabs(&url, &cookie, &db, 1, window).await;
+    let many = rate_with_tabs(&url, &cookie, &db, 200, window).await;
+    println!("database transactions per second: 1 tab {one:.1}, 200 tabs {many:.1}");
+    // The background (reaper, coordinator, this test's own reads) is a few
+    // per second either way; unshared, 200 tabs add about 400.
+    assert!(
+        many <= one * 1.5 + 3.0,
+        "200 tabs: {many:.1} transactions/s, 1 tab: {one:.1}"
+    );
+}

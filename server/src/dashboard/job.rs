@@ -163,7 +163,7 @@ fn log_events(
                         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                     }
                     if checked.elapsed() >= session::RECHECK {
-                        if !viewer.still_allowed(&state.db).await {
+                        if !viewer.still_allowed(&state).await {
                             return None;
                         }
                         checked = tokio::time::Instant::now();

@@ -10,12 +10,15 @@
 //! - [`job`]: `/ui/jobs/{id}`, one job with its log, streamed as it grows.
 //! - [`pipeline`]: `/ui/pipelines`, runs, and a run's item × step matrix,
 //!   its cells patched live from SSE.
+//! - [`shared`]: live page data computed once per interval, whatever the
+//!   number of open tabs.
 //! - here: what every page shares (rendering, the login check).
 
 pub mod job;
 pub mod overview;
 pub mod pipeline;
 pub mod session;
+pub mod shared;
 
 use askama::Template;
 use axum::http::HeaderMap;

@@ -2,6 +2,7 @@
 //! over server-sent events while the page is open.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use askama::Template;
@@ -186,7 +187,8 @@ pub async fn page(State(state): State<AppState>, headers: HeaderMap) -> ApiResul
     .into_response())
 }
 
-/// Pushes a fresh overview every two seconds while the page is open.
+/// Pushes a fresh overview every two seconds while the page is open; the
+/// panel is rendered once per interval for every open tab.
 /// Ends when the session does (logout, expiry, its token revoked), within
 /// [`session::RECHECK`].
 pub async fn events(State(state): State<AppState>, headers: HeaderMap) -> Response {
@@ -202,12 +204,17 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap) -> Respon
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}
             }
             if checked.elapsed() >= session::RECHECK {
-                if !viewer.still_allowed(&state.db).await {
+                if !viewer.still_allowed(&state).await {
                     return None;
                 }
                 checked = tokio::time::Instant::now();
             }
-            let event = match overview_body(&state).await {
+            let shared = state
+                .live_pages
+                .overview
+                .get((), || async { overview_body(&state).await.map(Arc::new) })
+                .await;
+            let event = match shared {
                 Ok(html) => Event::default()
                     .event("overview")
                     .data(html.replace('\r', "")),

@@ -3,6 +3,7 @@
 //! patching cells from server-sent events instead of redrawing the page.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use askama::Template;
@@ -222,6 +223,36 @@ pub async fn events(
         .into_response())
 }
 
+/// A run page's live state as JSON (counts, columns, this page's cells)
+/// and whether the run is final; `None` if the run is gone.
+async fn page_state(
+    state: &AppState,
+    id: Uuid,
+    after: Option<u64>,
+) -> Result<Option<(bool, Arc<String>)>, sqlx::Error> {
+    let Some(view) = read::get(&state.db, id, after, ROWS_PER_PAGE).await? else {
+        return Ok(None);
+    };
+    let data = serde_json::json!({
+        "state": view.summary.state.as_str(),
+        "final": view.summary.state.is_final(),
+        "counts": view.summary.counts,
+        "items": view.summary.items,
+        "steps": view.steps,
+        "gates": view.gates,
+        "rows": view.rows.iter().map(|r| serde_json::json!({
+            "state": r.state,
+            "cells": r.cells.iter().map(|c| c.as_ref().map(|c| {
+                serde_json::json!([c.state, c.job_id])
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    });
+    Ok(Some((
+        view.summary.state.is_final(),
+        Arc::new(data.to_string()),
+    )))
+}
+
 fn run_events(
     state: AppState,
     viewer: session::Viewer,
@@ -243,30 +274,20 @@ fn run_events(
                         _ = tokio::time::sleep(REFRESH) => {}
                     }
                     if checked.elapsed() >= session::RECHECK {
-                        if !viewer.still_allowed(&state.db).await {
+                        if !viewer.still_allowed(&state).await {
                             return None;
                         }
                         checked = tokio::time::Instant::now();
                     }
-                    let Ok(Some(view)) = read::get(&state.db, id, after, ROWS_PER_PAGE).await
-                    else {
+                    let shared = state
+                        .live_pages
+                        .pipelines
+                        .get((id, after), || page_state(&state, id, after))
+                        .await;
+                    let Ok(Some((final_state, data))) = shared else {
                         continue;
                     };
-                    let final_state = view.summary.state.is_final();
-                    let data = serde_json::json!({
-                        "state": view.summary.state.as_str(),
-                        "counts": view.summary.counts,
-                        "items": view.summary.items,
-                        "steps": view.steps,
-                        "gates": view.gates,
-                        "rows": view.rows.iter().map(|r| serde_json::json!({
-                            "state": r.state,
-                            "cells": r.cells.iter().map(|c| c.as_ref().map(|c| {
-                                serde_json::json!([c.state, c.job_id])
-                            })).collect::<Vec<_>>(),
-                        })).collect::<Vec<_>>(),
-                    })
-                    .to_string();
+                    let data = data.to_string();
                     if data != last {
                         return Some((
                             Ok(Event::default().event("state").data(data.clone())),
@@ -276,9 +297,7 @@ fn run_events(
                     }
                     if final_state {
                         return Some((
-                            Ok(Event::default()
-                                .event("end")
-                                .data(view.summary.state.as_str())),
+                            Ok(Event::default().event("end").data("final")),
                             (state, last, true, checked),
                         ));
                     }

@@ -42,10 +42,16 @@ impl Viewer {
     /// Whether the viewer may still look: an open dashboard always; a
     /// session until logout, expiry or the revocation of its token. A
     /// database error counts as no (a stream ends; the page can reload).
-    pub(super) async fn still_allowed(&self, db: &PgPool) -> bool {
+    /// The tabs of one session share one check per [`RECHECK`].
+    pub(super) async fn still_allowed(&self, state: &AppState) -> bool {
         match self {
             Viewer::Open => true,
-            Viewer::Session(hash) => live(db, hash).await.unwrap_or(false),
+            Viewer::Session(hash) => state
+                .live_pages
+                .sessions
+                .get(hash.clone(), || live(&state.db, hash))
+                .await
+                .unwrap_or(false),
         }
     }
 }

@@ -1,0 +1,124 @@
+//! Live page data computed at most once per interval per page, however
+//! many open tabs ask for it: the overview every tab pushes, a pipeline
+//! run's matrix, whether a session is still valid. With 200 tabs open the
+//! database sees the same queries per second as with one (a test in
+//! `tests/tests/dashboard.rs` measures it). Per server process: each
+//! replica computes its own, which is harmless.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// One key's latest value and when it was computed; its own lock, so
+/// that while one stream computes it the others wait for that result
+/// instead of computing it again.
+type Slot<V> = Arc<tokio::sync::Mutex<Option<(Instant, V)>>>;
+
+/// Values by key, each recomputed when older than `max_age`.
+pub struct Shared<K, V> {
+    max_age: Duration,
+    slots: Mutex<HashMap<K, (Instant, Slot<V>)>>,
+}
+
+/// Keys not asked for in this long are dropped (a closed run's page).
+const FORGET_AFTER: Duration = Duration::from_secs(120);
+
+impl<K: Hash + Eq + Clone, V: Clone> Shared<K, V> {
+    pub fn new(max_age: Duration) -> Self {
+        Shared {
+            max_age,
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The value for `key`: the one computed less than `max_age` ago, or
+    /// `compute`'s (once, whoever else is waiting). An error is not kept.
+    pub async fn get<E, F, Fut>(&self, key: K, compute: F) -> Result<V, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<V, E>>,
+    {
+        let slot = {
+            let now = Instant::now();
+            let mut slots = self.slots.lock().expect("the slots lock is never poisoned");
+            slots.retain(|_, (used, _)| now.duration_since(*used) < FORGET_AFTER);
+            let entry = slots
+                .entry(key)
+                .or_insert_with(|| (now, Arc::new(tokio::sync::Mutex::new(None))));
+            entry.0 = now;
+            entry.1.clone()
+        };
+        let mut held = slot.lock().await;
+        if let Some((at, v)) = held.as_ref() {
+            if at.elapsed() < self.max_age {
+                return Ok(v.clone());
+            }
+        }
+        let v = compute().await?;
+        *held = Some((Instant::now(), v.clone()));
+        Ok(v)
+    }
+}
+
+/// What the dashboard's live streams share.
+pub struct LivePages {
+    /// The overview's panel, rendered.
+    pub overview: Shared<(), Arc<String>>,
+    /// A pipeline run's page state (JSON), by run and page.
+    pub pipelines: Shared<(uuid::Uuid, Option<u64>), Option<(bool, Arc<String>)>>,
+    /// Whether a session (by the hash of its id) is still valid.
+    pub sessions: Shared<Vec<u8>, bool>,
+}
+
+impl LivePages {
+    /// Shared for a little less than the streams' own intervals, so each
+    /// stream's tick finds a value from this interval or makes it.
+    pub fn new() -> Self {
+        LivePages {
+            overview: Shared::new(Duration::from_millis(1900)),
+            pipelines: Shared::new(Duration::from_millis(900)),
+            sessions: Shared::new(Duration::from_millis(4900)),
+        }
+    }
+}
+
+impl Default for LivePages {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// 100 callers at once compute once; after `max_age` once more.
+    #[tokio::test(start_paused = true)]
+    async fn many_callers_compute_once_per_interval() {
+        let shared = Arc::new(Shared::<(), usize>::new(Duration::from_secs(2)));
+        let computed = Arc::new(AtomicUsize::new(0));
+        let call = |shared: Arc<Shared<(), usize>>, computed: Arc<AtomicUsize>| async move {
+            shared
+                .get((), || async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok::<_, ()>(computed.fetch_add(1, Ordering::SeqCst))
+                })
+                .await
+        };
+        let tasks: Vec<_> = (0..100)
+            .map(|_| tokio::spawn(call(shared.clone(), computed.clone())))
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), Ok(0));
+        }
+        assert_eq!(computed.load(Ordering::SeqCst), 1);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(call(shared.clone(), computed.clone()).await, Ok(1));
+        assert_eq!(computed.load(Ordering::SeqCst), 2);
+    }
+}
