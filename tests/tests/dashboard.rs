@@ -467,3 +467,93 @@ async fn two_hundred_overview_tabs_cost_the_database_what_one_does() {
         "200 tabs: {many:.1} transactions/s, 1 tab: {one:.1}"
     );
 }
+
+/// Every page carries the security headers (a CSP that allows no inline
+/// script and no framing, nosniff) and no page has an inline script; the
+/// scripts they load are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_carry_security_headers_and_no_inline_script() {
+    let dir = scratch("e2e-ui-csp-");
+    let server = server_on_shared(dir.path(), 10_000).await;
+    let api = server.api();
+    let job = api
+        .submit(json!({"kind": "command", "command": "sleep 30"}))
+        .await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let url = server.url();
+    let r = http
+        .post(format!("{url}/ui/login"))
+        .form(&[("token", server.admin_token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    for (path, status) in [
+        ("/ui/login".to_string(), 200),
+        ("/ui".to_string(), 200),
+        (format!("/ui/jobs/{job}"), 200),
+        ("/ui/pipelines".to_string(), 200),
+        ("/ui/nowhere".to_string(), 404),
+        ("/api/v1/jobs".to_string(), 200),
+    ] {
+        let r = http
+            .get(format!("{url}{path}"))
+            .header("cookie", &cookie)
+            .bearer_auth(&server.admin_token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{path}");
+        let h = r.headers();
+        let csp = h["content-security-policy"].to_str().unwrap().to_string();
+        assert!(csp.contains("script-src 'self'"), "{path}: {csp}");
+        let script_src = csp
+            .split(';')
+            .map(str::trim)
+            .find(|d| d.starts_with("script-src"))
+            .unwrap_or_default();
+        assert!(!script_src.contains("unsafe"), "{path}: {csp}");
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+        let body = r.text().await.unwrap();
+        for (i, _) in body.match_indices("<script") {
+            let tag = &body[i..body[i..].find('>').map_or(body.len(), |e| i + e)];
+            assert!(
+                tag.contains("src=\"/ui/static/"),
+                "{path}: inline script {tag}"
+            );
+        }
+    }
+    // The job page loads its script, which is served.
+    let page = http
+        .get(format!("{url}/ui/jobs/{job}"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("/ui/static/job.js"), "{page}");
+    for script in ["job.js", "overview.js", "pipeline.js"] {
+        let r = http
+            .get(format!("{url}/ui/static/{script}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{script}");
+        assert!(r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/javascript"));
+    }
+}

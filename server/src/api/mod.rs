@@ -128,13 +128,14 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
             "/ui/pipelines/{id}/events",
             get(dashboard::pipeline::events),
         )
-        .route("/ui/static/pipeline.js", get(dashboard::pipeline::script))
+        .route("/ui/static/{file}", get(dashboard::script))
         .route("/ui/jobs/{id}/log/stream", get(dashboard::job::log_stream))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .merge(agent_calls)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::map_response(dashboard::security_headers))
         // A handler that panics answers 500 instead of dropping the
         // connection, which an agent would take for an unreachable server
         // and retry forever.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use askama::Template;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use flotilla_core::api::pipelines::{PipelineSummary, PipelineView};
@@ -27,18 +27,6 @@ const ROWS_PER_PAGE: u32 = 500;
 
 /// How often a live page is brought up to date.
 const REFRESH: Duration = Duration::from_secs(1);
-
-/// The script of the run page, served from the binary: pages carry no
-/// inline script.
-const PIPELINE_JS: &str = include_str!("../../../web/static/pipeline.js");
-
-pub async fn script() -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
-        PIPELINE_JS,
-    )
-        .into_response()
-}
 
 struct RunRow {
     id: String,

@@ -63,12 +63,19 @@ impl<K: Hash + Eq + Clone, V: Clone> Shared<K, V> {
     }
 }
 
+/// A pipeline run's page: the run and the item its rows start after.
+pub type RunPage = (uuid::Uuid, Option<u64>);
+
+/// A run page's state: whether the run is final, and the JSON the page's
+/// script patches itself from.
+pub type RunPageState = (bool, Arc<String>);
+
 /// What the dashboard's live streams share.
 pub struct LivePages {
     /// The overview's panel, rendered.
     pub overview: Shared<(), Arc<String>>,
     /// A pipeline run's page state (JSON), by run and page.
-    pub pipelines: Shared<(uuid::Uuid, Option<u64>), Option<(bool, Arc<String>)>>,
+    pub pipelines: Shared<RunPage, Option<RunPageState>>,
     /// Whether a session (by the hash of its id) is still valid.
     pub sessions: Shared<Vec<u8>, bool>,
 }

@@ -1,0 +1,13 @@
+// A job page: appends new log lines as they arrive and reloads once the
+// job ended (its end event carries the final state).
+(function () {
+  const log = document.getElementById("log");
+  if (!log || !log.dataset.stream) return;
+  const events = new EventSource(log.dataset.stream);
+  events.addEventListener("lines", (e) => {
+    const stick = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+    log.textContent += e.data + "\n";
+    if (stick) log.scrollTop = log.scrollHeight;
+  });
+  events.addEventListener("end", () => { events.close(); location.reload(); });
+})();
