@@ -546,6 +546,11 @@ pub mod limits {
 /// leave it out.
 pub const AGENT_NAME_LABEL: &str = "flotilla.agent";
 
+/// The label an agent carries when it reaches ssh hosts for pipeline
+/// steps (started with `--ssh-dir`); every step job on an ssh host
+/// requires it, so no other agent takes one.
+pub const SSH_LABEL: (&str, &str) = ("flotilla.ssh", "1");
+
 /// Checks a submission's labels: at most [`limits::MAX_LABELS`], each key
 /// non-empty, keys and values within their limits and free of control
 /// characters (a NUL would reach PostgreSQL's jsonb, which refuses it).

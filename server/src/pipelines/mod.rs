@@ -21,7 +21,9 @@ use std::collections::BTreeMap;
 
 use flotilla_core::api::pipelines::{SubmitPipeline, MAX_PIPELINE_BYTES};
 use flotilla_core::api::FieldError;
-use flotilla_core::job::{check_text, limits, StepAction, StepHost, AGENT_NAME_LABEL};
+use flotilla_core::job::{
+    check_text, limits, StepAction, StepHost, AGENT_NAME_LABEL, SSH_LABEL,
+};
 use flotilla_core::pipeline::spec::HostTarget;
 use flotilla_core::pipeline::{self, PipelineSpec};
 use serde::{Deserialize, Serialize};
@@ -121,6 +123,7 @@ pub fn placement(
             (StepHost::Local, labels)
         }
         HostTarget::Ssh(target) => {
+            labels.insert(SSH_LABEL.0.to_string(), SSH_LABEL.1.to_string());
             if let Some(via) = &target.via {
                 labels.insert(AGENT_NAME_LABEL.to_string(), via.clone());
             }
