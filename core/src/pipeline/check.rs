@@ -430,6 +430,7 @@ impl<'a> Checker<'a> {
             let what = format!("the `out` path of stage `{}`", s.name);
             let at = |off| stage_loc(s, Piece::OptionValue("out", off));
             self.path(out, &what, at, st, chain, order);
+            self.absolute_on_agents(out, &s.host, &what, at(0));
         }
         if s.consume {
             let loc = stage_loc(s, Piece::Option("consume"));
@@ -489,6 +490,7 @@ impl<'a> Checker<'a> {
             chain,
             order,
         );
+        self.absolute_on_agents(&m.path, &m.host, &what, move_loc(m, Piece::MovePath(0)));
         let loc = move_loc(m, Piece::Keyword);
         if st.latest.contains(&Latest::Nothing) {
             let msg = if st.latest.len() == 1 {
@@ -565,6 +567,31 @@ impl<'a> Checker<'a> {
                 Field::In => self.input(st, at(off), what, None),
                 Field::StageOut(n) => self.stage_out(n, at(off), what, order, chain, st, None),
             }
+        }
+    }
+
+    /// On an agent host a relative path would be taken in the attempt's
+    /// scratch directory, which is removed when the attempt ends: the
+    /// output would vanish. (On an ssh host it is the remote home, which
+    /// stays.) A path that starts with `{in}` or `{STAGE.out}` is as
+    /// absolute as that output.
+    fn absolute_on_agents(&mut self, t: &Template, host: &str, what: &str, loc: Loc) {
+        let on_agent = matches!(
+            self.spec.hosts.get(host).map(|h| &h.target),
+            Some(super::spec::HostTarget::Agent { .. } | super::spec::HostTarget::Labels { .. })
+        );
+        let relative = match t.parts.first() {
+            Some(super::template::Part::Text(text)) => !text.starts_with('/'),
+            Some(super::template::Part::Field { field, .. }) => *field == Field::Id,
+            None => false,
+        };
+        if on_agent && relative {
+            self.error(
+                loc,
+                format!(
+                    "{what} is relative, and host `{host}` is an agent: relative paths there are                      in the attempt's scratch directory, removed when it ends; give an absolute                      path (e.g. `/scratch/NAME/{{id}}`)"
+                ),
+            );
         }
     }
 
@@ -718,6 +745,29 @@ mod tests {
              stage t on b consume out /z/{{id}}: f {{in}} {{out}}\nstage u on b: g {{t.out}} {{id}}\n"
         );
         assert_eq!(errs(&t), vec![]);
+    }
+
+    /// Relative `out` and move paths vanish with the attempt's scratch
+    /// directory on an agent; on an ssh host they are in the remote home.
+    #[test]
+    fn relative_paths_are_refused_on_agents() {
+        one(
+            &format!("{HEAD}stage s on a out res/{{id}}: make {{out}}\n"),
+            4,
+            18,
+            "is relative, and host `a` is an agent",
+        );
+        one(
+            &format!("{HEAD}stage s on a out /x/{{id}}: make {{out}}\nmove m to b:{{id}}.copy\n"),
+            5,
+            13,
+            "the path of move `m` is relative",
+        );
+        let ssh = "host a = ssh://u@h key k\nhost b = agent b1\nitems on a: ls\n";
+        assert_eq!(
+            errs(&format!("{ssh}stage s on a out res/{{id}}: make {{out}}\n")),
+            vec![]
+        );
     }
 
     #[test]

@@ -44,14 +44,10 @@ pub async fn advance(db: &PgPool) -> anyhow::Result<()> {
                 continue;
             }
             tracing::warn!(%run, error = %e, "advancing a pipeline run: the run fails");
-            sqlx::query(
-                "UPDATE pipeline_runs SET state = 'failed', error = $2, finished_at = now()
-                 WHERE id = $1 AND state IN ('listing', 'probing', 'running')",
-            )
-            .bind(run)
-            .bind(format!("{e:#}"))
-            .execute(db)
-            .await?;
+            let why = format!("{e:#}");
+            if let Err(e) = super::close(db, run, super::Closing::Failed(&why)).await {
+                tracing::warn!(%run, error = %e, "failing a pipeline run: will retry");
+            }
         }
     }
     Ok(())
@@ -259,124 +255,164 @@ async fn ended(tx: &mut PgConnection, jobs: &RunJobs<'_>, plan: &Plan) -> anyhow
                 .await?;
             continue;
         }
-        let mut place = place(r.item, r.latest, r.outputs)?;
-        let on_a_set = |host: &str| super::host_is_a_set(jobs.spec, host);
-        let next_phase = r.phase + 1;
-        if next_phase < phases(node) {
-            // A move: send → receive (with what was sent) → remove.
-            let sent = if r.phase == 0 {
-                let row: Option<(i64, String)> = sqlx::query_as(
-                    "SELECT o.size, o.sha256 FROM job_outputs o JOIN jobs j ON j.id = o.job_id
-                     WHERE o.job_id = $1 AND o.attempt = j.attempt AND o.name = $2",
-                )
-                .bind(r.job_id)
-                .bind(StepJob::SENT_OUTPUT)
-                .fetch_optional(&mut *tx)
-                .await?;
-                let (size, sha) = row.ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "move {} of item {}: the send stored no tar",
-                        node.name,
-                        place.item
-                    )
-                })?;
-                Some((size as u64, sha))
-            } else {
-                None
-            };
-            let work = jobs.step(&place, node, next_phase, sent)?;
-            if r.phase == 1 {
-                // It arrived: where, on which agent of a set.
-                let mut dest = work.output.clone().expect("a move has a destination");
-                if on_a_set(&dest.host) {
-                    dest.agent = r.agent.clone();
-                }
-                sqlx::query(
-                    "UPDATE pipeline_steps SET output = $4 WHERE run_id = $1 AND idx = $2 AND node = $3",
-                )
-                .bind(jobs.id)
-                .bind(r.idx)
-                .bind(r.node)
-                .bind(serde_json::to_value(&dest)?)
-                .execute(&mut *tx)
-                .await?;
-            }
-            let id = submit_in(&mut *tx, &[work.job]).await?[0];
-            sqlx::query(
-                "UPDATE pipeline_items SET phase = $3, job_id = $4 WHERE run_id = $1 AND idx = $2",
+        let (idx, node_index) = (r.idx, r.node);
+        match advance_item(tx, jobs, plan, node, r).await {
+            Ok(()) => {}
+            Err(e) if e.downcast_ref::<sqlx::Error>().is_some() => return Err(e),
+            // Something of this item only (a send that stored no tar, a
+            // path with no value): it fails, the others go on.
+            Err(e) => fail_item(tx, jobs.id, idx, node_index, &format!("{e:#}")).await?,
+        }
+    }
+    Ok(())
+}
+
+/// Item `r`'s job succeeded: on to its step's next job (a move's receive
+/// after its send, …), or out of the step to wait for room in the next.
+async fn advance_item(
+    tx: &mut PgConnection,
+    jobs: &RunJobs<'_>,
+    plan: &Plan,
+    node: &flotilla_core::pipeline::plan::Node,
+    r: EndedRow,
+) -> anyhow::Result<()> {
+    let mut place = place(r.item, r.latest, r.outputs)?;
+    let on_a_set = |host: &str| super::host_is_a_set(jobs.spec, host);
+    let next_phase = r.phase + 1;
+    if next_phase < phases(node) {
+        // A move: send → receive (with what was sent) → remove.
+        let sent = if r.phase == 0 {
+            let row: Option<(i64, String)> = sqlx::query_as(
+                "SELECT o.size, o.sha256 FROM job_outputs o JOIN jobs j ON j.id = o.job_id
+                 WHERE o.job_id = $1 AND o.attempt = j.attempt AND o.name = $2",
             )
-            .bind(jobs.id)
-            .bind(r.idx)
-            .bind(next_phase)
-            .bind(id)
-            .execute(&mut *tx)
+            .bind(r.job_id)
+            .bind(StepJob::SENT_OUTPUT)
+            .fetch_optional(&mut *tx)
             .await?;
+            let (size, sha) = row.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "move {} of item {}: the send stored no tar",
+                    node.name,
+                    place.item
+                )
+            })?;
+            Some((size as u64, sha))
+        } else {
+            None
+        };
+        let work = jobs.step(&place, node, next_phase, sent)?;
+        if r.phase == 1 {
+            // It arrived: where, on which agent of a set.
+            let mut dest = work.output.clone().expect("a move has a destination");
+            if on_a_set(&dest.host) {
+                dest.agent = r.agent.clone();
+            }
             sqlx::query(
-                "UPDATE pipeline_steps SET job_id = $4 WHERE run_id = $1 AND idx = $2 AND node = $3",
+                "UPDATE pipeline_steps SET output = $4 WHERE run_id = $1 AND idx = $2 AND node = $3",
             )
             .bind(jobs.id)
             .bind(r.idx)
             .bind(r.node)
-            .bind(id)
+            .bind(serde_json::to_value(&dest)?)
             .execute(&mut *tx)
             .await?;
-            continue;
         }
-        // The step is done: its output becomes the item's latest.
-        let output: Option<Location> = match &node.step {
-            NodeStep::Stage(_) => jobs.step(&place, node, 0, None)?.output.map(|mut o| {
-                if on_a_set(&o.host) {
-                    o.agent = r.agent.clone();
-                }
-                o
-            }),
-            NodeStep::Move(_) => r.step_output.map(serde_json::from_value).transpose()?,
-        };
-        if let Some(o) = &output {
-            if matches!(node.step, NodeStep::Stage(_)) {
-                place.outputs.insert(node.name.clone(), o.clone());
-            }
-            place.latest = Some(o.clone());
-        }
-        set_step(tx, jobs.id, r.idx, r.node, "succeeded", output.as_ref()).await?;
-        // Gates that no step after this one is inside are left now, not
-        // when the item enters the next step (it may wait for room there).
-        let keep: Option<BTreeSet<usize>> = plan
-            .candidates(&plan.next[node.index])
-            .into_iter()
-            .map(|c| plan.nodes[c].gates.iter().copied().collect::<BTreeSet<_>>())
-            .reduce(|a, b| a.intersection(&b).copied().collect());
-        let keep: Vec<i32> = keep
-            .unwrap_or_default()
-            .into_iter()
-            .map(|g| g as i32)
-            .collect();
+        let id = submit_in(&mut *tx, &[work.job]).await?[0];
         sqlx::query(
-            "DELETE FROM pipeline_gates WHERE run_id = $1 AND idx = $2 AND gate <> ALL ($3)",
+            "UPDATE pipeline_items SET phase = $3, job_id = $4 WHERE run_id = $1 AND idx = $2",
         )
+        .bind(jobs.id)
+        .bind(r.idx)
+        .bind(next_phase)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE pipeline_steps SET job_id = $4 WHERE run_id = $1 AND idx = $2 AND node = $3",
+        )
+        .bind(jobs.id)
+        .bind(r.idx)
+        .bind(r.node)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        return Ok(());
+    }
+    // The step is done: its output becomes the item's latest.
+    let output: Option<Location> = match &node.step {
+        NodeStep::Stage(_) => jobs.step(&place, node, 0, None)?.output.map(|mut o| {
+            if on_a_set(&o.host) {
+                o.agent = r.agent.clone();
+            }
+            o
+        }),
+        NodeStep::Move(_) => r.step_output.map(serde_json::from_value).transpose()?,
+    };
+    if let Some(o) = &output {
+        if matches!(node.step, NodeStep::Stage(_)) {
+            place.outputs.insert(node.name.clone(), o.clone());
+        }
+        place.latest = Some(o.clone());
+    }
+    set_step(tx, jobs.id, r.idx, r.node, "succeeded", output.as_ref()).await?;
+    // Gates that no step after this one is inside are left now, not
+    // when the item enters the next step (it may wait for room there).
+    let keep: Vec<i32> = kept_gates(plan, node.index)
+        .into_iter()
+        .map(|g| g as i32)
+        .collect();
+    sqlx::query("DELETE FROM pipeline_gates WHERE run_id = $1 AND idx = $2 AND gate <> ALL ($3)")
         .bind(jobs.id)
         .bind(r.idx)
         .bind(&keep)
         .execute(&mut *tx)
         .await?;
-        sqlx::query(
-            "UPDATE pipeline_items SET state = 'waiting', at = node, node = NULL, phase = 0,
-                 job_id = NULL, latest = $3, outputs = $4
-             WHERE run_id = $1 AND idx = $2",
-        )
-        .bind(jobs.id)
-        .bind(r.idx)
-        .bind(
-            place
-                .latest
-                .as_ref()
-                .map(serde_json::to_value)
-                .transpose()?,
-        )
-        .bind(serde_json::to_value(&place.outputs)?)
+    sqlx::query(
+        "UPDATE pipeline_items SET state = 'waiting', at = node, node = NULL, phase = 0,
+             job_id = NULL, latest = $3, outputs = $4
+         WHERE run_id = $1 AND idx = $2",
+    )
+    .bind(jobs.id)
+    .bind(r.idx)
+    .bind(
+        place
+            .latest
+            .as_ref()
+            .map(serde_json::to_value)
+            .transpose()?,
+    )
+    .bind(serde_json::to_value(&place.outputs)?)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// Fails item `idx` at node `node` with `why`: its cell and the item
+/// failed, its gates left.
+async fn fail_item(
+    tx: &mut PgConnection,
+    run: Uuid,
+    idx: i32,
+    node: i32,
+    why: &str,
+) -> anyhow::Result<()> {
+    tracing::warn!(%run, idx, why, "a pipeline item fails");
+    sqlx::query(
+        "UPDATE pipeline_items SET state = 'failed', error = $3, job_id = NULL
+         WHERE run_id = $1 AND idx = $2",
+    )
+    .bind(run)
+    .bind(idx)
+    .bind(why)
+    .execute(&mut *tx)
+    .await?;
+    set_step(tx, run, idx, node, "failed", None).await?;
+    sqlx::query("DELETE FROM pipeline_gates WHERE run_id = $1 AND idx = $2")
+        .bind(run)
+        .bind(idx)
         .execute(&mut *tx)
         .await?;
-    }
     Ok(())
 }
 
@@ -426,8 +462,31 @@ struct WaitingRow {
 /// updated as items enter.
 struct Room<'p> {
     plan: &'p Plan,
+    /// Items in each node's job now.
     at_node: Vec<u32>,
+    /// Items that finished each node and wait for the next.
+    waiting_at: Vec<u32>,
     in_gate: Vec<u32>,
+}
+
+/// A branch's lead: the nodes from its entry `i` up to and including its
+/// first stage (moves before it carry the item there), and that stage's
+/// `jobs`; `None` when no stage follows before the branch ends.
+fn lead(plan: &Plan, i: usize) -> Option<(Vec<usize>, usize, u32)> {
+    let mut nodes = vec![i];
+    let mut k = i;
+    loop {
+        if let Some(jobs) = plan.nodes[k].concurrency() {
+            return Some((nodes, k, jobs));
+        }
+        match plan.next[k] {
+            Entry::Node(n) => {
+                nodes.push(n);
+                k = n;
+            }
+            _ => return None,
+        }
+    }
 }
 
 impl Room<'_> {
@@ -440,12 +499,33 @@ impl Room<'_> {
                 .all(|g| held.contains(g) || self.in_gate[*g] < self.plan.gates[*g])
     }
 
+    /// Whether an either's branch has room: fewer items between its entry
+    /// and its first stage (in a move on the way, or waiting after it)
+    /// than that stage's `jobs`. Without this, a branch that starts with
+    /// a move always had room, and every item took the first branch.
+    fn branch_has_room(&self, branch: &Entry) -> bool {
+        let Entry::Node(i) = branch else {
+            return true;
+        };
+        let Some((nodes, stage, jobs)) = lead(self.plan, *i) else {
+            return true;
+        };
+        let inside: u32 = nodes
+            .iter()
+            .map(|&k| self.at_node[k] + if k == stage { 0 } else { self.waiting_at[k] })
+            .sum();
+        inside < jobs
+    }
+
     /// The node `entry` leads to that has room: an either's first branch
     /// (in file order) with room.
     fn choose(&self, entry: &Entry, held: &BTreeSet<usize>) -> Option<usize> {
         match entry {
             Entry::Node(i) => self.fits(*i, held).then_some(*i),
-            Entry::Either(branches) => branches.iter().find_map(|b| self.choose(b, held)),
+            Entry::Either(branches) => branches
+                .iter()
+                .filter(|b| self.branch_has_room(b))
+                .find_map(|b| self.choose(b, held)),
             Entry::Done => None,
         }
     }
@@ -457,6 +537,7 @@ async fn enter(tx: &mut PgConnection, jobs: &RunJobs<'_>, plan: &Plan) -> anyhow
     let mut room = Room {
         plan,
         at_node: vec![0; plan.nodes.len()],
+        waiting_at: vec![0; plan.nodes.len()],
         in_gate: vec![0; plan.gates.len()],
     };
     let busy: Vec<(i32, i64)> = sqlx::query_as(
@@ -497,6 +578,11 @@ async fn enter(tx: &mut PgConnection, jobs: &RunJobs<'_>, plan: &Plan) -> anyhow
     let mut done: Vec<i32> = Vec::new();
     let mut leave: Vec<(i32, i32)> = Vec::new();
     let mut join: Vec<(i32, i32)> = Vec::new();
+    for w in &waiting {
+        if let Some(c) = w.at.and_then(|a| room.waiting_at.get_mut(a as usize)) {
+            *c += 1;
+        }
+    }
     for w in waiting {
         let entry = match w.at {
             None => &plan.first,
@@ -515,6 +601,16 @@ async fn enter(tx: &mut PgConnection, jobs: &RunJobs<'_>, plan: &Plan) -> anyhow
         let Some(node) = room.choose(entry, &held) else {
             continue;
         };
+        // The job first: an item whose job cannot be made fails alone.
+        let job = place(w.item, w.latest, w.outputs)
+            .and_then(|place| Ok(jobs.step(&place, &plan.nodes[node], 0, None)?.job));
+        let job = match job {
+            Ok(job) => job,
+            Err(e) => {
+                fail_item(tx, jobs.id, w.idx, node as i32, &format!("{e:#}")).await?;
+                continue;
+            }
+        };
         let wanted: BTreeSet<usize> = plan.nodes[node].gates.iter().copied().collect();
         for g in held.difference(&wanted) {
             room.in_gate[*g] = room.in_gate[*g].saturating_sub(1);
@@ -525,8 +621,10 @@ async fn enter(tx: &mut PgConnection, jobs: &RunJobs<'_>, plan: &Plan) -> anyhow
             join.push((w.idx, *g as i32));
         }
         room.at_node[node] += 1;
-        let place = place(w.item, w.latest, w.outputs)?;
-        new_jobs.push(jobs.step(&place, &plan.nodes[node], 0, None)?.job);
+        if let Some(c) = w.at.and_then(|a| room.waiting_at.get_mut(a as usize)) {
+            *c = c.saturating_sub(1);
+        }
+        new_jobs.push(job);
         entering.push((w.idx, node));
     }
     if !leave.is_empty() {

@@ -21,9 +21,7 @@ use std::collections::BTreeMap;
 
 use flotilla_core::api::pipelines::{SubmitPipeline, MAX_PIPELINE_BYTES};
 use flotilla_core::api::FieldError;
-use flotilla_core::job::{
-    check_text, limits, StepAction, StepHost, AGENT_NAME_LABEL, SSH_LABEL,
-};
+use flotilla_core::job::{check_text, limits, StepAction, StepHost, AGENT_NAME_LABEL, SSH_LABEL};
 use flotilla_core::pipeline::spec::HostTarget;
 use flotilla_core::pipeline::{self, PipelineSpec};
 use serde::{Deserialize, Serialize};
@@ -198,6 +196,19 @@ pub async fn unknown_agents(
     Ok((!errors.is_empty()).then_some(pipeline::PipelineErrors(errors)))
 }
 
+/// An open run of the same file (the same text), which a new run would
+/// race: the same outputs, the same temporary paths.
+pub async fn open_run_of(db: &PgPool, source: &str) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM pipeline_runs
+         WHERE state IN ('listing', 'probing', 'running') AND source = $1
+         ORDER BY created_at LIMIT 1",
+    )
+    .bind(source)
+    .fetch_optional(db)
+    .await
+}
+
 /// Records a run and queues its listing job, in one transaction. Its jobs
 /// are accounted to `submitter` and belong to the token `owner`.
 pub async fn submit(
@@ -321,13 +332,34 @@ pub async fn cancel_item(db: &PgPool, id: Uuid, item: &str) -> Result<RunCancel,
 /// and every job of it that has not ended is cancelled (a running one is
 /// stopped by its agent, its whole process tree, over ssh too).
 pub async fn cancel(db: &PgPool, id: Uuid) -> Result<RunCancel, sqlx::Error> {
+    close(db, id, Closing::Cancelled).await
+}
+
+/// How a run is ended from outside its normal course.
+#[derive(Debug, Clone, Copy)]
+pub enum Closing<'a> {
+    /// By its owner or an admin.
+    Cancelled,
+    /// By the engine, which could not advance it (the reason).
+    Failed(&'a str),
+}
+
+/// Ends run `id` in the state `how` says: its open items with it, its gates
+/// freed, and every job of it that has not ended cancelled (a running one
+/// is stopped by its agent, its whole process tree, over ssh too), so
+/// nothing of a closed run goes on running.
+pub async fn close(db: &PgPool, id: Uuid, how: Closing<'_>) -> Result<RunCancel, sqlx::Error> {
+    let (state, why) = match how {
+        Closing::Cancelled => ("cancelled", "cancelled"),
+        Closing::Failed(why) => ("failed", why),
+    };
     let mut tx = db.begin().await?;
-    let state: Option<String> =
+    let now: Option<String> =
         sqlx::query_scalar("SELECT state FROM pipeline_runs WHERE id = $1 FOR UPDATE")
             .bind(id)
             .fetch_optional(&mut *tx)
             .await?;
-    match state.as_deref() {
+    match now.as_deref() {
         None => return Ok(RunCancel::NotFound),
         Some(s @ ("done" | "failed" | "cancelled")) => {
             return Ok(RunCancel::AlreadyFinal(s.to_string()))
@@ -335,24 +367,28 @@ pub async fn cancel(db: &PgPool, id: Uuid) -> Result<RunCancel, sqlx::Error> {
         Some(_) => {}
     }
     sqlx::query(
-        "UPDATE pipeline_runs SET state = 'cancelled', finished_at = now(),
-             error = 'cancelled' WHERE id = $1",
+        "UPDATE pipeline_runs SET state = $2, finished_at = now(), error = $3 WHERE id = $1",
     )
     .bind(id)
+    .bind(state)
+    .bind(why)
     .execute(&mut *tx)
     .await?;
     sqlx::query(
-        "UPDATE pipeline_items SET state = 'cancelled'
+        "UPDATE pipeline_items SET state = $2, error = COALESCE(error, $3)
          WHERE run_id = $1 AND state IN ('waiting', 'active')",
     )
     .bind(id)
+    .bind(state)
+    .bind(why)
     .execute(&mut *tx)
     .await?;
     sqlx::query(
-        "UPDATE pipeline_steps SET state = 'cancelled', finished_at = now()
+        "UPDATE pipeline_steps SET state = $2, finished_at = now()
          WHERE run_id = $1 AND state = 'running'",
     )
     .bind(id)
+    .bind(state)
     .execute(&mut *tx)
     .await?;
     sqlx::query("DELETE FROM pipeline_gates WHERE run_id = $1")

@@ -183,7 +183,12 @@ pub async fn resume(
         }
     }
     let items: Vec<(i32, String)> =
-        sqlx::query_as("SELECT idx, item FROM pipeline_items WHERE run_id = $1 ORDER BY idx")
+        // Waiting ones only: an item cancelled while the probes ran stays
+        // cancelled, and takes no gate it could never leave.
+        sqlx::query_as(
+            "SELECT idx, item FROM pipeline_items WHERE run_id = $1 AND state = 'waiting'
+             ORDER BY idx",
+        )
             .bind(jobs.id)
             .fetch_all(&mut *tx)
             .await?;
