@@ -1,5 +1,5 @@
-//! `/api/v1/jobs`: a submission, a job as clients see it, lists, and the
-//! answer to a cancel.
+//! `/api/v1/jobs`: a submission, a job as clients see it (with its
+//! attempts), lists a page at a time, and the answer to a cancel.
 
 use std::collections::BTreeMap;
 
@@ -75,6 +75,29 @@ pub struct JobView {
     /// register, so it goes away when one that can take it joins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unmatchable: Option<String>,
+    /// Every attempt, oldest first: in `GET /api/v1/jobs/{id}`, absent
+    /// from lists (one more query per job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<Vec<AttemptView>>,
+}
+
+/// One attempt of a job: which agent, when, how it ended.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AttemptView {
+    /// 1 for the first.
+    pub attempt: u32,
+    pub agent: Option<String>,
+    /// When the agent started it (`None`: leased, never started).
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Seconds from its start (its lease, if it never started) to its end;
+    /// `None` while it runs.
+    pub duration_s: Option<f64>,
+    /// succeeded, failed, timed_out, cancelled or lease_expired; `None`
+    /// while it runs.
+    pub outcome: Option<String>,
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
 }
 
 impl JobView {
@@ -106,8 +129,13 @@ pub struct CancelReply {
     pub status: String,
 }
 
-/// `GET /api/v1/jobs?state=…&limit=…`.
+/// `GET /api/v1/jobs?state=&kind=&agent=&submitter=&q=&before=&limit=`:
+/// newest first, every filter ANDed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobList {
     pub jobs: Vec<JobView>,
+    /// The cursor for the next (older) page, to pass as `before` with the
+    /// same filters: the last job of this page. `null` on the last page.
+    #[serde(default)]
+    pub next: Option<Uuid>,
 }

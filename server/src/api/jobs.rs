@@ -1,14 +1,16 @@
-//! `/api/v1/jobs`: submit, show, list, cancel (the log: [`super::logs`]).
+//! `/api/v1/jobs`: submit, show, list (filtered, a page at a time),
+//! cancel, retry (the log: [`super::logs`]).
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
+use chrono::{DateTime, Utc};
 use flotilla_core::api::{
     CancelReply, Created, FieldError, JobList, JobView, SubmitJob, TokenRole,
 };
 use flotilla_core::job::{
-    check_env, check_labels, check_name, check_output_path, limits, JobSpec, JobState,
+    check_env, check_labels, check_name, check_output_path, limits, JobKind, JobSpec, JobState,
 };
 use serde::Deserialize;
 use uuid::Uuid;
@@ -18,6 +20,7 @@ use crate::auth::{Caller, ClientAuth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, JsonBody, QueryParams};
 use crate::queue::cancel::{self, Cancelled};
+use crate::queue::read::{JobFilter, JobPage, JobText};
 use crate::queue::submit::NewJob;
 use crate::queue::{classes, read, submit};
 use crate::state::AppState;
@@ -199,40 +202,225 @@ pub async fn show(
 ) -> ApiResult<Json<JobView>> {
     let id = parse_id(&id)?;
     check_owner(&state, &caller, id).await?;
-    read::get(&state.db, id)
+    read::detail(&state.db, id)
         .await?
         .map(Json)
         .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))
 }
 
-#[derive(Deserialize)]
+/// A list's query string, as the API and the dashboard's list page take
+/// it; empty values count as absent (an HTML form sends every field).
+#[derive(Debug, Default, Deserialize)]
 pub struct ListQuery {
-    state: Option<String>,
-    limit: Option<i64>,
+    pub state: Option<String>,
+    pub kind: Option<String>,
+    /// An agent's name.
+    pub agent: Option<String>,
+    pub submitter: Option<String>,
+    /// Text in the command, or the start or end of the job id.
+    pub q: Option<String>,
+    /// The cursor: the `next` of the previous page (its last job's id).
+    pub before: Option<String>,
+    pub limit: Option<i64>,
 }
 
-/// The newest jobs: all of them for an admin, a client's own otherwise.
+/// A list request, parsed: what to show, from where, how many.
+pub struct ListRequest {
+    /// `None` when nothing can match (an agent that never registered).
+    pub filter: Option<JobFilter>,
+    pub before: Option<(DateTime<Utc>, Uuid)>,
+    pub limit: i64,
+}
+
+fn given(v: &Option<String>) -> Option<&str> {
+    v.as_deref().map(str::trim).filter(|v| !v.is_empty())
+}
+
+impl ListQuery {
+    /// Parses every parameter (`400` naming the wrong one), looks up the
+    /// agent and the cursor; `owner` limits a client to its own jobs.
+    pub async fn parse(
+        &self,
+        state: &AppState,
+        owner: Option<Uuid>,
+        default_limit: i64,
+    ) -> ApiResult<ListRequest> {
+        let bad = |name: &str, why: String| ApiError::BadRequest(format!("`{name}` {why}"));
+        let mut filter = JobFilter {
+            owner,
+            ..JobFilter::default()
+        };
+        if let Some(s) = given(&self.state) {
+            filter.state = Some(
+                s.parse::<JobState>()
+                    .map_err(|e| ApiError::BadRequest(e.to_string()))?,
+            );
+        }
+        if let Some(k) = given(&self.kind) {
+            filter.kind = Some(
+                k.parse::<JobKind>()
+                    .map_err(|e| ApiError::BadRequest(e.to_string()))?,
+            );
+        }
+        if let Some(s) = given(&self.submitter) {
+            check_name("submitter", s).map_err(|e| ApiError::BadRequest(e.message))?;
+            filter.submitter = Some(s.to_string());
+        }
+        if let Some(q) = self.q.as_deref() {
+            filter.text = JobText::parse(q).map_err(|why| bad("q", why))?;
+        }
+        let before = match given(&self.before) {
+            None => None,
+            Some(b) => {
+                let id: Uuid = b.parse().map_err(|_| {
+                    bad(
+                        "before",
+                        "is not a job id (the `next` of the previous page)".into(),
+                    )
+                })?;
+                let at = read::cursor(&state.db, id)
+                    .await?
+                    .ok_or_else(|| bad("before", format!("names no job ({id})")))?;
+                Some((at, id))
+            }
+        };
+        let limit = self.limit.unwrap_or(default_limit).clamp(1, 10_000);
+        let mut req = ListRequest {
+            filter: Some(filter),
+            before,
+            limit,
+        };
+        if let Some(name) = given(&self.agent) {
+            check_name("agent", name).map_err(|e| ApiError::BadRequest(e.message))?;
+            match crate::agents::id_of(&state.db, name).await? {
+                Some(id) => req.filter.as_mut().expect("set above").agent = Some(id),
+                None => req.filter = None,
+            }
+        }
+        Ok(req)
+    }
+}
+
+impl ListRequest {
+    /// The page asked for; a search cut short by [`read::WALK_TIMEOUT`]
+    /// is a `422` that says how to narrow it.
+    pub async fn run(&self, state: &AppState) -> ApiResult<JobPage> {
+        let Some(filter) = &self.filter else {
+            return Ok(JobPage {
+                jobs: Vec::new(),
+                next: None,
+            });
+        };
+        read::page(&state.db, filter, self.before, self.limit)
+            .await
+            .map_err(|e| {
+                if read::timed_out(&e) {
+                    ApiError::invalid(format!(
+                        "the list took longer than {} s to find its jobs: narrow it with a \
+                         state, or page from an older job (`before`)",
+                        read::WALK_TIMEOUT.as_secs()
+                    ))
+                } else {
+                    e.into()
+                }
+            })
+    }
+}
+
+/// The newest jobs matching the filters, a page at a time: all jobs for
+/// an admin, a client's own otherwise.
 pub async fn list(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
     QueryParams(q): QueryParams<ListQuery>,
 ) -> ApiResult<Json<JobList>> {
-    let st = match q.state.as_deref() {
-        None | Some("") => None,
-        Some(s) => Some(
-            s.parse::<JobState>()
-                .map_err(|e| ApiError::BadRequest(e.to_string()))?,
-        ),
-    };
-    let limit = q.limit.unwrap_or(100).clamp(1, 10_000);
+    let page = q
+        .parse(&state, own_only(&caller), 100)
+        .await?
+        .run(&state)
+        .await?;
     Ok(Json(JobList {
-        jobs: read::list(&state.db, st, own_only(&caller), limit).await?,
+        jobs: page.jobs,
+        next: page.next,
     }))
 }
 
 /// The owner a client's lists are limited to (`None` for an admin: all).
 fn own_only(caller: &Caller) -> Option<Uuid> {
     (caller.role != TokenRole::Admin).then_some(caller.token_id)
+}
+
+/// Queues failed or cancelled job `id` again as a new job (`201 {id}`):
+/// the same spec, labels, priority, cost and attempts, owned by the
+/// caller and accounted to it. The owner of the job or an admin.
+pub async fn retry(
+    State(state): State<AppState>,
+    ClientAuth(caller): ClientAuth,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    let id = parse_id(&id)?;
+    check_owner(&state, &caller, id).await?;
+    let new = requeue(&state, id, Some(caller.token_id), caller.submitter()).await?;
+    Ok(created(Created { id: new }))
+}
+
+/// The new job a retry of job `id` makes, owned by `owner` and accounted
+/// to `submitter` (the caller has been checked). Only command jobs: a
+/// tile, revdeps or pipeline job belongs to the region, run or pipeline
+/// that made it, which would not see a copy made beside it.
+pub(crate) async fn requeue(
+    state: &AppState,
+    id: Uuid,
+    owner: Option<Uuid>,
+    submitter: String,
+) -> ApiResult<Uuid> {
+    let src = read::retry_source(&state.db, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    if !matches!(src.state, JobState::Failed | JobState::Cancelled) {
+        return Err(ApiError::Conflict(format!(
+            "job {id} is {}: only a failed or cancelled job is retried",
+            src.state
+        )));
+    }
+    let again = match &src.spec {
+        JobSpec::Command(_) => None,
+        JobSpec::Tile(_) => {
+            Some("submit its region again (POST /api/v1/rois): only missing tiles are redone")
+        }
+        JobSpec::Revdeps(_) => Some("submit the run again (POST /api/v1/revdeps)"),
+        JobSpec::Step(_) => Some("run the pipeline again: it resumes after the outputs that exist"),
+    };
+    if let Some(how) = again {
+        return Err(FieldError::new(
+            "kind",
+            format!(
+                "only command jobs are retried one by one; for a {} job, {how}",
+                src.spec.kind()
+            ),
+        )
+        .into());
+    }
+    // Checked again: the limits may have changed since it was submitted.
+    let valid = ValidJob::try_from(SubmitJob {
+        spec: src.spec,
+        labels: src.labels,
+        priority: src.priority,
+        max_attempts: src.max_attempts,
+        cost: src.cost,
+        submitter: None,
+    })?;
+    let job = NewJob {
+        submitter,
+        owner,
+        ..valid.job
+    };
+    if let Some(refused) = classes::refusal(&state.db, &job).await? {
+        return Err(refused.into());
+    }
+    let ids = submit::submit(&state.db, &[job]).await?;
+    tracing::info!(job = %id, retry = %ids[0], "job retried");
+    Ok(ids[0])
 }
 
 pub async fn cancel(

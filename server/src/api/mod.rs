@@ -6,7 +6,7 @@
 //! into a `Valid…` type before anything acts), a call into the module that
 //! owns the tables, a typed reply from `flotilla_core::api`.
 //!
-//! - [`jobs`]: submit, show, list, cancel.
+//! - [`jobs`]: submit, show, list, cancel, retry.
 //! - [`logs`]: a job's log, streamed whole or in pages.
 //! - [`agents`]: list; pause, drain, resume.
 //! - [`tokens`]: make, list and revoke API and agent tokens.
@@ -69,6 +69,7 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/api/v1/jobs/{id}", get(jobs::show))
         .route("/api/v1/jobs/{id}/log", get(logs::text))
         .route("/api/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/api/v1/jobs/{id}/retry", post(jobs::retry))
         .route("/api/v1/agents", get(agents::list))
         .route("/api/v1/agents/{name}/{action}", post(agents::steer))
         .route("/api/v1/tokens", post(tokens::create).get(tokens::list))
@@ -121,7 +122,16 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
             get(dashboard::session::login_page).post(dashboard::session::login),
         )
         .route("/ui/logout", post(dashboard::session::logout))
+        .route("/ui/jobs", get(dashboard::jobs::list))
         .route("/ui/jobs/{id}", get(dashboard::job::page))
+        .route("/ui/jobs/{id}/cancel", post(dashboard::job::cancel))
+        .route("/ui/jobs/{id}/retry", post(dashboard::job::retry))
+        .route("/ui/jobs/{id}/outputs/{*name}", get(dashboard::job::output))
+        .route("/ui/agents", get(dashboard::agents::page))
+        .route(
+            "/ui/agents/{name}/{action}",
+            post(dashboard::agents::steer),
+        )
         .route("/ui/pipelines", get(dashboard::pipeline::list))
         .route("/ui/pipelines/{id}", get(dashboard::pipeline::page))
         .route(

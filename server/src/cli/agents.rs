@@ -9,6 +9,9 @@ use super::http::Conn;
 pub struct AgentsArgs {
     #[command(subcommand)]
     action: Option<AgentAction>,
+    /// Print the list as JSON (`flotilla agents --json`).
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     conn: Conn,
 }
@@ -34,7 +37,7 @@ pub async fn agents(args: AgentsArgs) -> anyhow::Result<()> {
     let (name, action) = match args.action.unwrap_or(AgentAction::List { json: false }) {
         AgentAction::List { json } => {
             let list: AgentList = client.get("/api/v1/agents").await?;
-            if json {
+            if json || args.json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
                 return Ok(());
             }
@@ -67,11 +70,7 @@ pub async fn agents(args: AgentsArgs) -> anyhow::Result<()> {
                     cores,
                     disk,
                     encoder,
-                    if a.disk_nearly_full {
-                        "DISK OVER 90% FULL"
-                    } else {
-                        ""
-                    }
+                    notes(&a).join("; ")
                 );
             }
             return Ok(());
@@ -88,4 +87,20 @@ pub async fn agents(args: AgentsArgs) -> anyhow::Result<()> {
         .await?;
     println!("{}: {}", reply.name, reply.state.as_str());
     Ok(())
+}
+
+/// What an operator should notice about an agent: silent for three
+/// heartbeats (`online` false), a nearly full disk.
+fn notes(a: &flotilla_core::api::AgentView) -> Vec<String> {
+    let mut notes = Vec::new();
+    if !a.online {
+        notes.push(match a.last_seen_at {
+            Some(t) => format!("NOT ANSWERING since {} UTC", t.format("%Y-%m-%d %H:%M:%S")),
+            None => "NOT ANSWERING (never heard from)".to_string(),
+        });
+    }
+    if a.disk_nearly_full {
+        notes.push("DISK OVER 90% FULL".to_string());
+    }
+    notes
 }

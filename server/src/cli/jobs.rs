@@ -1,4 +1,4 @@
-//! `flotilla jobs submit|show|list|log|cancel|wait`: command jobs.
+//! `flotilla jobs submit|show|list|log|cancel|retry|wait`: command jobs.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -20,13 +20,34 @@ pub enum JobsCommand {
         #[command(flatten)]
         conn: Conn,
     },
-    /// List recent jobs.
+    /// List jobs, newest first, a page at a time: every filter given must
+    /// match. The next page: the same command with `--before` the id it
+    /// prints last (on stderr).
     List {
-        /// Only jobs in this state (queued, running, succeeded, …).
+        /// Only jobs in this state (queued, running, succeeded, failed, …).
         #[arg(long)]
         state: Option<String>,
+        /// Only jobs of this kind (command, tile, revdeps, step).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only jobs this agent runs or last ran.
+        #[arg(long)]
+        agent: Option<String>,
+        /// Only jobs accounted to this submitter.
+        #[arg(long)]
+        submitter: Option<String>,
+        /// Only jobs whose command contains this text (any case), or whose
+        /// id starts or ends with it.
+        #[arg(long)]
+        text: Option<String>,
+        /// Only jobs older than this one (the previous page's last job).
+        #[arg(long)]
+        before: Option<String>,
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Print the answer as JSON (`jobs` and the `next` cursor).
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         conn: Conn,
     },
@@ -40,6 +61,13 @@ pub enum JobsCommand {
     },
     /// Cancel a job (a running one is stopped at the agent's next heartbeat).
     Cancel {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Queue a failed or cancelled command job again, as a new job (its
+    /// id is printed).
+    Retry {
         id: String,
         #[command(flatten)]
         conn: Conn,
@@ -133,27 +161,59 @@ pub async fn jobs(cmd: JobsCommand) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&job)?);
             Ok(())
         }
-        JobsCommand::List { state, limit, conn } => {
-            let mut path = format!("/api/v1/jobs?limit={limit}");
-            if let Some(s) = state {
-                path.push_str(&format!("&state={s}"));
+        JobsCommand::List {
+            state,
+            kind,
+            agent,
+            submitter,
+            text,
+            before,
+            limit,
+            json,
+            conn,
+        } => {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            query.append_pair("limit", &limit.to_string());
+            for (name, value) in [
+                ("state", state),
+                ("kind", kind),
+                ("agent", agent),
+                ("submitter", submitter),
+                ("q", text),
+                ("before", before),
+            ] {
+                if let Some(v) = value {
+                    query.append_pair(name, &v);
+                }
             }
-            let list: JobList = conn.client()?.get(&path).await?;
+            let list: JobList = conn
+                .client()?
+                .get(&format!("/api/v1/jobs?{}", query.finish()))
+                .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(());
+            }
             println!(
-                "{:<36}  {:<9}  {:>7}  {:<12}  COMMAND",
-                "ID", "STATE", "ATTEMPT", "AGENT"
+                "{:<36}  {:<9}  {:<7}  {:>7}  {:<12}  {:<19}  WHAT",
+                "ID", "STATE", "KIND", "ATTEMPT", "AGENT", "CREATED (UTC)"
             );
-            for j in list.jobs {
-                let what = j.summary(60);
+            for j in &list.jobs {
                 println!(
-                    "{:<36}  {:<9}  {:>3}/{:<3}  {:<12}  {}",
+                    "{:<36}  {:<9}  {:<7}  {:>3}/{:<3}  {:<12}  {:<19}  {}",
                     j.id,
                     j.state,
+                    j.kind,
                     j.attempt,
                     j.max_attempts,
-                    j.agent.unwrap_or_default(),
-                    what
+                    j.agent.as_deref().unwrap_or_default(),
+                    j.created_at.format("%Y-%m-%d %H:%M:%S"),
+                    j.summary(60)
                 );
+            }
+            // On stderr, so stdout stays the table.
+            if let Some(next) = list.next {
+                eprintln!("older jobs: --before {next}");
             }
             Ok(())
         }
@@ -171,6 +231,14 @@ pub async fn jobs(cmd: JobsCommand) -> anyhow::Result<()> {
                 .post(&format!("/api/v1/jobs/{id}/cancel"), &serde_json::json!({}))
                 .await?;
             println!("{}", reply.status);
+            Ok(())
+        }
+        JobsCommand::Retry { id, conn } => {
+            let created: Created = conn
+                .client()?
+                .post(&format!("/api/v1/jobs/{id}/retry"), &serde_json::json!({}))
+                .await?;
+            println!("{}", created.id);
             Ok(())
         }
         JobsCommand::Wait { id, timeout, conn } => {

@@ -31,6 +31,9 @@ pub enum TokensCommand {
     },
     /// List tokens (id, role, agent, description, created, revoked); never their secrets.
     List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         conn: Conn,
     },
@@ -44,8 +47,12 @@ pub enum TokensCommand {
 
 pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
     match cmd {
-        TokensCommand::List { conn } => {
+        TokensCommand::List { json, conn } => {
             let list: TokenList = conn.client()?.get("/api/v1/tokens").await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(());
+            }
             println!(
                 "{:<36}  {:<6}  {:<16}  {:<20}  {:<20}  DESCRIPTION",
                 "ID", "ROLE", "AGENT", "CREATED", "REVOKED"

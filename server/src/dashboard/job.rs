@@ -1,20 +1,27 @@
-//! `/ui/jobs/{id}`: one job — state, attempt, outputs, its spec — and its
-//! log, streamed over server-sent events as it grows.
+//! `/ui/jobs/{id}`: one job — state, attempts, outputs to download, its
+//! spec, cancel and retry — and its log, streamed over server-sent events
+//! as it grows.
 
 use std::convert::Infallible;
 use std::time::Duration;
 
 use askama::Template;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
-use futures::Stream;
+use axum::response::{IntoResponse, Redirect, Response};
+use flotilla_core::api::AttemptView;
+use flotilla_core::job::{JobSpec, JobState};
+use futures::{Stream, TryStreamExt};
 use serde::Deserialize;
+use uuid::Uuid;
 
-use super::{allowed, render, session, to_login};
+use super::session::Who;
+use super::{csrf, render, session, to_login};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::parse_id;
+use crate::queue::cancel::{self, Cancelled};
 use crate::queue::{logs, read};
 use crate::state::AppState;
 
@@ -24,9 +31,22 @@ const LOG_LINES_SHOWN: i64 = 2_000;
 
 struct OutputRow {
     name: String,
+    /// Its download address.
+    href: String,
     key: String,
     size: u64,
     sha256: String,
+}
+
+struct AttemptRow {
+    attempt: u32,
+    agent: String,
+    started: String,
+    finished: String,
+    duration: String,
+    outcome: String,
+    exit_code: String,
+    error: String,
 }
 
 #[derive(Template)]
@@ -39,14 +59,76 @@ struct JobPage {
     attempt: String,
     agent: String,
     exit_code: String,
+    submitter: String,
+    priority: i32,
+    labels: String,
     created: String,
+    started: String,
     finished: String,
     error: String,
+    cancel_requested: bool,
     spec: String,
+    attempts: Vec<AttemptRow>,
     outputs: Vec<OutputRow>,
+    /// Whether the page offers Cancel (not final yet) and Retry (a failed
+    /// or cancelled command job).
+    can_cancel: bool,
+    can_retry: bool,
+    csrf: String,
     log: String,
     last_seq: i64,
     show_logout: bool,
+}
+
+const TIME: &str = "%Y-%m-%d %H:%M:%S";
+
+fn attempt_row(a: AttemptView) -> AttemptRow {
+    AttemptRow {
+        attempt: a.attempt,
+        agent: a.agent.unwrap_or_default(),
+        started: a
+            .started_at
+            .map_or("-".into(), |t| t.format(TIME).to_string()),
+        finished: a
+            .finished_at
+            .map_or("-".into(), |t| t.format(TIME).to_string()),
+        duration: a
+            .duration_s
+            .map_or("running".into(), |d| format!("{d:.1} s")),
+        outcome: a.outcome.unwrap_or_default(),
+        exit_code: a.exit_code.map_or("-".into(), |c| c.to_string()),
+        error: a.error.unwrap_or_default(),
+    }
+}
+
+/// `name` as a path under `/ui/jobs/{id}/outputs/`: each `/`-separated
+/// part percent-encoded but for the unreserved characters.
+fn output_path(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The job `id` if `who` may see it: `404` if there is none, `Err(page)`
+/// (a `403` page) if it is another token's and `who` is a client.
+async fn visible(state: &AppState, who: &Who, id: Uuid) -> ApiResult<Result<(), Response>> {
+    let owner = read::owner(&state.db, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    if who.may_see(owner) {
+        Ok(Ok(()))
+    } else {
+        Ok(Err(csrf::refused(
+            state,
+            format!("Job {id} belongs to another token: a client sees only its own jobs."),
+        )))
+    }
 }
 
 pub async fn page(
@@ -54,11 +136,14 @@ pub async fn page(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    if !allowed(&state, &headers).await {
+    let Some(who) = session::who(&state, &headers).await? else {
         return Ok(to_login());
-    }
+    };
     let id = parse_id(&id)?;
-    let j = read::get(&state.db, id)
+    if let Err(refused) = visible(&state, &who, id).await? {
+        return Ok(refused);
+    }
+    let j = read::detail(&state.db, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
     let (rows, earlier) = logs::last(&state.db, id, LOG_LINES_SHOWN).await?;
@@ -83,21 +168,47 @@ pub async fn page(
         attempt: format!("{}/{}", j.attempt, j.max_attempts),
         agent: j.agent.clone().unwrap_or_default(),
         exit_code: j.exit_code.map_or("-".into(), |c| c.to_string()),
-        created: j.created_at.to_rfc3339(),
-        finished: j.finished_at.map_or("-".into(), |t| t.to_rfc3339()),
+        submitter: j.submitter.clone(),
+        priority: j.priority,
+        labels: j
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        created: j.created_at.format(TIME).to_string(),
+        started: j
+            .started_at
+            .map_or("-".into(), |t| t.format(TIME).to_string()),
+        finished: j
+            .finished_at
+            .map_or("-".into(), |t| t.format(TIME).to_string()),
         error: j.error.clone().unwrap_or_default(),
+        cancel_requested: j.cancel_requested,
         // Secret values are for the submitter and admins, through the API.
         spec: serde_json::to_string_pretty(&j.spec.clone().redacted()).unwrap_or_default(),
+        attempts: j
+            .attempts
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(attempt_row)
+            .collect(),
         outputs: j
             .outputs
             .into_iter()
             .map(|o| OutputRow {
+                href: format!("/ui/jobs/{id}/outputs/{}", output_path(&o.name)),
                 name: o.name,
                 key: o.key,
                 size: o.size,
                 sha256: o.sha256,
             })
             .collect(),
+        can_cancel: !j.state.is_final() && !j.cancel_requested,
+        can_retry: matches!(j.state, JobState::Failed | JobState::Cancelled)
+            && matches!(j.spec, JobSpec::Command(_)),
+        csrf: who.csrf,
         log,
         last_seq,
         show_logout: !state.settings.dashboard_open,
@@ -118,13 +229,14 @@ pub async fn log_stream(
     Path(id): Path<String>,
     Query(q): Query<After>,
 ) -> ApiResult<Response> {
-    let Some(viewer) = session::viewer(&state, &headers).await else {
+    let Some(who) = session::who(&state, &headers).await? else {
         return Ok(StatusCode::UNAUTHORIZED.into_response());
     };
     let id = parse_id(&id)?;
-    if read::get(&state.db, id).await?.is_none() {
-        return Err(ApiError::NotFound(format!("no job {id}")));
+    if let Err(refused) = visible(&state, &who, id).await? {
+        return Ok(refused);
     }
+    let viewer = who.viewer;
     // A reconnecting browser says where it was (the id of the last event
     // it got), which is later than the page's `after`.
     let after = headers
@@ -203,4 +315,115 @@ fn log_events(
             }
         },
     )
+}
+
+/// `POST /ui/jobs/{id}/cancel` (a form with the session's token): cancels
+/// the job as `POST /api/v1/jobs/{id}/cancel` does, then back to its page.
+pub async fn cancel(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let who = match csrf::check_post(&state, &headers, &body).await? {
+        Ok(who) => who,
+        Err(answer) => return Ok(answer),
+    };
+    let id = parse_id(&id)?;
+    if let Err(refused) = visible(&state, &who, id).await? {
+        return Ok(refused);
+    }
+    match cancel::cancel(&state.db, id).await? {
+        Cancelled::NotFound => return Err(ApiError::NotFound(format!("no job {id}"))),
+        // Already over (the page was old): its page says how it ended.
+        Cancelled::Now | Cancelled::Requested | Cancelled::AlreadyFinal(_) => {}
+    }
+    tracing::info!(job = %id, "cancelled from the dashboard");
+    Ok(Redirect::to(&format!("/ui/jobs/{id}")).into_response())
+}
+
+/// `POST /ui/jobs/{id}/retry` (a form with the session's token): queues a
+/// failed or cancelled command job again as a new job, as
+/// `POST /api/v1/jobs/{id}/retry` does, and shows the new job.
+pub async fn retry(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let who = match csrf::check_post(&state, &headers, &body).await? {
+        Ok(who) => who,
+        Err(answer) => return Ok(answer),
+    };
+    let id = parse_id(&id)?;
+    if let Err(refused) = visible(&state, &who, id).await? {
+        return Ok(refused);
+    }
+    // An open dashboard has no token: its retries belong to admins.
+    let (owner, submitter) = match &who.caller {
+        Some(c) => (Some(c.token_id), c.submitter()),
+        None => (None, "dashboard".to_string()),
+    };
+    let new = crate::api::jobs::requeue(&state, id, owner, submitter).await?;
+    Ok(Redirect::to(&format!("/ui/jobs/{new}")).into_response())
+}
+
+/// `GET /ui/jobs/{id}/outputs/{name}`: an output of the job's successful
+/// attempt, streamed from the object store as a download.
+pub async fn output(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((id, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let Some(who) = session::who(&state, &headers).await? else {
+        return Ok(to_login());
+    };
+    let id = parse_id(&id)?;
+    if let Err(refused) = visible(&state, &who, id).await? {
+        return Ok(refused);
+    }
+    let job = read::get(&state.db, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    let Some(out) = job.outputs.into_iter().find(|o| o.name == name) else {
+        return Ok(super::not_found_page());
+    };
+    let got = match state
+        .store
+        .get(&object_store::path::Path::from(out.key.as_str()))
+        .await
+    {
+        Ok(got) => got,
+        Err(object_store::Error::NotFound { .. }) => return Ok(super::not_found_page()),
+        Err(e) => return Err(ApiError::Internal(e.into())),
+    };
+    // The file's own name, with nothing that could end the header value.
+    let file = name
+        .rsplit('/')
+        .next()
+        .unwrap_or("output")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && c != '"' && c != '\\' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect::<String>();
+    let len = got.meta.size;
+    let body = Body::from_stream(got.into_stream().map_err(std::io::Error::other));
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, len.to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{file}\""),
+            ),
+            (header::CACHE_CONTROL, "private, no-store".to_string()),
+        ],
+        body,
+    )
+        .into_response())
 }

@@ -7,14 +7,21 @@
 //! - [`session`]: the login page, the session cookie, logout.
 //! - [`overview`]: `/ui`, job counts, agents and recent jobs, pushed anew
 //!   over SSE.
-//! - [`job`]: `/ui/jobs/{id}`, one job with its log, streamed as it grows.
+//! - [`jobs`]: `/ui/jobs`, every job, filtered and paged by cursor.
+//! - [`job`]: `/ui/jobs/{id}`, one job with its attempts, outputs and log
+//!   (streamed as it grows); cancel and retry.
+//! - [`agents`]: `/ui/agents`, the fleet; pause, drain and resume.
+//! - [`csrf`]: the token every form that changes something carries.
 //! - [`pipeline`]: `/ui/pipelines`, runs, and a run's item × step matrix,
 //!   its cells patched live from SSE.
 //! - [`shared`]: live page data computed once per interval, whatever the
 //!   number of open tabs.
 //! - here: what every page shares (rendering, the login check).
 
+pub mod agents;
+pub mod csrf;
 pub mod job;
+pub mod jobs;
 pub mod overview;
 pub mod pipeline;
 pub mod session;

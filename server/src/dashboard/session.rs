@@ -18,7 +18,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::render;
-use crate::auth::{hash_token, new_secret};
+use crate::auth::{hash_token, new_secret, Caller};
 use crate::error::ApiResult;
 use crate::state::AppState;
 use crate::transport::Transport;
@@ -67,6 +67,75 @@ pub(super) async fn viewer(state: &AppState, headers: &HeaderMap) -> Option<View
         .await
         .unwrap_or(false)
         .then_some(Viewer::Session(hash))
+}
+
+/// Who is looking, as the forms and the ownership checks need it.
+pub(super) struct Who {
+    pub viewer: Viewer,
+    /// The session's token; `None` on an open dashboard, which acts as an
+    /// admin.
+    pub caller: Option<Caller>,
+    /// What this viewer's forms carry ([`super::csrf`]).
+    pub csrf: String,
+}
+
+impl Who {
+    pub fn is_admin(&self) -> bool {
+        self.caller
+            .as_ref()
+            .is_none_or(|c| c.role == TokenRole::Admin)
+    }
+
+    /// The owner a client's lists are limited to (`None`: all jobs).
+    pub fn own_only(&self) -> Option<Uuid> {
+        match &self.caller {
+            Some(c) if c.role != TokenRole::Admin => Some(c.token_id),
+            _ => None,
+        }
+    }
+
+    /// Whether this viewer may see and act on a job of `owner`: as the
+    /// API has it, an admin all jobs, a client its own.
+    pub fn may_see(&self, owner: Option<Uuid>) -> bool {
+        self.is_admin() || owner.is_some_and(|o| Some(o) == self.own_only())
+    }
+}
+
+/// Who is looking, if anyone may: the session's token and role, looked up
+/// as [`viewer`] checks it.
+pub(super) async fn who(state: &AppState, headers: &HeaderMap) -> ApiResult<Option<Who>> {
+    if state.settings.dashboard_open {
+        return Ok(Some(Who {
+            viewer: Viewer::Open,
+            caller: None,
+            csrf: super::csrf::token(None),
+        }));
+    }
+    let Some(id) = cookie(headers, COOKIE) else {
+        return Ok(None);
+    };
+    let hash = hash_token(&id);
+    let row: Option<(Uuid, String, Option<String>)> = sqlx::query_as(
+        "SELECT t.id, t.role, t.description
+         FROM dashboard_sessions s JOIN api_tokens t ON t.id = s.token_id
+         WHERE s.id_hash = $1 AND s.ended_at IS NULL AND s.expires_at > now()
+           AND t.revoked_at IS NULL AND t.role IN ('admin', 'client')",
+    )
+    .bind(&hash)
+    .fetch_optional(&state.db)
+    .await?;
+    Ok(row.and_then(|(token_id, role, description)| {
+        Some(Who {
+            viewer: Viewer::Session(hash),
+            caller: Some(Caller {
+                token_id,
+                role: TokenRole::parse(&role)?,
+                agent_name: None,
+                description,
+            }),
+            csrf: super::csrf::token(Some(&id)),
+        })
+    }))
 }
 
 /// Whether session `hash` is open, unexpired, and its token unrevoked.
