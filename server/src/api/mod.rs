@@ -86,7 +86,7 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
             "/api/v1/pipelines/{id}/items/{item}/cancel",
             post(pipelines::cancel_item),
         )
-        .route("/api/v1/rois", post(rois::submit))
+        .route("/api/v1/rois", post(rois::submit).get(rois::list))
         .route("/api/v1/rois/plan", post(rois::plan))
         .route("/api/v1/rois/{id}", get(rois::show))
         .route("/api/v1/tiles/stats", get(tiles::stats))
@@ -138,6 +138,10 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
             "/ui/pipelines/{id}/events",
             get(dashboard::pipeline::events),
         )
+        .route("/ui/rois", get(dashboard::roi::list))
+        .route("/ui/rois/{id}", get(dashboard::roi::page))
+        .route("/ui/rois/{id}/events", get(dashboard::roi::events))
+        .route("/ui/rois/{id}/tiles/{tile}", get(dashboard::roi::tile))
         .route("/ui/static/{file}", get(dashboard::script))
         .route("/ui/jobs/{id}/log/stream", get(dashboard::job::log_stream))
         .fallback(not_found)

@@ -1,20 +1,21 @@
 //! `/api/v1/rois`: plan and submit a region of interest for a year of a
-//! dataset, and follow its progress.
+//! dataset, list ROIs, and follow one's progress.
 
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::Json;
 
-use flotilla_core::api::rois::{PlanCounts, RoiRequest, RoiView};
+use flotilla_core::api::rois::{PlanCounts, RoiPage, RoiRequest, RoiView, MAX_ROI_PAGE};
 use flotilla_core::api::TokenRole;
 
 use super::created;
 use crate::auth::{Caller, ClientAuth};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, JsonBody};
+use crate::extract::{parse_id, JsonBody, QueryParams};
 use crate::state::AppState;
 use crate::tiles::datasets::{self, Dataset};
 use crate::tiles::plan::{self, ValidRoi};
+use crate::tiles::progress;
 
 async fn dataset(state: &AppState, name: &str) -> ApiResult<Dataset> {
     datasets::get(&state.db, name)
@@ -90,8 +91,27 @@ pub async fn show(
     Path(id): Path<String>,
 ) -> ApiResult<Json<RoiView>> {
     let id = parse_id(&id)?;
-    plan::get(&state.db, id)
-        .await?
-        .map(Json)
-        .ok_or_else(|| ApiError::NotFound(format!("no ROI {id}")))
+    let no_roi = || ApiError::NotFound(format!("no ROI {id}"));
+    let mut view = plan::get(&state.db, id).await?.ok_or_else(no_roi)?;
+    let roi = progress::get(&state.db, id).await?.ok_or_else(no_roi)?;
+    view.tiles = progress::counts(&state.db, &roi).await?;
+    Ok(Json(view))
+}
+
+#[derive(serde::Deserialize)]
+pub struct ListQuery {
+    /// The last ROI of the previous page (its `next`).
+    before: Option<uuid::Uuid>,
+    limit: Option<u32>,
+}
+
+/// ROIs newest first, with their tiles by state; `next` is the cursor of
+/// the following page.
+pub async fn list(
+    State(state): State<AppState>,
+    ClientAuth(_): ClientAuth,
+    QueryParams(q): QueryParams<ListQuery>,
+) -> ApiResult<Json<RoiPage>> {
+    let limit = q.limit.unwrap_or(50).clamp(1, MAX_ROI_PAGE);
+    Ok(Json(progress::list(&state.db, q.before, limit).await?))
 }

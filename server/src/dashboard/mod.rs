@@ -14,6 +14,8 @@
 //! - [`csrf`]: the token every form that changes something carries.
 //! - [`pipeline`]: `/ui/pipelines`, runs, and a run's item × step matrix,
 //!   its cells patched live from SSE.
+//! - [`roi`]: `/ui/rois`, regions of interest, and an ROI's tile map,
+//!   counts, ETA and the agents' rates, patched live from SSE.
 //! - [`shared`]: live page data computed once per interval, whatever the
 //!   number of open tabs.
 //! - here: what every page shares (rendering, the login check).
@@ -24,6 +26,7 @@ pub mod job;
 pub mod jobs;
 pub mod overview;
 pub mod pipeline;
+pub mod roi;
 pub mod session;
 pub mod shared;
 
@@ -65,7 +68,7 @@ pub fn not_found_page() -> Response {
 
 /// The pages' scripts, served from the binary: pages carry no inline
 /// script, so the Content-Security-Policy can forbid it.
-const SCRIPTS: [(&str, &str); 3] = [
+const SCRIPTS: [(&str, &str); 4] = [
     ("job.js", include_str!("../../../web/static/job.js")),
     (
         "overview.js",
@@ -75,6 +78,7 @@ const SCRIPTS: [(&str, &str); 3] = [
         "pipeline.js",
         include_str!("../../../web/static/pipeline.js"),
     ),
+    ("roi.js", include_str!("../../../web/static/roi.js")),
 ];
 
 /// `GET /ui/static/{file}`: one of [`SCRIPTS`].

@@ -70,6 +70,11 @@ pub type RunPage = (uuid::Uuid, Option<u64>);
 /// script patches itself from.
 pub type RunPageState = (bool, Arc<String>);
 
+/// An ROI page's state: the JSON every event carries (counts, progress,
+/// ETA, the agents' bars) and the map's tiles, a letter each in map order
+/// (`None` for an ROI too big for a map).
+pub type RoiPageState = Arc<(String, Option<String>)>;
+
 /// What the dashboard's live streams share.
 pub struct LivePages {
     /// The overview's panel, rendered.
@@ -78,6 +83,8 @@ pub struct LivePages {
     pub pipelines: Shared<RunPage, Option<RunPageState>>,
     /// Whether a session (by the hash of its id) is still valid.
     pub sessions: Shared<Vec<u8>, bool>,
+    /// An ROI page's state, by ROI.
+    pub rois: Shared<uuid::Uuid, Option<RoiPageState>>,
 }
 
 impl LivePages {
@@ -88,6 +95,7 @@ impl LivePages {
             overview: Shared::new(Duration::from_millis(1900)),
             pipelines: Shared::new(Duration::from_millis(900)),
             sessions: Shared::new(Duration::from_millis(4900)),
+            rois: Shared::new(Duration::from_millis(1900)),
         }
     }
 }

@@ -14,12 +14,15 @@
 //!   `{dataset}/{year}/grid_X_Y/` and record coverage in the completion's
 //!   transaction.
 //! - [`stats`]: tiles per hour per agent.
+//! - [`progress`]: where submitted ROIs stand: each tile's state, counts,
+//!   the pace of the last hour, the ROI list.
 
 pub mod checkpoint_check;
 pub mod coverage;
 pub mod datasets;
 pub mod finish;
 pub mod plan;
+pub mod progress;
 pub mod stats;
 
 use flotilla_core::api::FieldError;

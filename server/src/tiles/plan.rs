@@ -336,5 +336,7 @@ pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<RoiView>, sqlx::Error> 
         pixels_total: states.iter().map(|s| s.3).sum(),
         jobs: states.into_iter().map(|(s, n, _, _)| (s, n)).collect(),
         finished,
+        // Counted from the region's tiles by `progress::counts`.
+        tiles: Default::default(),
     }))
 }
