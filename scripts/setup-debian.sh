@@ -4,7 +4,8 @@
 # (the encoder's fast CPU path), a C toolchain. With --test, also what the
 # test suite starts or reads with: an S3-compatible server (moto) and numpy,
 # both from PyPI; sshd and ssh (pipeline steps on ssh hosts), poppler-utils
-# and tesseract (the pipeline tests' PDF pages and OCR), from apt.
+# and tesseract (the pipeline tests' PDF pages and OCR), prometheus (its
+# server and promtool, which the metrics tests start), from apt.
 set -euo pipefail
 
 want_test=0
@@ -18,7 +19,7 @@ fi
 
 pkgs=(postgresql libdnnl-dev build-essential pkg-config git ca-certificates curl python3 python3-pip)
 if [ "$want_test" = 1 ]; then
-    pkgs+=(openssh-server openssh-client poppler-utils tesseract-ocr tesseract-ocr-eng)
+    pkgs+=(openssh-server openssh-client poppler-utils tesseract-ocr tesseract-ocr-eng prometheus)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -104,6 +104,9 @@ impl HealthCollector {
             disk_free_bytes,
             disk_total_bytes,
             open_fds: open_fds(),
+            max_fds: proc_self::max_fds(),
+            process_cpu_seconds: proc_self::cpu_seconds(),
+            process_resident_bytes: proc_self::resident_bytes(),
             load_1m: load_1m(),
         }
     }
@@ -190,6 +193,59 @@ fn open_fds() -> Option<u64> {
     Some(n.saturating_sub(1))
 }
 
+/// This process's open-file limit, CPU time and resident memory, from
+/// `/proc/self` on Linux; `None` elsewhere.
+mod proc_self {
+    /// Clock ticks per second in `/proc/self/stat`: `USER_HZ`, which the
+    /// kernel fixes at 100 for user space on every architecture (Prometheus's
+    /// own procfs reader assumes the same).
+    const USER_HZ: f64 = 100.0;
+
+    fn read(file: &str) -> Option<String> {
+        if cfg!(target_os = "linux") {
+            std::fs::read_to_string(format!("/proc/self/{file}")).ok()
+        } else {
+            None
+        }
+    }
+
+    /// The soft limit on open files; `None` when unlimited or unknown.
+    pub fn max_fds() -> Option<u64> {
+        let limits = read("limits")?;
+        let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+        line["Max open files".len()..]
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
+
+    /// User plus system CPU time, in seconds.
+    pub fn cpu_seconds() -> Option<f64> {
+        let stat = read("stat")?;
+        // The command name (field 2) may hold spaces and parentheses; the
+        // fields after its closing parenthesis start at field 3 (state), so
+        // utime (14) and stime (15) are the 12th and 13th of them.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let mut fields = rest.split_whitespace().skip(11);
+        let utime: u64 = fields.next()?.parse().ok()?;
+        let stime: u64 = fields.next()?.parse().ok()?;
+        Some((utime + stime) as f64 / USER_HZ)
+    }
+
+    /// Resident set size in bytes (`VmRSS`, which the kernel gives in kB).
+    pub fn resident_bytes() -> Option<u64> {
+        let status = read("status")?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kb: u64 = line["VmRSS:".len()..]
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        Some(kb * 1024)
+    }
+}
+
 /// The 1-minute load average; Windows has none.
 fn load_1m() -> Option<f64> {
     if cfg!(windows) {
@@ -202,6 +258,18 @@ fn load_1m() -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn process_readings_are_there_on_linux() {
+        let h = collect(&std::env::temp_dir());
+        assert!(h.max_fds.is_some_and(|n| n > 0), "{h:?}");
+        assert!(h.process_cpu_seconds.is_some(), "{h:?}");
+        assert!(
+            h.process_resident_bytes.is_some_and(|b| b > 1024 * 1024),
+            "{h:?}"
+        );
+    }
 
     #[test]
     fn resolve_keeps_missing_tail_under_canonical_parent() {

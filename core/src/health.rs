@@ -26,6 +26,17 @@ pub struct HostHealth {
     /// Open file descriptors (handles on Windows) of the agent process, when
     /// the platform can tell.
     pub open_fds: Option<u64>,
+    /// The agent process's open-file limit (its soft `RLIMIT_NOFILE`), when
+    /// the platform can tell: with `open_fds`, how near it is to running out.
+    #[serde(default)]
+    pub max_fds: Option<u64>,
+    /// CPU time (user + system) the agent process has used since it
+    /// started, in seconds; it restarts from 0 with the process.
+    #[serde(default)]
+    pub process_cpu_seconds: Option<f64>,
+    /// Resident memory of the agent process, in bytes.
+    #[serde(default)]
+    pub process_resident_bytes: Option<u64>,
     /// 1-minute load average (absent on Windows).
     pub load_1m: Option<f64>,
 }
@@ -53,6 +64,19 @@ impl HostHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_without_the_process_fields_still_parses() {
+        // What agents older than the process fields send.
+        let old = serde_json::json!({
+            "os": "linux", "os_version": null, "arch": "x86_64", "cpu_model": "x",
+            "cores": 2, "memory_total_bytes": 1, "memory_available_bytes": 1,
+            "disk_free_bytes": 1, "disk_total_bytes": 2, "open_fds": 7, "load_1m": 0.5
+        });
+        let h: HostHealth = serde_json::from_value(old).expect("an old report parses");
+        assert_eq!(h.open_fds, Some(7));
+        assert_eq!((h.max_fds, h.process_cpu_seconds), (None, None));
+    }
 
     #[test]
     fn disk_flag_trips_only_above_ninety_percent() {

@@ -113,7 +113,7 @@ async fn dashboard_requires_login_and_metrics_report_the_queue() {
         "{text}"
     );
     assert!(
-        text.contains("flotilla_job_attempts_total{outcome=\"failed\"} 1"),
+        text.contains("flotilla_job_attempts_total{kind=\"command\",outcome=\"failed\"} 1"),
         "{text}"
     );
     assert!(

@@ -154,6 +154,12 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         // connection, which an agent would take for an unreachable server
         // and retry forever.
         .layer(tower_http::catch_panic::CatchPanicLayer::new())
+        // Latency by route template (metrics::http), outside the panic
+        // catcher so that a panic counts as the 500 it answers.
+        .layer(axum::middleware::from_fn_with_state(
+            crate::metrics::HttpLatency::default(),
+            crate::metrics::http::record,
+        ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
 }
 
