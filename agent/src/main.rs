@@ -24,7 +24,12 @@ use flotilla_agent::server_api::ServerApi;
                   HOME, USER, LOGNAME, SHELL (of the user they run as), the names given \
                   with --pass-env and their own variables. With --job-user (Linux, agent \
                   run as root) they run as that unprivileged user, which can read nothing \
-                  of the agent's but the job's own directory."
+                  of the agent's but the job's own directory.\n\n\
+                  Pipeline steps on ssh hosts need --ssh-dir DIR: the agent logs in only \
+                  with keys in DIR/keys (a pipeline names one with `key NAME`), only to \
+                  hosts in DIR/known_hosts, and with no ssh settings but the DIR/ssh_config \
+                  it writes (no ~/.ssh/config, no ssh-agent). Without it the agent takes \
+                  no step on an ssh host."
 )]
 struct Args {
     /// Server URL, e.g. https://flotilla.example:8470
@@ -77,6 +82,16 @@ struct Args {
     /// most recent); every other attempt's is removed when it ends.
     #[arg(long, default_value_t = flotilla_agent::jobs::workdirs::DEFAULT_KEEP_FAILED)]
     keep_failed_dirs: usize,
+    /// Reach pipelines' ssh hosts with what this directory holds: private
+    /// keys in DIR/keys (named by `key NAME`), host keys in
+    /// DIR/known_hosts; the agent writes DIR/ssh_config, the only ssh
+    /// settings it uses. Without it, no ssh host is reached.
+    #[arg(long, env = "FLOTILLA_SSH_DIR", value_name = "DIR")]
+    ssh_dir: Option<PathBuf>,
+    /// Take a host's key the first time it is seen and add it to
+    /// --ssh-dir's known_hosts, instead of refusing a host not there.
+    #[arg(long, requires = "ssh_dir")]
+    ssh_accept_new: bool,
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -130,6 +145,13 @@ fn real_main() -> anyhow::Result<()> {
         None => RunAs::agent_user(&args.pass_env),
     };
     let workdir = prepare_workdir(&args.workdir, &run_as)?;
+    let ssh_dir = match &args.ssh_dir {
+        Some(dir) => Some(
+            flotilla_agent::jobs::step::SshDir::prepare(dir, args.ssh_accept_new)
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+        ),
+        None => None,
+    };
     let config = AgentConfig {
         name,
         labels: args.labels.into_iter().collect::<BTreeMap<_, _>>(),
@@ -140,6 +162,7 @@ fn real_main() -> anyhow::Result<()> {
         run_as,
         report_budget: Duration::from_secs(args.report_budget_s),
         keep_failed_dirs: args.keep_failed_dirs,
+        ssh_dir,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -19,11 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use flotilla_agent::jobs::log::{JobLog, LogSink};
-use flotilla_agent::jobs::step::{self, SshSessions};
+use flotilla_agent::jobs::step::{self, SshDir, SshSessions};
 use flotilla_agent::jobs::JobContext;
 use flotilla_agent::process::RunAs;
 use flotilla_agent::server_api::{CallError, Delivery, ServerApi};
-use flotilla_core::job::{FailureClass, StepAction, StepHost, StepItems, StepJob, StepOut};
+use flotilla_core::job::{
+    FailureClass, StepAction, StepHost, StepItems, StepJob, StepOut, StepProbe,
+};
+use flotilla_core::pipeline::spec::SshTarget;
 use flotilla_core::protocol::{Complete, Fail, LeaseRef, LogBatch};
 use sha2::Digest;
 use sshd::Sshd;
@@ -150,6 +153,17 @@ struct Agent {
     run_as: RunAs,
 }
 
+/// Whether the agent has an `--ssh-dir`, and how it takes new hosts.
+#[derive(Clone, Copy)]
+enum Ssh {
+    /// No `--ssh-dir`: no ssh host is reached.
+    None,
+    /// `--ssh-dir`: only hosts in its known_hosts.
+    Strict,
+    /// `--ssh-dir --ssh-accept-new`.
+    AcceptNew,
+}
+
 /// One job's end: its report and its log.
 struct Ran {
     job: Uuid,
@@ -182,10 +196,19 @@ impl Agent {
     }
 
     async fn running_jobs_as(run_as: RunAs) -> Agent {
+        Self::with(run_as, Ssh::Strict).await
+    }
+
+    async fn with(run_as: RunAs, ssh: Ssh) -> Agent {
         let stub = Arc::new(Stub::default());
         let url = start_stub(stub.clone()).await;
         let work = tempfile::Builder::new().prefix("agent-").tempdir().unwrap();
-        let ssh = SshSessions::new(&work.path().join("ssh"));
+        let ssh_dir = match ssh {
+            Ssh::None => None,
+            Ssh::Strict => Some(SshDir::prepare(&work.path().join("ssh-dir"), false).unwrap()),
+            Ssh::AcceptNew => Some(SshDir::prepare(&work.path().join("ssh-dir"), true).unwrap()),
+        };
+        let ssh = SshSessions::new(&work.path().join("ssh"), ssh_dir);
         Agent {
             stub,
             api: ServerApi::new(&url, "token").unwrap(),
@@ -226,7 +249,8 @@ impl Agent {
             stop,
             progress: Arc::new(|_, _| {}),
             log,
-            job_dir: self.work.path().join("jobs").join(format!("{job}-1")),
+            job_dir: self.job_dir(job),
+            agent_dir: self.work.path().join("agent-side").join(format!("{job}-1")),
             kill_grace: Duration::from_secs(2),
             run_as: self.run_as.clone(),
         };
@@ -251,10 +275,24 @@ impl Agent {
         std::fs::create_dir_all(&d).unwrap();
         d
     }
-}
 
-fn sshd(name: &str) -> Sshd {
-    Sshd::start(name).unwrap_or_else(|e| panic!("{e}"))
+    /// The attempt's directory of `job` (attempt 1).
+    fn job_dir(&self, job: Uuid) -> PathBuf {
+        self.work.path().join("jobs").join(format!("{job}-1"))
+    }
+
+    /// This agent's `--ssh-dir`.
+    fn ssh_dir(&self) -> PathBuf {
+        self.work.path().join("ssh-dir")
+    }
+
+    /// A started sshd this agent may reach: its key and host key in the
+    /// agent's `--ssh-dir`.
+    fn sshd(&self, name: &str) -> Sshd {
+        let sshd = Sshd::start(name).unwrap_or_else(|e| panic!("{e}"));
+        sshd.install_for(&self.ssh_dir()).unwrap();
+        sshd
+    }
 }
 
 fn on(sshd: &Sshd) -> StepHost {
@@ -273,7 +311,7 @@ fn items(c: &Complete) -> Vec<String> {
 #[tokio::test]
 async fn a_listing_here_and_over_ssh_gives_the_trimmed_lines_of_stdout() {
     let agent = Agent::new().await;
-    let host = sshd("list");
+    let host = agent.sshd("list");
     let command = "printf 'a\\n\\n  b  \\nc d\\n'; echo 'not an item' >&2";
     for place in [StepHost::Local, on(&host)] {
         let ran = agent
@@ -309,7 +347,7 @@ async fn a_listing_here_and_over_ssh_gives_the_trimmed_lines_of_stdout() {
 #[tokio::test]
 async fn a_listing_line_that_is_no_item_id_fails_fatal_naming_its_line() {
     let agent = Agent::new().await;
-    let host = sshd("badlist");
+    let host = agent.sshd("badlist");
     for place in [StepHost::Local, on(&host)] {
         let ran = agent
             .run(
@@ -350,7 +388,7 @@ fn out(path: &Path, dir: bool) -> StepOut {
 #[tokio::test]
 async fn a_stage_renames_its_temp_into_place_and_consumes_its_input() {
     let agent = Agent::new().await;
-    let host = sshd("stage");
+    let host = agent.sshd("stage");
     for (place, root) in [
         (StepHost::Local, agent.local_dir()),
         (on(&host), host.home()),
@@ -400,7 +438,7 @@ async fn a_stage_renames_its_temp_into_place_and_consumes_its_input() {
 #[tokio::test]
 async fn a_failing_stage_leaves_no_output_and_one_that_writes_nothing_is_fatal() {
     let agent = Agent::new().await;
-    let host = sshd("failing");
+    let host = agent.sshd("failing");
     for (place, root) in [
         (StepHost::Local, agent.local_dir()),
         (on(&host), host.home()),
@@ -455,7 +493,7 @@ fn is_dead(pid: u32) -> bool {
 #[tokio::test]
 async fn stopping_a_stage_over_ssh_ends_its_remote_grandchild() {
     let agent = Agent::new().await;
-    let host = sshd("cancel");
+    let host = agent.sshd("cancel");
     let pidfile = host.home().join("sleep.pid");
     let stop = CancellationToken::new();
     let action = StepAction::Run {
@@ -558,7 +596,7 @@ impl Agent {
 #[tokio::test]
 async fn a_directory_moves_here_to_a_host_and_back_whole() {
     let agent = Agent::new().await;
-    let host = sshd("move");
+    let host = agent.sshd("move");
     let here = agent.local_dir();
     make_tree(&here.join("pages"));
     let want = tree(&here.join("pages"));
@@ -588,7 +626,7 @@ async fn a_directory_moves_here_to_a_host_and_back_whole() {
     assert_eq!(tree(&here.join("back/pages")), want);
 
     // One file, host to host (two fixtures), then its source removed, twice.
-    let other = sshd("move-other");
+    let other = agent.sshd("move-other");
     std::fs::write(host.home().join("one.txt"), "one").unwrap();
     agent
         .move_path(
@@ -673,7 +711,7 @@ async fn with_a_job_user_moves_here_run_as_that_user() {
         ran.log
     );
 
-    let host = sshd("jobuser");
+    let host = agent.sshd("jobuser");
     let ran = agent
         .run(
             &on(&host),
@@ -688,7 +726,7 @@ async fn with_a_job_user_moves_here_run_as_that_user() {
 #[tokio::test]
 async fn a_moved_tar_that_is_not_what_was_sent_fails_and_changes_nothing() {
     let agent = Agent::new().await;
-    let host = sshd("badsum");
+    let host = agent.sshd("badsum");
     let here = agent.local_dir();
     std::fs::write(here.join("f"), "content").unwrap();
     let sent = agent
@@ -732,7 +770,7 @@ async fn a_moved_tar_that_is_not_what_was_sent_fails_and_changes_nothing() {
 #[tokio::test]
 async fn sending_a_missing_path_fails_fatal_naming_it() {
     let agent = Agent::new().await;
-    let host = sshd("missing");
+    let host = agent.sshd("missing");
     for (place, root) in [
         (StepHost::Local, agent.local_dir()),
         (on(&host), host.home()),
@@ -749,7 +787,7 @@ async fn sending_a_missing_path_fails_fatal_naming_it() {
 #[tokio::test]
 async fn each_host_keeps_its_master_while_others_connect() {
     let agent = Agent::new().await;
-    let (a, b) = (sshd("keep-a"), sshd("keep-b"));
+    let (a, b) = (agent.sshd("keep-a"), agent.sshd("keep-b"));
     let first = agent.ssh.connect(&a.ssh_target()).await.unwrap();
     let other = agent.ssh.connect(&b.ssh_target()).await.unwrap();
     let again = agent.ssh.connect(&a.ssh_target()).await.unwrap();
@@ -764,7 +802,7 @@ async fn each_host_keeps_its_master_while_others_connect() {
 #[tokio::test]
 async fn a_master_connection_that_died_is_replaced() {
     let agent = Agent::new().await;
-    let host = sshd("reconnect");
+    let host = agent.sshd("reconnect");
     let list = || StepAction::List {
         command: "echo one".into(),
     };
@@ -784,4 +822,311 @@ async fn a_master_connection_that_died_is_replaced() {
     drop(session);
     let ran = agent.run(&on(&host), list()).await;
     assert_eq!(items(ran.ok()), ["one"]);
+}
+
+/// A listing on `target` that says it ran.
+fn reached() -> StepAction {
+    StepAction::List {
+        command: "echo reached".into(),
+    }
+}
+
+/// Review C1: any agent running steps took ssh jobs, with the agent user's
+/// own identities. Without `--ssh-dir` it reaches no ssh host at all.
+#[tokio::test]
+async fn an_agent_without_an_ssh_dir_fails_an_ssh_step_fatal_naming_the_flag() {
+    let agent = Agent::with(RunAs::agent_user(&[]), Ssh::None).await;
+    let host = Sshd::start("no-ssh-dir").unwrap_or_else(|e| panic!("{e}"));
+    // Even with the fixture's key where a --ssh-dir would have it.
+    host.install_for(&agent.ssh_dir()).unwrap();
+    let ran = agent.run(&on(&host), reached()).await;
+    let f = ran.failed(FailureClass::Fatal);
+    assert!(
+        f.message.contains("reaches no ssh hosts") && f.message.contains("--ssh-dir"),
+        "{}",
+        f.message
+    );
+}
+
+/// Review C1: `key PATH` was any file on the agent, and without `key` the
+/// agent user's own identities were used. A key is a regular file in
+/// `--ssh-dir`/keys/, named by a bare name.
+#[tokio::test]
+async fn a_key_is_a_file_of_the_ssh_dirs_keys_and_nothing_else() {
+    let agent = Agent::new().await;
+    let host = agent.sshd("keys");
+    let keys = agent.ssh_dir().join("keys");
+    std::os::unix::fs::symlink(keys.join(host.key_name()), keys.join("link")).unwrap();
+    std::fs::create_dir(keys.join("dir")).unwrap();
+    let outside = agent.work.path().join("outside-key");
+    std::fs::copy(host.key_path(), &outside).unwrap();
+    for (key, want) in [
+        (None, "names no key"),
+        (Some(s(&outside)), "not a bare file name"),
+        (Some("../outside-key".into()), "not a bare file name"),
+        (Some("~".into()), "not a bare file name"),
+        (Some("link".into()), "symbolic link"),
+        (Some("dir".into()), "not a regular file"),
+        (Some("absent".into()), "no key `absent`"),
+    ] {
+        let target = SshTarget {
+            key: key.clone(),
+            ..host.ssh_target()
+        };
+        let ran = agent.run(&StepHost::Ssh(target), reached()).await;
+        let f = ran.failed(FailureClass::Fatal);
+        assert!(f.message.contains(want), "{key:?}: {}", f.message);
+    }
+    let ran = agent.run(&on(&host), reached()).await;
+    assert_eq!(items(ran.ok()), ["reached"]);
+}
+
+/// Review C1: host keys were accepted on first sight. A host whose key is
+/// not in `--ssh-dir`/known_hosts is refused, unless the agent was started
+/// with `--ssh-accept-new`, which then records it.
+#[tokio::test]
+async fn a_host_not_in_known_hosts_is_refused_unless_new_hosts_are_accepted() {
+    let strict = Agent::with(RunAs::agent_user(&[]), Ssh::Strict).await;
+    let host = Sshd::start("unknown-host").unwrap_or_else(|e| panic!("{e}"));
+    host.install_key(&strict.ssh_dir()).unwrap();
+    let ran = strict.run(&on(&host), reached()).await;
+    let f = ran.failed(FailureClass::Fatal);
+    assert!(
+        f.message.contains("known_hosts") && f.message.contains("--ssh-accept-new"),
+        "{}",
+        f.message
+    );
+
+    let accepting = Agent::with(RunAs::agent_user(&[]), Ssh::AcceptNew).await;
+    host.install_key(&accepting.ssh_dir()).unwrap();
+    let ran = accepting.run(&on(&host), reached()).await;
+    assert_eq!(items(ran.ok()), ["reached"]);
+    let known = std::fs::read_to_string(accepting.ssh_dir().join("known_hosts")).unwrap();
+    let line = host.known_hosts_line();
+    let host_key = line.split_whitespace().nth(2).unwrap();
+    assert!(known.contains(host_key), "{known}");
+
+    // A key that changed is refused even so.
+    let other = Sshd::start("changed-host").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        accepting.ssh_dir().join("known_hosts"),
+        other.known_hosts_line().replace(
+            &format!(":{} ", other.port()),
+            &format!(":{} ", host.port()),
+        ),
+    )
+    .unwrap();
+    let fresh = Agent::with(RunAs::agent_user(&[]), Ssh::AcceptNew).await;
+    std::fs::copy(
+        accepting.ssh_dir().join("known_hosts"),
+        fresh.ssh_dir().join("known_hosts"),
+    )
+    .unwrap();
+    host.install_key(&fresh.ssh_dir()).unwrap();
+    let ran = fresh.run(&on(&host), reached()).await;
+    ran.failed(FailureClass::Fatal);
+}
+
+/// What the user's `~/.ssh/config` says in
+/// [`inside_a_home_whose_ssh_config_breaks_every_connection`]: every
+/// connection goes through a proxy that fails.
+const BOGUS_USER_CONFIG: &str = "Host *\n  ProxyCommand false\n  Port 1\n";
+
+/// Review C1: the master read the agent user's `~/.ssh/config`, so its
+/// `IdentityFile`, `ProxyCommand` and the rest applied to a client's
+/// pipeline. ssh finds that file through the password database's home, not
+/// `$HOME`, so this test runs the one below again in a mount namespace of
+/// its own, with an empty home mounted over the real one holding a config
+/// that breaks every connection; the step still connects. Root only (it
+/// mounts), like the job-user tests.
+#[test]
+fn the_agent_users_own_ssh_config_is_not_read() {
+    use std::process::Command;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: not root, so no home can be mounted over for ssh");
+        return;
+    }
+    let probe = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "true"])
+        .output();
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: `unshare --mount` is not allowed here: {probe:?}");
+        return;
+    }
+    let home = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .unwrap()
+        .expect("the user is in the password database")
+        .dir;
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "mount -t tmpfs -o mode=700 flotilla-test-home \"$1\" && mkdir -m 700 \"$1/.ssh\" \
+             && printf '%s' \"$2\" > \"$1/.ssh/config\" && chmod 600 \"$1/.ssh/config\" \
+             && shift 2 && exec \"$@\"",
+        )
+        .arg("sh")
+        .arg(&home)
+        .arg(BOGUS_USER_CONFIG)
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "inside_a_home_whose_ssh_config_breaks_every_connection",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("1 passed"),
+        "the inner test did not run: {text}"
+    );
+}
+
+/// Run by [`the_agent_users_own_ssh_config_is_not_read`] only.
+#[tokio::test]
+#[ignore = "run inside a mount namespace by the_agent_users_own_ssh_config_is_not_read"]
+async fn inside_a_home_whose_ssh_config_breaks_every_connection() {
+    let home = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .unwrap()
+        .unwrap()
+        .dir;
+    assert_eq!(
+        std::fs::read_to_string(home.join(".ssh/config")).unwrap(),
+        BOGUS_USER_CONFIG
+    );
+    let agent = Agent::new().await;
+    let host = agent.sshd("home");
+    // ssh reading its usual files does not get through here.
+    let plain = std::process::Command::new("ssh")
+        .arg("-i")
+        .arg(host.key_path())
+        .arg("-p")
+        .arg(host.port().to_string())
+        .args([
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+        ])
+        .arg(format!("{}@127.0.0.1", host.user()))
+        .arg("true")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        !plain.status.success(),
+        "the user's ssh config is not in effect, so this test proves nothing"
+    );
+    let ran = agent.run(&on(&host), reached()).await;
+    assert_eq!(items(ran.ok()), ["reached"]);
+}
+
+/// Review H1: the attempt's directory is the job user's, and the agent
+/// (root) wrote `probe.paths` there with `std::fs::write`, and ssh's tar
+/// through a `> send.tar` redirection, following whatever link a job of
+/// that user planted. Now its files are in its own directory, made with
+/// O_NOFOLLOW and handed over open.
+#[tokio::test]
+async fn with_a_job_user_the_agent_follows_no_link_planted_in_the_attempt_directory() {
+    use flotilla_agent::process::user::JobUser;
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: not root, so no job user can be switched to");
+        return;
+    }
+    let user = JobUser::lookup("nobody").expect("the nobody user exists");
+    let agent = Agent::running_jobs_as(RunAs::job_user(user, &[])).await;
+    std::fs::set_permissions(agent.work.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let jobs = agent.work.path().join("jobs");
+    std::fs::create_dir_all(&jobs).unwrap();
+    std::fs::set_permissions(&jobs, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let sentinel = agent.work.path().join("sentinel");
+    std::fs::write(&sentinel, "the agent's own\n").unwrap();
+    // What a job of the same user could do before another's attempt.
+    let plant = |job: Uuid| {
+        let dir = agent.job_dir(job);
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["probe.paths", "send.tar", "moved.tar"] {
+            std::os::unix::fs::symlink(&sentinel, dir.join(name)).unwrap();
+        }
+        job
+    };
+    let host = agent.sshd("planted");
+
+    for place in [StepHost::Local, on(&host)] {
+        let job = plant(Uuid::new_v4());
+        let ran = agent
+            .run_job(
+                job,
+                &place,
+                StepAction::Probe {
+                    paths: vec!["/etc".into(), "/no/such/path".into()],
+                },
+                CancellationToken::new(),
+            )
+            .await;
+        let result = ran.ok().result.clone().unwrap();
+        let probe: StepProbe = serde_json::from_value(result).unwrap();
+        assert_eq!(probe.exist, ["/etc"], "{place:?}");
+    }
+
+    std::fs::write(host.home().join("page.txt"), "moved\n").unwrap();
+    let sent = agent
+        .run_job(
+            plant(Uuid::new_v4()),
+            &on(&host),
+            StepAction::Send {
+                path: s(&host.home().join("page.txt")),
+            },
+            CancellationToken::new(),
+        )
+        .await;
+    sent.ok();
+    let tar = agent.stub.uploads.lock().unwrap()[&sent.job].clone();
+    for (place, dest) in [
+        (on(&host), host.home().join("got.txt")),
+        (StepHost::Local, PathBuf::new()),
+    ] {
+        let job = plant(Uuid::new_v4());
+        // Here, where the job's user may write: its own directory.
+        let dest = if dest.as_os_str().is_empty() {
+            agent.job_dir(job).join("got.txt")
+        } else {
+            dest
+        };
+        agent.stub.moved.lock().unwrap().insert(job, tar.clone());
+        let ran = agent
+            .run_job(
+                job,
+                &place,
+                StepAction::Receive {
+                    size: tar.len() as u64,
+                    sha256: hex::encode(sha2::Sha256::digest(&tar)),
+                    path: s(&dest),
+                },
+                CancellationToken::new(),
+            )
+            .await;
+        ran.ok();
+        assert_eq!(
+            std::fs::read_to_string(&dest).unwrap(),
+            "moved\n",
+            "{place:?}"
+        );
+    }
+    let after = std::fs::read(&sentinel).unwrap();
+    assert!(
+        after == b"the agent's own\n",
+        "the agent wrote through a planted link: the sentinel now holds {} bytes starting {:?}",
+        after.len(),
+        String::from_utf8_lossy(&after[..after.len().min(40)])
+    );
 }

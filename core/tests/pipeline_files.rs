@@ -16,8 +16,8 @@ use flotilla_core::pipeline::{load, Plan};
 const VALID: &str = r"# Scan PDFs, OCR them, encode them where there is room.
 host scan = agent local-1
 host gpus = agent labels gpu=h200,zone=eu
-host ocr = ssh://ocr@10.0.0.7:2222 key ~/.ssh/id_ed25519 via local-1
-host spare = ssh://spare.lan
+host ocr = ssh://ocr@10.0.0.7:2222 key id_ed25519 via local-1
+host spare = ssh://spare.lan key spare
 
 items on scan: ls /data/pdf | sed -n 's/\.pdf$//p' # kept: the shell reads it
 stage split on scan jobs 2 out /scratch/pages/{id}/ retries 2 \
@@ -121,7 +121,7 @@ fn a_full_file_gives_its_exact_spec() {
                     user: Some("ocr".into()),
                     host: "10.0.0.7".into(),
                     port: Some(2222),
-                    key: Some("~/.ssh/id_ed25519".into()),
+                    key: Some("id_ed25519".into()),
                     via: Some("local-1".into()),
                 }),
                 4,
@@ -132,7 +132,7 @@ fn a_full_file_gives_its_exact_spec() {
                     user: None,
                     host: "spare.lan".into(),
                     port: None,
-                    key: None,
+                    key: Some("spare".into()),
                     via: None,
                 }),
                 5,

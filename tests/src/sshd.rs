@@ -12,6 +12,10 @@
 //! fixture's [`Sshd::home`] is a directory of its own for the test to
 //! put a host's files under, so two fixtures standing for two hosts keep
 //! distinct trees on this one machine.
+//!
+//! An agent reaches a host only with what its `--ssh-dir` holds:
+//! [`Sshd::install_for`] puts the fixture's client key there as
+//! `keys/`[`Sshd::key_name`] and its host key in `known_hosts`.
 
 use std::fmt;
 use std::net::{TcpListener, TcpStream};
@@ -140,13 +144,56 @@ impl Sshd {
         std::fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
     }
 
-    /// This daemon as a pipeline's ssh host.
+    /// The name of the client key in an agent's `--ssh-dir`/keys/, as
+    /// [`Sshd::install_for`] puts it there (`key NAME` in a pipeline).
+    pub fn key_name(&self) -> String {
+        format!("{}.key", self.name)
+    }
+
+    /// This host's line for an agent's `known_hosts`: its host key, for
+    /// `[127.0.0.1]:PORT`.
+    pub fn known_hosts_line(&self) -> String {
+        let public = std::fs::read_to_string(self.dir.path().join("host_key.pub"))
+            .expect("the fixture's host key was made at start");
+        let mut words = public.split_whitespace();
+        let (kind, key) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+        format!("[127.0.0.1]:{} {kind} {key}\n", self.port)
+    }
+
+    /// Puts the client key into `ssh_dir/keys/`[`Sshd::key_name`] (0600,
+    /// `keys/` made 0700 if missing); nothing about the host key.
+    pub fn install_key(&self, ssh_dir: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let keys = ssh_dir.join("keys");
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&keys)?;
+        let to = keys.join(self.key_name());
+        std::fs::copy(self.key_path(), &to)?;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))
+    }
+
+    /// Lets an agent started with `--ssh-dir ssh_dir` reach this host: the
+    /// client key into `keys/`, the host key appended to `known_hosts`.
+    pub fn install_for(&self, ssh_dir: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        self.install_key(ssh_dir)?;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(ssh_dir.join("known_hosts"))?
+            .write_all(self.known_hosts_line().as_bytes())
+    }
+
+    /// This daemon as a pipeline's ssh host, its key named as
+    /// [`Sshd::install_for`] installs it.
     pub fn ssh_target(&self) -> SshTarget {
         SshTarget {
             user: Some(self.user.clone()),
             host: "127.0.0.1".into(),
             port: Some(self.port),
-            key: Some(self.key_path().to_string_lossy().into_owned()),
+            key: Some(self.key_name()),
             via: None,
         }
     }

@@ -73,7 +73,8 @@ pub struct Kinds {
     /// Who jobs' processes run as and what environment they start from.
     run_as: RunAs,
     repos: Arc<revdeps::RepoCache>,
-    /// Master connections to the ssh hosts of pipeline steps, one per host.
+    /// Master connections to the ssh hosts of pipeline steps, one per host
+    /// (none without `--ssh-dir`).
     ssh: step::SshSessions,
     /// Checkpoints and loaded encoders for tile jobs; `None` when no encoder
     /// backend could be set up here (the agent then does not offer the
@@ -83,7 +84,8 @@ pub struct Kinds {
 
 impl Kinds {
     /// Sets up every kind this host can run, their processes run as
-    /// `run_as`, the last `keep_failed` failed attempts' directories kept.
+    /// `run_as`, the last `keep_failed` failed attempts' directories kept,
+    /// ssh hosts reached with what `ssh_dir` holds (none without it).
     /// Tile jobs need an encoder backend, with its profile from
     /// `FLOTILLA_ENCODER_PROFILE` if set.
     pub fn detect(
@@ -92,6 +94,7 @@ impl Kinds {
         kill_grace: Duration,
         run_as: RunAs,
         keep_failed: usize,
+        ssh_dir: Option<step::SshDir>,
     ) -> Self {
         let profile_file = std::env::var_os("FLOTILLA_ENCODER_PROFILE").map(PathBuf::from);
         let tiles = match EncoderSetup::detect(profile_file.as_deref()) {
@@ -106,11 +109,15 @@ impl Kinds {
         };
         Kinds {
             api,
-            workdirs: workdirs::WorkDirs::new(workdir.join("jobs"), keep_failed),
+            workdirs: workdirs::WorkDirs::new(
+                workdir.join("jobs"),
+                workdir.join("agent-side"),
+                keep_failed,
+            ),
             kill_grace,
             run_as,
             repos: Arc::new(revdeps::RepoCache::default()),
-            ssh: step::SshSessions::new(&workdir.join("ssh")),
+            ssh: step::SshSessions::new(&workdir.join("ssh"), ssh_dir),
             tiles,
         }
     }
@@ -150,6 +157,9 @@ impl Execute for Kinds {
             progress: control.progress,
             log,
             job_dir: job_dir.clone(),
+            agent_dir: self
+                .workdirs
+                .agent_side_for_attempt(job.job_id, job.attempt),
             kill_grace: self.kill_grace,
             run_as: self.run_as.clone(),
         };
@@ -185,6 +195,11 @@ pub struct JobContext {
     /// This attempt's scratch directory, `WORKDIR/jobs/{id}-{attempt}`;
     /// made by the kind that needs it.
     pub job_dir: PathBuf,
+    /// This attempt's agent-side directory,
+    /// `WORKDIR/agent-side/{id}-{attempt}`: for the files the agent itself
+    /// writes and reads for the job, where the job's user can plant no
+    /// link (made 0700 by the kind that needs it; removed with the attempt).
+    pub agent_dir: PathBuf,
     /// Between SIGTERM and SIGKILL when a process of the job is stopped.
     pub kill_grace: Duration,
     /// Who the job's processes run as; directories they write are handed

@@ -4,6 +4,13 @@
 //! so the most recent [`WorkDirs::keep_failed`] are kept; older ones, and
 //! every successful attempt's, are removed. Agents used to keep every failed
 //! attempt's directory, and a job failing in a loop filled the disk.
+//!
+//! Each attempt also has an agent-side directory
+//! ([`WorkDirs::agent_side_for_attempt`]) for the files the agent itself
+//! writes and reads for the job. The attempt's own directory belongs to
+//! the job's user, who could plant a link there for the agent (root) to
+//! follow; the agent-side one is the agent's, 0700, and removed whenever
+//! the attempt ends, failed or not.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -18,15 +25,18 @@ pub const DEFAULT_KEEP_FAILED: usize = 3;
 pub struct WorkDirs {
     /// `WORKDIR/jobs`.
     root: PathBuf,
+    /// `WORKDIR/agent-side`.
+    agent_side: PathBuf,
     keep_failed: usize,
     /// Failed attempts' directories still on disk, oldest first.
     failed: Mutex<VecDeque<PathBuf>>,
 }
 
 impl WorkDirs {
-    /// The attempts' directories under `root`. Those left from before (a
-    /// restart, a crash) count as failed, by age.
-    pub fn new(root: PathBuf, keep_failed: usize) -> Self {
+    /// The attempts' directories under `root`, their agent-side ones
+    /// under `agent_side`. Those left from before (a restart, a crash)
+    /// count as failed, by age; agent-side ones from before are removed.
+    pub fn new(root: PathBuf, agent_side: PathBuf, keep_failed: usize) -> Self {
         let mut found: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(&root)
             .into_iter()
             .flatten()
@@ -38,8 +48,16 @@ impl WorkDirs {
             })
             .collect();
         found.sort();
+        for old in std::fs::read_dir(&agent_side)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            remove(&old.path());
+        }
         let dirs = WorkDirs {
             root,
+            agent_side,
             keep_failed,
             failed: Mutex::new(found.into_iter().map(|(_, p)| p).collect()),
         };
@@ -59,16 +77,26 @@ impl WorkDirs {
         self.root.join(format!("{job}-{attempt}"))
     }
 
+    /// The agent-side directory of `attempt` of `job`: only the agent's
+    /// user may enter it (made, 0700, by the kind that needs it).
+    pub fn agent_side_for_attempt(&self, job: Uuid, attempt: u32) -> PathBuf {
+        self.agent_side.join(format!("{job}-{attempt}"))
+    }
+
     /// After the attempt: its directory is removed if it succeeded, else
     /// kept as one of the last failed ones, the oldest beyond the bound
-    /// removed. On a blocking thread: a job's tree may be large.
+    /// removed; its agent-side directory is removed either way. On a
+    /// blocking thread: a job's tree may be large.
     pub async fn finished(&self, dir: &Path, succeeded: bool) {
-        let doomed = if succeeded {
+        let mut doomed = if succeeded {
             vec![dir.to_path_buf()]
         } else {
             self.failed().push_back(dir.to_path_buf());
             self.beyond_bound()
         };
+        if let Some(name) = dir.file_name() {
+            doomed.push(self.agent_side.join(name));
+        }
         let _ = tokio::task::spawn_blocking(move || doomed.iter().for_each(|d| remove(d))).await;
     }
 
@@ -121,19 +149,22 @@ mod tests {
     #[tokio::test]
     async fn only_the_last_failed_attempts_directories_are_kept() {
         let root = tempfile::tempdir().unwrap();
-        let dirs = WorkDirs::new(root.path().to_path_buf(), 3);
+        let (jobs, side) = (root.path().join("jobs"), root.path().join("agent-side"));
+        let dirs = WorkDirs::new(jobs.clone(), side.clone(), 3);
         for i in 1..=20 {
             let d = attempt(&dirs, i);
+            std::fs::create_dir_all(dirs.agent_side_for_attempt(Uuid::from_u128(1), i)).unwrap();
             dirs.finished(&d, false).await;
         }
         let last: Vec<String> = (18..=20)
             .map(|i| format!("{}-{i}", Uuid::from_u128(1)))
             .collect();
-        assert_eq!(entries(root.path()), last);
+        assert_eq!(entries(&jobs), last);
+        assert!(entries(&side).is_empty(), "agent-side directories go");
 
         let ok = attempt(&dirs, 21);
         dirs.finished(&ok, true).await;
-        assert_eq!(entries(root.path()), last, "a success's directory goes");
+        assert_eq!(entries(&jobs), last, "a success's directory goes");
         // A kind that made no directory.
         dirs.finished(&dirs.for_attempt(Uuid::from_u128(2), 1), true)
             .await;
@@ -142,22 +173,26 @@ mod tests {
     #[tokio::test]
     async fn with_none_kept_every_directory_goes() {
         let root = tempfile::tempdir().unwrap();
-        let dirs = WorkDirs::new(root.path().to_path_buf(), 0);
+        let jobs = root.path().join("jobs");
+        let dirs = WorkDirs::new(jobs.clone(), root.path().join("agent-side"), 0);
         let d = attempt(&dirs, 1);
         dirs.finished(&d, false).await;
-        assert!(entries(root.path()).is_empty());
+        assert!(entries(&jobs).is_empty());
     }
 
     #[test]
     fn at_start_directories_from_before_are_cut_to_the_bound() {
         let root = tempfile::tempdir().unwrap();
+        let side = tempfile::tempdir().unwrap();
         for i in 0..5u64 {
             let d = root.path().join(format!("old-{i}"));
             std::fs::create_dir(&d).unwrap();
             let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + i);
             std::fs::File::open(&d).unwrap().set_modified(t).unwrap();
+            std::fs::create_dir(side.path().join(format!("old-{i}"))).unwrap();
         }
-        let _dirs = WorkDirs::new(root.path().to_path_buf(), 2);
+        let _dirs = WorkDirs::new(root.path().to_path_buf(), side.path().to_path_buf(), 2);
         assert_eq!(entries(root.path()), ["old-3", "old-4"]);
+        assert!(entries(side.path()).is_empty(), "every agent-side one goes");
     }
 }

@@ -151,6 +151,16 @@ impl RunAs {
     }
 }
 
+/// Files the caller opened, given to the child as its stdin and stdout
+/// instead of nothing and a pipe into the log. The child needs no right
+/// to open them by name, and no name is resolved after the caller opened
+/// them (a step's tars and path lists, opened without following links).
+#[derive(Debug, Default)]
+pub struct Redirect {
+    pub stdin: Option<std::fs::File>,
+    pub stdout: Option<std::fs::File>,
+}
+
 /// Which output stream a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Stream {
@@ -237,17 +247,30 @@ pub async fn run(
     log: mpsc::Sender<LogLine>,
     cancel: CancellationToken,
 ) -> Result<Outcome, ProcessError> {
+    run_with(spec, Redirect::default(), log, cancel).await
+}
+
+/// [`run`], with the child's stdin and stdout from `redirect` where it
+/// gives a file (only stderr reaches the log when stdout goes to a file).
+pub async fn run_with(
+    spec: &CommandSpec,
+    redirect: Redirect,
+    log: mpsc::Sender<LogLine>,
+    cancel: CancellationToken,
+) -> Result<Outcome, ProcessError> {
     let command = abbreviate(&spec.command);
     check_workdir(spec, &command)?;
-    let mut child = spawn(spec).map_err(|source| ProcessError::Spawn {
+    let redirected_stdout = redirect.stdout.is_some();
+    let mut child = spawn(spec, redirect).map_err(|source| ProcessError::Spawn {
         command: command.clone(),
         workdir: spec.workdir.clone(),
         source,
     })?;
-    let stdout = child
-        .stdout()
-        .take()
-        .expect("stdout was set to piped at spawn");
+    let stdout = child.stdout().take();
+    assert!(
+        stdout.is_some() != redirected_stdout,
+        "stdout is piped at spawn unless redirected to a file"
+    );
     let stderr = child
         .stderr()
         .take()
@@ -257,8 +280,12 @@ pub async fn run(
     let stop_reading = CancellationToken::new();
     let mut pumps = pin!(async {
         tokio::join!(
-            pump(stdout, Stream::Stdout, log.clone(), stop_reading.clone()),
-            pump(stderr, Stream::Stderr, log, stop_reading.clone()),
+            async {
+                if let Some(stdout) = stdout {
+                    pump(stdout, Stream::Stdout, log.clone(), stop_reading.clone()).await
+                }
+            },
+            pump(stderr, Stream::Stderr, log.clone(), stop_reading.clone()),
         )
     });
     let mut pumps_done = false;
@@ -313,12 +340,12 @@ fn check_workdir(spec: &CommandSpec, command: &str) -> Result<(), ProcessError> 
 }
 
 #[cfg(unix)]
-fn spawn(spec: &CommandSpec) -> io::Result<Box<dyn TokioChildWrapper>> {
+fn spawn(spec: &CommandSpec, redirect: Redirect) -> io::Result<Box<dyn TokioChildWrapper>> {
     use process_wrap::tokio::ProcessGroup;
     let mut user_error = None;
     let mut cmd = TokioCommandWrap::with_new("sh", |c| {
         c.arg("-c").arg(&spec.command);
-        configure(c, spec);
+        configure(c, spec, redirect);
         if let Some(user) = &spec.run_as.user {
             if let Err(e) = user.apply(c, &spec.workdir) {
                 user_error = Some(e);
@@ -333,13 +360,13 @@ fn spawn(spec: &CommandSpec) -> io::Result<Box<dyn TokioChildWrapper>> {
 }
 
 #[cfg(windows)]
-fn spawn(spec: &CommandSpec) -> io::Result<Box<dyn TokioChildWrapper>> {
+fn spawn(spec: &CommandSpec, redirect: Redirect) -> io::Result<Box<dyn TokioChildWrapper>> {
     use process_wrap::tokio::JobObject;
     let mut cmd = TokioCommandWrap::with_new("cmd.exe", |c| {
         // cmd.exe does not parse its command line by the MSVC rules that
         // `arg` quotes for, so the command goes in verbatim.
         c.arg("/C").raw_arg(&spec.command);
-        configure(c, spec);
+        configure(c, spec, redirect);
     });
     // With KillOnDrop the Job Object is created kill-on-close: dropping the
     // child ends the whole tree.
@@ -350,7 +377,7 @@ fn spawn(spec: &CommandSpec) -> io::Result<Box<dyn TokioChildWrapper>> {
 /// Everything but the user switch: the environment starts empty, so the
 /// agent's own variables (its token file's path, cloud keys) never reach a
 /// job.
-fn configure(c: &mut tokio::process::Command, spec: &CommandSpec) {
+fn configure(c: &mut tokio::process::Command, spec: &CommandSpec, redirect: Redirect) {
     if spec.run_as.user.is_none() {
         // With a job user the child enters its directory after switching.
         c.current_dir(&spec.workdir);
@@ -358,8 +385,8 @@ fn configure(c: &mut tokio::process::Command, spec: &CommandSpec) {
     c.env_clear()
         .envs(spec.run_as.env.iter())
         .envs(&spec.env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
+        .stdin(redirect.stdin.map_or_else(Stdio::null, Stdio::from))
+        .stdout(redirect.stdout.map_or_else(Stdio::piped, Stdio::from))
         .stderr(Stdio::piped());
 }
 

@@ -72,6 +72,24 @@ pub struct AgentConfig {
     pub report_budget: Duration,
     /// How many failed attempts' directories are kept for a look.
     pub keep_failed_dirs: usize,
+    /// `--ssh-dir`: the keys and known hosts pipeline steps reach ssh
+    /// hosts with; `None`: this agent reaches none (and does not carry
+    /// [`flotilla_core::job::SSH_LABEL`], so it is given no such step).
+    pub ssh_dir: Option<crate::jobs::step::SshDir>,
+}
+
+impl AgentConfig {
+    /// The labels to register: the configured ones, and
+    /// [`flotilla_core::job::SSH_LABEL`] when ssh hosts are reachable
+    /// (every step job on an ssh host requires it).
+    pub fn registered_labels(&self) -> BTreeMap<String, String> {
+        let mut labels = self.labels.clone();
+        if self.ssh_dir.is_some() {
+            let (k, v) = flotilla_core::job::SSH_LABEL;
+            labels.insert(k.to_string(), v.to_string());
+        }
+        labels
+    }
 }
 
 /// [`AgentConfig::report_budget`] unless configured: long enough for a
@@ -103,12 +121,13 @@ pub async fn run(
         config.kill_grace,
         config.run_as.clone(),
         config.keep_failed_dirs,
+        config.ssh_dir.clone(),
     );
     let host = health.collect();
     let reg = Register {
         name: config.name.clone(),
         instance: api.instance(),
-        labels: config.labels.clone(),
+        labels: config.registered_labels(),
         capacity: config.capacity,
         kinds: kinds.names(),
         version: env!("CARGO_PKG_VERSION").to_string(),

@@ -213,6 +213,7 @@ fn loops(capacity: u32, server: &Arc<FakeServer>, jobs: &Arc<FakeJobs>) -> Arc<F
         run_as: crate::process::RunAs::agent_user(&[]),
         report_budget: BUDGET,
         keep_failed_dirs: 0,
+        ssh_dir: None,
     };
     Loops::new(server.clone(), jobs.clone(), &config, AgentState::Active)
 }
@@ -525,4 +526,31 @@ async fn after_shutdown_reports_are_retried_until_the_lease_has_certainly_expire
         Duration::from_secs(105) + TTL,
         "one TTL after the last extension"
     );
+}
+
+/// Review C1: only an agent with `--ssh-dir` carries the label every ssh
+/// step job requires.
+#[cfg(unix)]
+#[test]
+fn only_an_agent_with_an_ssh_dir_registers_the_ssh_label() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = AgentConfig {
+        name: "a".into(),
+        labels: [("gpu".to_string(), "h200".to_string())].into(),
+        capacity: 1,
+        workdir: dir.path().into(),
+        kill_grace: Duration::from_secs(1),
+        lease_wait: Duration::from_secs(20),
+        run_as: crate::process::RunAs::agent_user(&[]),
+        report_budget: BUDGET,
+        keep_failed_dirs: 0,
+        ssh_dir: None,
+    };
+    let (k, v) = flotilla_core::job::SSH_LABEL;
+    assert_eq!(config.registered_labels(), config.labels);
+    config.ssh_dir =
+        Some(crate::jobs::step::SshDir::prepare(&dir.path().join("ssh"), false).unwrap());
+    let labels = config.registered_labels();
+    assert_eq!(labels.get(k).map(String::as_str), Some(v));
+    assert_eq!(labels.get("gpu").map(String::as_str), Some("h200"));
 }

@@ -10,7 +10,8 @@
 //! (`flotilla-job`, made if missing, or `--job-user`). DIR is 0711: the job
 //! user passes through it to its own work directory under `DIR/work` and
 //! can list or read nothing else: `admin.token`, `server.url`, `agents/`
-//! (agent token files), `secrets/` (the PostgreSQL passwords) and `store/`
+//! (agent token files), `secrets/` (the PostgreSQL passwords), `ssh/` (the
+//! agents' `--ssh-dir`: keys for ssh hosts, their known_hosts) and `store/`
 //! are root's and private, `pg/` and `run/` (the socket) are `postgres`'s
 //! and private. Started as an ordinary user, jobs run as that user and can
 //! read all of it; `up` says so once at start.
@@ -238,6 +239,10 @@ async fn run_with_pg(
 
     let mut agents = Vec::new();
     private_dir(&data.join("agents"))?;
+    // The local agents' --ssh-dir: keys a pipeline's ssh hosts name
+    // (`key NAME`) go in DIR/ssh/keys, their host keys in DIR/ssh/known_hosts.
+    private_dir(&data.join("ssh"))?;
+    private_dir(&data.join("ssh").join("keys"))?;
     for i in 1..=args.agents {
         let name = format!("local-{i}");
         let token_file = data.join("agents").join(format!("{name}.token"));
@@ -321,6 +326,8 @@ fn spawn_agent(
         .arg(name)
         .arg("--workdir")
         .arg(data.join("work").join(name))
+        .arg("--ssh-dir")
+        .arg(data.join("ssh"))
         // The agent refuses a token in its environment.
         .env_remove("FLOTILLA_AGENT_TOKEN")
         .stdin(Stdio::null())

@@ -5,13 +5,19 @@
 //! machinery ([`crate::process`]), here in the attempt's directory as the
 //! job's user, or through `ssh` on the host (in the remote user's home
 //! directory): the same timeout, stop and log for both. Relative paths
-//! are taken from there.
+//! are taken from there. The files the agent itself writes or reads for a
+//! step (a probe's path list, a move's tar) are in the attempt's
+//! agent-side directory instead, which the job's user cannot reach.
 //!
 //! # Layout
 //!
 //! - [`place`]: here or over ssh; runs a script and picks out its marker
 //!   lines.
 //! - [`script`]: the scripts' text, and the marker lines they speak with.
+//! - [`agent_side`]: the agent's own directory per attempt, its files
+//!   opened without following links.
+//! - [`ssh_dir`]: the operator's `--ssh-dir`: keys, known hosts and the
+//!   ssh_config every `ssh` reads.
 //! - [`ssh`]: the master connection per host and the `ssh -S` command lines.
 //! - [`items`]: a listing's lines as checked item ids.
 //! - [`transfer`]: send and receive: tars packed, uploaded, downloaded,
@@ -21,6 +27,8 @@
 //! offer the kind ([`SUPPORTED`]).
 
 #[cfg(unix)]
+pub mod agent_side;
+#[cfg(unix)]
 pub mod items;
 #[cfg(unix)]
 pub mod place;
@@ -28,6 +36,8 @@ pub mod place;
 pub mod script;
 #[cfg(unix)]
 pub mod ssh;
+#[cfg(unix)]
+pub mod ssh_dir;
 #[cfg(unix)]
 pub mod transfer;
 
@@ -41,6 +51,8 @@ pub const SUPPORTED: bool = cfg!(unix);
 
 #[cfg(unix)]
 pub use self::ssh::SshSessions;
+#[cfg(unix)]
+pub use self::ssh_dir::SshDir;
 
 /// No ssh sessions where steps do not run.
 #[cfg(not(unix))]
@@ -48,8 +60,20 @@ pub struct SshSessions;
 
 #[cfg(not(unix))]
 impl SshSessions {
-    pub fn new(_dir: &std::path::Path) -> Self {
+    pub fn new(_dir: &std::path::Path, _ssh_dir: Option<SshDir>) -> Self {
         SshSessions
+    }
+}
+
+/// No `--ssh-dir` where steps do not run.
+#[cfg(not(unix))]
+#[derive(Debug, Clone)]
+pub enum SshDir {}
+
+#[cfg(not(unix))]
+impl SshDir {
+    pub fn prepare(_dir: &std::path::Path, _accept_new: bool) -> Result<SshDir, String> {
+        Err("ssh hosts need a Unix agent".into())
     }
 }
 
@@ -90,6 +114,15 @@ mod unix {
                 format!("cannot make work directory {}: {e}", ctx.job_dir.display()),
             )
         })?;
+        agent_side::make(ctx).map_err(|e| {
+            ctx.fail(
+                FailureClass::Retryable,
+                format!(
+                    "cannot make the agent's directory {}: {e}",
+                    ctx.agent_dir.display()
+                ),
+            )
+        })?;
         let place = match &spec.host {
             StepHost::Local => Place::Local,
             StepHost::Ssh(target) => {
@@ -98,11 +131,20 @@ mod unix {
                     s = ssh.connect(target) => s,
                     _ = ctx.stop.cancelled() => return Err(ctx.fail(FailureClass::Cancelled, "stopped")),
                 };
-                let session =
-                    session.map_err(|e| ctx.fail(FailureClass::Retryable, e.to_string()))?;
+                let session = session.map_err(|e| {
+                    let class = if e.is_fatal() {
+                        FailureClass::Fatal
+                    } else {
+                        FailureClass::Retryable
+                    };
+                    ctx.fail(class, e.to_string())
+                })?;
                 Place::Ssh {
                     target: target.clone(),
                     session,
+                    config: ssh
+                        .config_file()
+                        .expect("a session was made, so the agent has an --ssh-dir"),
                 }
             }
         };
@@ -143,8 +185,9 @@ mod unix {
     }
 
     /// Which of `paths` exist: they go to the script on its stdin (a list
-    /// of thousands would not fit one argument), the ones that exist come
-    /// back as marker lines.
+    /// of thousands would not fit one argument; written to the agent-side
+    /// directory and handed over open), the ones that exist come back as
+    /// marker lines.
     async fn probe(
         ctx: &JobContext,
         place: &Place,
@@ -152,7 +195,7 @@ mod unix {
         paths: &[String],
         timeout: Option<Duration>,
     ) -> Result<Complete, Fail> {
-        let list = ctx.job_dir.join("probe.paths");
+        let list = ctx.agent_dir.join("probe.paths");
         let mut text = String::new();
         for p in paths {
             if p.contains('\n') || p.contains('\0') {
@@ -164,15 +207,22 @@ mod unix {
             text.push_str(p);
             text.push('\n');
         }
-        std::fs::write(&list, text).map_err(|e| {
+        let written = (|| {
+            use std::io::{Seek, Write};
+            let mut f = agent_side::create(&list)?;
+            f.write_all(text.as_bytes())?;
+            f.rewind()?;
+            Ok::<_, std::io::Error>(f)
+        })();
+        let file = written.map_err(|e| {
             ctx.fail(
                 FailureClass::Retryable,
-                format!("cannot write {}: {e}", list.display()),
+                format!("cannot write the paths to look for: {e}"),
             )
         })?;
         let mut exist = Vec::new();
         let io = Io {
-            stdin: Some(&list),
+            stdin: Some(file),
             stdout: None,
         };
         let end = run_script(

@@ -1,15 +1,15 @@
 //! Where a step's script runs, here or through ssh, as one supervised process whose marker lines are picked out of its log.
 
-use std::path::Path;
+use std::fs::File;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_core::pipeline::spec::SshTarget;
-use flotilla_core::pipeline::template::shell_quote as q;
 use openssh::Session;
 use tokio::sync::mpsc;
 
-use crate::process::{self, CommandSpec, Outcome, ProcessError, RunAs};
+use crate::process::{self, CommandSpec, Outcome, ProcessError, Redirect, RunAs};
 
 use super::script::{Control, Marker};
 use super::ssh::{self, Tty};
@@ -23,15 +23,19 @@ pub enum Place {
     Ssh {
         target: SshTarget,
         session: Arc<Session>,
+        /// `--ssh-dir`/ssh_config, for `ssh -F`.
+        config: PathBuf,
     },
 }
 
-/// Files a script's stdin comes from and its stdout goes to, on the
-/// agent (opened by the local shell, so for ssh they stay local).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Io<'a> {
-    pub stdin: Option<&'a Path>,
-    pub stdout: Option<&'a Path>,
+/// Files on the agent a script's stdin comes from and its stdout goes
+/// to: opened by the agent in its own directory, without following links,
+/// and handed to the process as they are (never named to a shell, which
+/// would open them as whoever it runs as, following what it finds).
+#[derive(Debug, Default)]
+pub struct Io {
+    pub stdin: Option<File>,
+    pub stdout: Option<File>,
 }
 
 /// How a script ended, and what it said to the agent.
@@ -57,22 +61,27 @@ impl Place {
         matches!(self, Place::Ssh { .. })
     }
 
-    /// The shell command line that runs `script` here or there with `io`.
-    fn command_line(&self, script: &str, tty: Tty, io: Io<'_>) -> String {
-        let mut line = match self {
-            Place::Local if io.stdin.is_none() && io.stdout.is_none() => return script.into(),
-            Place::Local => format!("sh -c {}", q(script)),
-            Place::Ssh { target, session } => {
-                ssh::command_line(session.control_socket(), &target.host, tty, script)
-            }
-        };
-        if let Some(f) = io.stdin {
-            line.push_str(&format!(" < {}", q(&f.to_string_lossy())));
+    /// The shell command line that runs `script` here or there.
+    fn command_line(&self, script: &str, tty: Tty) -> String {
+        match self {
+            Place::Local => script.into(),
+            Place::Ssh {
+                target,
+                session,
+                config,
+            } => ssh::command_line(config, session.control_socket(), &target.host, tty, script),
         }
-        if let Some(f) = io.stdout {
-            line.push_str(&format!(" > {}", q(&f.to_string_lossy())));
+    }
+
+    /// Variables set for the process over the job's scrubbed environment:
+    /// `ssh` gets an empty `SSH_AUTH_SOCK` ("no agent"), should
+    /// `--pass-env` have passed the agent's own (its config says
+    /// `IdentityAgent none` as well).
+    fn env(&self) -> Vec<(String, String)> {
+        match self {
+            Place::Local => Vec::new(),
+            Place::Ssh { .. } => vec![("SSH_AUTH_SOCK".into(), String::new())],
         }
-        line
     }
 
     /// Who the local process runs as: the job's user for a local script;
@@ -101,7 +110,7 @@ pub async fn run_script(
     place: &Place,
     marker: &Marker,
     script: &str,
-    io: Io<'_>,
+    io: Io,
     timeout: Option<Duration>,
     mut on_item: impl FnMut(&str) -> Result<(), String>,
 ) -> Result<Ended, ProcessError> {
@@ -113,12 +122,14 @@ pub async fn run_script(
         Tty::Yes
     };
     let spec = CommandSpec {
-        command: place.command_line(script, tty, io),
+        command: place.command_line(script, tty),
         env: [
             ("FLOTILLA_JOB_ID".to_string(), ctx.job_id().to_string()),
             ("FLOTILLA_ATTEMPT".to_string(), ctx.attempt.to_string()),
         ]
-        .into(),
+        .into_iter()
+        .chain(place.env())
+        .collect(),
         run_as: place.run_as(&ctx.run_as),
         workdir: ctx.job_dir.clone(),
         timeout,
@@ -157,7 +168,11 @@ pub async fn run_script(
             }
         }
     };
-    let (outcome, ()) = tokio::join!(process::run(&spec, tx, stop.clone()), relay);
+    let redirect = Redirect {
+        stdin: io.stdin,
+        stdout: io.stdout,
+    };
+    let (outcome, ()) = tokio::join!(process::run_with(&spec, redirect, tx, stop.clone()), relay);
     Ok(Ended {
         outcome: outcome?,
         fatal,

@@ -10,6 +10,11 @@
 //! has a terminal, and loses it). Transfers use `-T` instead: a terminal
 //! would mangle the tar going through it.
 //!
+//! Every `ssh`, master or not, reads the agent's `--ssh-dir`/ssh_config
+//! and nothing else (`-F`, [`super::ssh_dir`]), logs in with the key the
+//! pipeline named from `--ssh-dir`/keys/ only, and reaches only hosts in
+//! `--ssh-dir`/known_hosts. An agent without `--ssh-dir` reaches none.
+//!
 //! A master that died (the host rebooted, the network went) is noticed by
 //! `ssh -O check` before each job and replaced. Masters exit on their own
 //! [`CONTROL_PERSIST`] after their last use, so an agent killed without
@@ -24,6 +29,8 @@ use std::time::Duration;
 use flotilla_core::pipeline::spec::SshTarget;
 use flotilla_core::pipeline::template::shell_quote as q;
 use openssh::{ControlPersist, KnownHosts, Session, SessionBuilder};
+
+use super::ssh_dir::{KeyError, SshDir};
 
 /// How long connecting may take: a host that does not answer in this long
 /// fails the attempt (retryably) rather than holding it.
@@ -45,6 +52,33 @@ const MAX_SOCKET_PATH: usize = 103;
 /// Why no master connection could be had.
 #[derive(Debug, thiserror::Error)]
 pub enum SshError {
+    #[error(
+        "this agent reaches no ssh hosts; start it with --ssh-dir DIR holding keys/ and \
+         known_hosts"
+    )]
+    NoSshDir,
+    #[error(
+        "{target} names no key: write `key NAME` for a key file in the agent's --ssh-dir/keys/"
+    )]
+    NoKey { target: String },
+    #[error("{target}: {source}")]
+    Key {
+        target: String,
+        #[source]
+        source: KeyError,
+    },
+    #[error(
+        "cannot connect to {target}: its host key is not one {} holds ({reason}); add the \
+         host's key there (`ssh-keyscan -p PORT HOST >> {}`), or start the agent with \
+         --ssh-accept-new to take a new host's key on first sight",
+        known_hosts.display(), known_hosts.display()
+    )]
+    HostKey {
+        target: String,
+        known_hosts: PathBuf,
+        /// ssh's own words.
+        reason: String,
+    },
     #[error("cannot make the ssh control directory {}: {source}", path.display())]
     ControlDir {
         path: PathBuf,
@@ -56,12 +90,27 @@ pub enum SshError {
          shorter work directory", path.display()
     )]
     ControlDirTooLong { path: PathBuf },
-    #[error("cannot connect to {target}: {source}")]
+    #[error("cannot connect to {target}: {reason}")]
     Connect {
         target: String,
-        #[source]
-        source: openssh::Error,
+        /// The crate's error and what ssh said (its source).
+        reason: String,
     },
+}
+
+impl SshError {
+    /// Whether trying again cannot help until the agent's operator or the
+    /// pipeline changes something.
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            SshError::NoSshDir
+                | SshError::NoKey { .. }
+                | SshError::Key { .. }
+                | SshError::HostKey { .. }
+                | SshError::ControlDirTooLong { .. }
+        )
+    }
 }
 
 /// One host's master connection, when there is one.
@@ -72,9 +121,9 @@ type Slot = tokio::sync::Mutex<Option<Arc<Session>>>;
 pub struct SshSessions {
     /// Holds the masters' control directories (`.ssh-connection*/master`).
     control_dir: PathBuf,
-    /// Host keys of the hosts the agent has reached, accepted on first use
-    /// (`StrictHostKeyChecking=accept-new`) and checked after.
-    known_hosts: PathBuf,
+    /// The operator's `--ssh-dir`: keys, known hosts, ssh_config; `None`:
+    /// this agent reaches no ssh host.
+    ssh_dir: Option<SshDir>,
     /// One slot per target; a slot's own lock is held while its master is
     /// checked or made, so jobs for one host wait for one connection while
     /// jobs for other hosts go on.
@@ -82,22 +131,41 @@ pub struct SshSessions {
 }
 
 impl SshSessions {
-    /// Sessions whose sockets and known hosts live under `dir` (the
-    /// agent's `WORKDIR/ssh`), made when the first connection is. Masters
-    /// an earlier agent process left there are closed now.
-    pub fn new(dir: &Path) -> Self {
+    /// Sessions whose sockets live under `dir` (the agent's
+    /// `WORKDIR/ssh`), made when the first connection is, with the keys
+    /// and known hosts of `ssh_dir` (none without it). Masters an earlier
+    /// agent process left there are closed now.
+    pub fn new(dir: &Path, ssh_dir: Option<SshDir>) -> Self {
         let control_dir = dir.join("ctl");
         close_leftovers(&control_dir);
         SshSessions {
             control_dir,
-            known_hosts: dir.join("known_hosts"),
+            ssh_dir,
             hosts: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// `--ssh-dir`/ssh_config, which every `ssh` command line reads (`-F`);
+    /// `None` when the agent reaches no ssh host.
+    pub fn config_file(&self) -> Option<PathBuf> {
+        self.ssh_dir.as_ref().map(SshDir::config_file)
     }
 
     /// A live master connection to `target`: the one there is, or a new
     /// one when there is none or it died.
     pub async fn connect(&self, target: &SshTarget) -> Result<Arc<Session>, SshError> {
+        let ssh_dir = self.ssh_dir.as_ref().ok_or(SshError::NoSshDir)?;
+        let key = match &target.key {
+            None => {
+                return Err(SshError::NoKey {
+                    target: target.to_string(),
+                })
+            }
+            Some(name) => ssh_dir.key(name).map_err(|source| SshError::Key {
+                target: target.to_string(),
+                source,
+            })?,
+        };
         let slot = self
             .hosts
             .lock()
@@ -115,12 +183,17 @@ impl SshSessions {
             }
         }
         *slot = None;
-        let session = Arc::new(self.open(target).await?);
+        let session = Arc::new(self.open(ssh_dir, &key, target).await?);
         *slot = Some(session.clone());
         Ok(session)
     }
 
-    async fn open(&self, target: &SshTarget) -> Result<Session, SshError> {
+    async fn open(
+        &self,
+        ssh_dir: &SshDir,
+        key: &Path,
+        target: &SshTarget,
+    ) -> Result<Session, SshError> {
         let dir_error = |source| SshError::ControlDir {
             path: self.control_dir.clone(),
             source,
@@ -138,8 +211,17 @@ impl SshSessions {
         b.control_directory(&self.control_dir)
             // Not `clean_history_control_directory`: it removes the live
             // sockets of the other hosts' masters too.
-            .known_hosts_check(KnownHosts::Add)
-            .user_known_hosts_file(&self.known_hosts)
+            .config_file(ssh_dir.config_file())
+            // The crate passes this on the command line, over the file's.
+            .known_hosts_check(if ssh_dir.accepts_new_hosts() {
+                KnownHosts::Add
+            } else {
+                KnownHosts::Strict
+            })
+            // The crate can set the variable but not remove it; empty is
+            // "no agent" to ssh (and the file says `IdentityAgent none`).
+            .ssh_auth_sock("")
+            .keyfile(key)
             .connect_timeout(CONNECT_TIMEOUT)
             .server_alive_interval(SERVER_ALIVE)
             .control_persist(ControlPersist::IdleFor(
@@ -151,16 +233,29 @@ impl SshSessions {
         if let Some(port) = target.port {
             b.port(port);
         }
-        if let Some(key) = &target.key {
-            b.keyfile(key);
-        }
-        let session = b
-            .connect(&target.host)
-            .await
-            .map_err(|source| SshError::Connect {
-                target: target.to_string(),
-                source,
-            })?;
+        let session = b.connect(&target.host).await.map_err(|e| {
+            // The crate's message is generic; ssh's words are its source.
+            let mut reason = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                reason = format!("{reason}: {}", s.to_string().trim());
+                source = s.source();
+            }
+            if reason.contains("Host key verification failed")
+                || reason.contains("REMOTE HOST IDENTIFICATION HAS CHANGED")
+            {
+                SshError::HostKey {
+                    target: target.to_string(),
+                    known_hosts: ssh_dir.known_hosts(),
+                    reason,
+                }
+            } else {
+                SshError::Connect {
+                    target: target.to_string(),
+                    reason,
+                }
+            }
+        })?;
         tracing::info!(%target, socket = %session.control_socket().display(), "ssh master connected");
         Ok(session)
     }
@@ -176,7 +271,7 @@ fn close_leftovers(control_dir: &Path) {
         let socket = e.path().join("master");
         if socket.exists() {
             let _ = std::process::Command::new("ssh")
-                .arg("-S")
+                .args(["-F", "/dev/null", "-S"])
                 .arg(&socket)
                 .args(["-O", "exit", "none"])
                 .stdin(std::process::Stdio::null())
@@ -208,12 +303,13 @@ pub enum Tty {
 }
 
 /// A shell command line (for `sh -c`) that runs `script` under `sh -c` on
-/// `host` through the master at `socket`. `-F /dev/null`: no user's ssh
-/// configuration can add a `RemoteCommand` or a `RequestTTY`; `-p 9` (the
-/// discard port, as the openssh crate does): if the master is gone, `ssh`
-/// fails instead of opening a connection of its own; `LogLevel=ERROR`
-/// drops "Shared connection to … closed." from every job's log.
-pub fn command_line(socket: &Path, host: &str, tty: Tty, script: &str) -> String {
+/// `host` through the master at `socket`. `-F CONFIG` (the agent's
+/// `--ssh-dir`/ssh_config): no user's ssh configuration can add a
+/// `RemoteCommand`, a `RequestTTY` or a proxy; `-p 9` (the discard port,
+/// as the openssh crate does): if the master is gone, `ssh` fails instead
+/// of opening a connection of its own; `LogLevel=ERROR` drops "Shared
+/// connection to … closed." from every job's log.
+pub fn command_line(config: &Path, socket: &Path, host: &str, tty: Tty, script: &str) -> String {
     let flag = match tty {
         Tty::Yes => "-tt",
         Tty::No => "-T",
@@ -221,8 +317,9 @@ pub fn command_line(socket: &Path, host: &str, tty: Tty, script: &str) -> String
     // The remote login shell reads one string: `sh -c 'SCRIPT'`.
     let remote = format!("sh -c {}", q(script));
     format!(
-        "exec ssh -F /dev/null -S {} -o ControlMaster=no -o BatchMode=yes -o LogLevel=ERROR \
+        "exec ssh -F {} -S {} -o ControlMaster=no -o BatchMode=yes -o LogLevel=ERROR \
          -p 9 {flag} {} -- {}",
+        q(&config.to_string_lossy()),
         q(&socket.to_string_lossy()),
         q(host),
         q(&remote)
@@ -239,11 +336,17 @@ mod tests {
         // word, which must run SCRIPT verbatim. Checked with a local `sh`
         // standing in for the remote one.
         let script = "printf '%s|' \"it's\" '$HOME' \"a  b\"";
-        let line = command_line(Path::new("/tmp/x y/master"), "host", Tty::Yes, script);
+        let line = command_line(
+            Path::new("/srv/ssh dir/ssh_config"),
+            Path::new("/tmp/x y/master"),
+            "host",
+            Tty::Yes,
+            script,
+        );
         let words = shell_words(&line);
         assert_eq!(
             &words[..4],
-            ["exec", "ssh", "-F", "/dev/null"].map(String::from)
+            ["exec", "ssh", "-F", "/srv/ssh dir/ssh_config"].map(String::from)
         );
         assert!(words.contains(&"/tmp/x y/master".to_string()));
         let remote = words.last().unwrap();

@@ -1,17 +1,19 @@
 //! The two halves of a move: a path packed as a tar and uploaded, and a downloaded tar checked and unpacked in its place.
 //!
-//! Over ssh both halves stream through `ssh -T` into or out of a file in
-//! the attempt's directory, with the host's own `tar` (scripts in
-//! [`super::script`]). Here, when jobs run as the agent's own user, the
-//! `tar` crate packs and unpacks in this process; with `--job-user` the
-//! same scripts as over ssh run as that user instead, so the agent (root)
-//! neither reads what the job could not nor leaves root-owned files where
-//! the job's later stages must write.
+//! The tar is a file in the attempt's agent-side directory
+//! ([`super::agent_side`]), never in the attempt's own: the job's user
+//! could plant a link there for the agent to write through. Over ssh both
+//! halves stream through `ssh -T`, with the host's own `tar` (scripts in
+//! [`super::script`]), the tar handed to `ssh` as its open stdout or
+//! stdin. Here, when jobs run as the agent's own user, the `tar` crate
+//! packs and unpacks in this process; with `--job-user` the same scripts
+//! as over ssh run as that user instead, the tar handed over open the same
+//! way, so the agent (root) neither reads what the job could not nor
+//! leaves root-owned files where the job's later stages must write.
 //!
 //! A tar holds exactly one top entry, named as the sent path's last
 //! component; links are stored as links, never followed.
 
-use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
@@ -22,18 +24,18 @@ use tokio_util::sync::CancellationToken;
 
 use crate::server_api::CallError;
 
+use super::agent_side;
 use super::place::{run_script, Io, Place};
 use super::script::{self, Marker, PathParts};
 use super::{ended, JobContext};
-use crate::jobs::outputs::open_without_links;
 
 /// Where the tar of a send is written before its upload.
 const SENT_FILE: &str = "send.tar";
 /// Where the tar of a receive is downloaded before it is unpacked.
 const MOVED_FILE: &str = "moved.tar";
 
-/// Packs `path` at `place` into the attempt's directory and uploads it as
-/// [`StepJob::SENT_OUTPUT`].
+/// Packs `path` at `place` into the attempt's agent-side directory and
+/// uploads it as [`StepJob::SENT_OUTPUT`].
 pub async fn send(
     ctx: &JobContext,
     place: &Place,
@@ -42,7 +44,7 @@ pub async fn send(
     timeout: Option<Duration>,
 ) -> Result<Complete, Fail> {
     let src = parts(ctx, path)?;
-    let tar = ctx.job_dir.join(SENT_FILE);
+    let tar = ctx.agent_dir.join(SENT_FILE);
     if in_process(ctx, place) {
         let from = ctx.job_dir.join(&src.path);
         if std::fs::symlink_metadata(&from).is_err() {
@@ -63,9 +65,11 @@ pub async fn send(
             ));
         }
     } else {
+        let file = agent_side::create(&tar)
+            .map_err(|e| ctx.fail(FailureClass::Retryable, format!("cannot make the tar: {e}")))?;
         let io = Io {
             stdin: None,
-            stdout: Some(&tar),
+            stdout: Some(file),
         };
         let script = script::send(marker, &src);
         let end = run_script(ctx, place, marker, &script, io, timeout, |_| Ok(()))
@@ -73,21 +77,9 @@ pub async fn send(
             .map_err(|e| ctx.fail(FailureClass::Fatal, e.to_string()))?;
         ended(ctx, place, end, timeout)?;
     }
-    // As another user, the tar the job's user wrote is read as that user
-    // could: through no link planted in its place.
-    let opened = match (&ctx.run_as.user, place) {
-        (Some(_), Place::Local) => Some(open_without_links(&tar).map_err(|e| {
-            ctx.fail(
-                FailureClass::Retryable,
-                format!("reading {}: {e}", tar.display()),
-            )
-        })?),
-        _ => None,
-    };
-    let read_from = opened.as_ref().map_or(tar.as_path(), |o| o.path());
     let name = StepJob::SENT_OUTPUT;
     let view = tokio::select! {
-        r = ctx.api.upload(ctx.lease, name, read_from) => r,
+        r = ctx.api.upload(ctx.lease, name, &tar) => r,
         _ = ctx.stop.cancelled() => return Err(ctx.fail(FailureClass::Cancelled, "stopped")),
     };
     let view = view.map_err(|e| {
@@ -118,7 +110,7 @@ pub async fn receive(
     timeout: Option<Duration>,
 ) -> Result<Complete, Fail> {
     let dest = parts(ctx, path)?;
-    let tar = ctx.job_dir.join(MOVED_FILE);
+    let tar = ctx.agent_dir.join(MOVED_FILE);
     let got = tokio::select! {
         r = ctx.api.download(ctx.lease, "moved", &tar) => r,
         _ = ctx.stop.cancelled() => return Err(ctx.fail(FailureClass::Cancelled, "stopped")),
@@ -159,8 +151,14 @@ pub async fn receive(
             }
         }
     } else {
+        let file = agent_side::open(&tar).map_err(|e| {
+            ctx.fail(
+                FailureClass::Retryable,
+                format!("cannot read the moved tar: {e}"),
+            )
+        })?;
         let io = Io {
-            stdin: Some(&tar),
+            stdin: Some(file),
             stdout: None,
         };
         let script = script::receive(marker, &dest);
@@ -197,10 +195,11 @@ fn stopped_or(ctx: &JobContext, class: FailureClass, message: String) -> Fail {
     }
 }
 
-/// Writes a tar of `src` to `dest`, with one top entry `base`; links are
-/// stored as links. Breaks off with an error once `stop` fires.
+/// Writes a tar of `src` to `dest` (made anew, not through a link), with
+/// one top entry `base`; links are stored as links. Breaks off with an
+/// error once `stop` fires.
 pub fn pack(src: &Path, base: &str, dest: &Path, stop: &CancellationToken) -> io::Result<()> {
-    let file = File::create(dest)?;
+    let file = agent_side::create(dest)?;
     let mut b = tar::Builder::new(Stoppable {
         inner: io::BufWriter::with_capacity(1 << 20, file),
         stop,
@@ -260,7 +259,7 @@ pub fn unpack(tar: &Path, dest: &Path, stop: &CancellationToken) -> Result<(), U
     remove_any(&tmp)?;
     std::fs::create_dir_all(&tmp)?;
     let mut archive = tar::Archive::new(Stoppable {
-        inner: io::BufReader::with_capacity(1 << 20, File::open(tar)?),
+        inner: io::BufReader::with_capacity(1 << 20, agent_side::open(tar)?),
         stop,
     });
     archive.set_overwrite(true);
@@ -275,7 +274,7 @@ pub fn unpack(tar: &Path, dest: &Path, stop: &CancellationToken) -> Result<(), U
 /// The one top entry's name, after checking every entry's name stays
 /// under it.
 fn top_entry(tar: &Path) -> Result<std::ffi::OsString, UnpackError> {
-    let mut archive = tar::Archive::new(File::open(tar)?);
+    let mut archive = tar::Archive::new(agent_side::open(tar)?);
     let mut top: Option<std::ffi::OsString> = None;
     for entry in archive.entries_with_seek()? {
         let entry = entry?;

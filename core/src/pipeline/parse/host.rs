@@ -1,5 +1,10 @@
 //! `host NAME = TARGET`: an agent by name, any agent with some labels,
 //! or an ssh destination.
+//!
+//! An ssh host names its key, never a path: `key NAME` is a file in the
+//! connecting agent's `--ssh-dir`/keys/, which its operator filled. A path
+//! would let any client have the agent log in with whatever key the
+//! agent's user can read (`~/.ssh/id_ed25519`, a host key).
 
 use std::collections::BTreeMap;
 
@@ -10,7 +15,7 @@ use crate::pipeline::spec::{HostDecl, HostTarget, Span, SshTarget};
 
 pub(super) fn host(l: &Logical, w: &[Word], span: Span) -> Line<HostDecl> {
     let usage = "write `host NAME = agent AGENT`, `host NAME = agent labels K=V,…` or \
-                 `host NAME = ssh://[USER@]HOST[:PORT] [key PATH] [via AGENT]`";
+                 `host NAME = ssh://[USER@]HOST[:PORT] key NAME [via AGENT]`";
     let Some(name) = w.get(1) else {
         return bad(l.end_of(&w[0]), format!("`host` needs a name: {usage}"));
     };
@@ -151,7 +156,7 @@ fn labels(l: &Logical, list: &Word) -> Line<BTreeMap<String, String>> {
 }
 
 fn ssh(l: &Logical, w: &[Word], url: &Word) -> Line<SshTarget> {
-    let usage = "write `ssh://[USER@]HOST[:PORT]`, then optionally `key PATH` and `via AGENT`";
+    let usage = "write `ssh://[USER@]HOST[:PORT] key NAME`, then optionally `via AGENT`";
     let rest = &url.text["ssh://".len()..];
     let here = l.pos(url.at);
     let (user, hostport) = match rest.split_once('@') {
@@ -231,7 +236,15 @@ fn ssh(l: &Logical, w: &[Word], url: &Word) -> Line<SshTarget> {
             );
         };
         match key.text.as_str() {
-            "key" if target.key.is_none() => target.key = Some(value.text.clone()),
+            "key" if target.key.is_none() => {
+                if let Some(why) = key_name_error(&value.text) {
+                    return bad(
+                        l.pos(value.at),
+                        format!("bad key `{}`: {why}; {KEYS_LIVE}", value.text),
+                    );
+                }
+                target.key = Some(value.text.clone())
+            }
             "via" if target.via.is_none() => {
                 if !valid_agent_name(&value.text) {
                     return bad(
@@ -259,7 +272,45 @@ fn ssh(l: &Logical, w: &[Word], url: &Word) -> Line<SshTarget> {
         }
         i += 2;
     }
+    if target.key.is_none() {
+        let last = w.last().expect("the URL is a word of the line");
+        return bad(
+            l.end_of(last),
+            format!("an ssh host needs `key NAME`: {KEYS_LIVE}"),
+        );
+    }
     Ok(target)
+}
+
+/// Where keys are, for messages.
+const KEYS_LIVE: &str = "a key is the name of a file in the connecting agent's --ssh-dir/keys/ \
+                         (e.g. `key id_ed25519`), never a path";
+
+/// The longest key name: a file name's limit on Linux.
+const MAX_KEY_NAME_BYTES: usize = 255;
+
+/// Why `name` is no key name, or `None`: a bare file name of letters,
+/// digits, `.`, `_`, `-`, not starting with `.` (no `/`, `~`, `..`, and
+/// nothing ssh would expand: `%` tokens, `${VAR}`).
+fn key_name_error(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("it is empty")
+    } else if name.starts_with('~') {
+        Some("it starts with `~`")
+    } else if name.starts_with('.') {
+        Some("it starts with `.`")
+    } else if name.contains('/') {
+        Some("it holds a `/`")
+    } else if name.len() > MAX_KEY_NAME_BYTES {
+        Some("it is longer than 255 bytes")
+    } else if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    {
+        Some("it holds a character other than letters, digits, `.`, `_` and `-`")
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
@@ -307,6 +358,12 @@ mod tests {
             "`key` needs a value",
         );
         one(
+            &format!("host g = ssh://u@x:22\n{HEAD}stage s on h: x\n"),
+            1,
+            22,
+            "an ssh host needs `key NAME`",
+        );
+        one(
             &format!("host g = agent labels gpu\n{HEAD}stage s on h: x\n"),
             1,
             23,
@@ -324,7 +381,7 @@ mod tests {
     fn ssh_targets_read() {
         let spec = parse(
             "t",
-            &format!("host g = ssh://[::1]:2222 via a.b key ~/.ssh/k\nhost k = ssh://x\n{HEAD}stage s on h: x\n"),
+            &format!("host g = ssh://[::1]:2222 via a.b key id_ed25519\nhost k = ssh://x key k-1.pem\n{HEAD}stage s on h: x\n"),
         )
         .unwrap();
         let HostTarget::Ssh(t) = &spec.hosts["g"].target else {
@@ -336,7 +393,7 @@ mod tests {
                 user: None,
                 host: "::1".into(),
                 port: Some(2222),
-                key: Some("~/.ssh/k".into()),
+                key: Some("id_ed25519".into()),
                 via: Some("a.b".into()),
             }
         );
@@ -344,8 +401,32 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            (t.user.as_deref(), t.host.as_str(), t.port),
-            (None, "x", None)
+            (t.user.as_deref(), t.host.as_str(), t.port, t.key.as_deref()),
+            (None, "x", None, Some("k-1.pem"))
         );
+    }
+
+    /// Review C1: `key PATH` let any client have the agent log in with any
+    /// key its user could read. A key is a bare name in the agent's
+    /// --ssh-dir/keys/.
+    #[test]
+    fn a_key_is_a_bare_name_never_a_path() {
+        for (key, why) in [
+            ("~/.ssh/id_ed25519", "starts with `~`"),
+            ("/etc/ssh/ssh_host_ed25519_key", "holds a `/`"),
+            ("keys/../../id", "holds a `/`"),
+            ("..", "starts with `.`"),
+            (".hidden", "starts with `.`"),
+            ("id'x", "other than letters"),
+            ("%d", "other than letters"),
+            ("${HOME}", "other than letters"),
+        ] {
+            let text = format!("host g = ssh://u@x key {key} via a\n{HEAD}stage s on h: x\n");
+            let e = super::super::tests::errs(&text);
+            assert_eq!(e.len(), 1, "{key}: {e:#?}");
+            assert_eq!((e[0].0, e[0].1), (1, 24), "{key}: {e:#?}");
+            assert!(e[0].2.contains(why), "{key}: {:?}", e[0].2);
+            assert!(e[0].2.contains("--ssh-dir/keys/"), "{key}: {:?}", e[0].2);
+        }
     }
 }
