@@ -293,6 +293,12 @@ async fn bad_pipeline_files_name_line_and_column_and_queue_nothing() {
             1,
             "ghost",
         ),
+        (
+            "ssh key as a path",
+            format!("host k = ssh://u@h key ~/.ssh/id_ed25519\n{head}stage s on a: true\n"),
+            1,
+            "--ssh-dir/keys/",
+        ),
     ];
     for (what, source, line, needle) in cases {
         let (status, v) = api
