@@ -392,7 +392,7 @@ fn errors_print_as_file_line_col_and_a_caret() {
     assert_eq!(
         lines[0],
         "jobs/t.pipeline:3:12: unknown host `gpu`: declare it with `host gpu = agent NAME` or \
-         `host gpu = ssh://user@host`"
+         `host gpu = ssh://user@host key NAME`"
     );
     assert_eq!(lines[1], "    stage s on gpu: x");
     assert_eq!(lines[2], "               ^");

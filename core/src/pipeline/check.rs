@@ -211,7 +211,7 @@ impl<'a> Checker<'a> {
                 loc,
                 format!(
                     "unknown host `{name}`: declare it with `host {name} = agent NAME` or \
-                     `host {name} = ssh://user@host`"
+                     `host {name} = ssh://user@host key NAME`"
                 ),
             );
         }
@@ -772,7 +772,7 @@ mod tests {
 
     #[test]
     fn unknown_hosts() {
-        one("host a = agent a1\nitems on gpu: ls\nstage s on a: x\n", 2, 10, "unknown host `gpu`: declare it with `host gpu = agent NAME` or `host gpu = ssh://user@host`");
+        one("host a = agent a1\nitems on gpu: ls\nstage s on a: x\n", 2, 10, "unknown host `gpu`: declare it with `host gpu = agent NAME` or `host gpu = ssh://user@host key NAME`");
         one(
             &format!("{HEAD}stage s on gpu: x\n"),
             4,

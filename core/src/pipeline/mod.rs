@@ -22,7 +22,7 @@
 //! ```text
 //! host scan = agent local-1
 //! host gpus = agent labels gpu=h200
-//! host ocr  = ssh://ocr@10.0.0.7:22 key /home/me/.ssh/id_ed25519
+//! host ocr  = ssh://ocr@10.0.0.7:22 key id_ed25519
 //! items on scan: ls /data/pdf | sed -n 's/\.pdf$//p'
 //! stage split on scan jobs 2 out /scratch/pages/{id}/: pdftoppm -png /data/pdf/{id}.pdf {out}/p
 //! move pages to ocr:/tmp/pages/{id}

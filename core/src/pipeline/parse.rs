@@ -7,7 +7,7 @@
 //! ```text
 //! host NAME = agent AGENT
 //! host NAME = agent labels K=V[,K=V...]
-//! host NAME = ssh://[USER@]HOST[:PORT] [key PATH] [via AGENT]
+//! host NAME = ssh://[USER@]HOST[:PORT] key NAME [via AGENT]
 //! items on HOST: COMMAND
 //! stage NAME on HOST [jobs N] [out PATH] [consume] [retries N] [timeout D]: COMMAND
 //! move NAME to HOST:PATH

@@ -52,9 +52,9 @@ pub enum HostTarget {
     /// whose output is on one of them stays on that one for the later steps
     /// on this host (its output is there).
     Labels { labels: BTreeMap<String, String> },
-    /// `ssh://[USER@]HOST[:PORT] [key PATH] [via AGENT]`: a machine reached
+    /// `ssh://[USER@]HOST[:PORT] key NAME [via AGENT]`: a machine reached
     /// over ssh by an agent that runs step jobs (`via` names which; without
-    /// it, any). `key` is a path on that agent.
+    /// it, any). `key` names a file in that agent's `--ssh-dir`/keys/.
     Ssh(SshTarget),
 }
 
@@ -66,7 +66,8 @@ pub struct SshTarget {
     pub host: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
-    /// A private key file on the agent that connects.
+    /// A private key's file name in the connecting agent's `--ssh-dir`/keys/
+    /// (a bare name, never a path: the parser refuses one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     /// The agent that connects; any agent running step jobs when `None`.
