@@ -295,6 +295,65 @@ async fn jobs_are_filtered_paged_retried_and_acted_on_from_the_dashboard() {
         assert_eq!(status, 400, "{bad}: {v}");
     }
 
+    // The CLI: the same filters, JSON on request, a table otherwise.
+    let cli = |args: &[&str]| {
+        let mut all = vec!["--server".to_string(), server.url()];
+        all.splice(0..0, args.iter().map(|a| a.to_string()));
+        let token = server.admin_token.clone();
+        async move {
+            let out = tokio::process::Command::new(flotilla_e2e::binary("flotilla"))
+                .args(&all)
+                .env("FLOTILLA_TOKEN", token)
+                .env("FLOTILLA_LOG", "warn")
+                .kill_on_drop(true)
+                .output()
+                .await
+                .unwrap();
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            );
+            assert!(out.status.success(), "flotilla {all:?}: {stdout}{stderr}");
+            (stdout, stderr)
+        }
+    };
+    let (json_out, _) = cli(&[
+        "jobs",
+        "list",
+        "--json",
+        "--state",
+        "failed",
+        "--submitter",
+        "alice",
+    ])
+    .await;
+    let list: JobList = serde_json::from_str(&json_out).expect("--json prints a job list");
+    assert_eq!(
+        list.jobs.iter().map(|j| j.id).collect::<BTreeSet<_>>(),
+        set(&[&once, &twice])
+    );
+    let (table, stderr) = cli(&["jobs", "list", "--limit", "2"]).await;
+    assert!(table.starts_with("ID "), "{table}");
+    assert_eq!(table.lines().count(), 3, "a header and 2 jobs: {table}");
+    let next = stderr
+        .split("--before ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("the next page's cursor: {stderr}"))
+        .trim()
+        .to_string();
+    let (older, _) = cli(&[
+        "jobs", "list", "--json", "--limit", "1000", "--before", &next,
+    ])
+    .await;
+    let older: JobList = serde_json::from_str(&older).unwrap();
+    assert_eq!(older.jobs.len(), all.len() - 2, "the rest after the cursor");
+    let (agents, _) = cli(&["agents", "--json"]).await;
+    let agents: Value = serde_json::from_str(&agents).expect("agents --json");
+    assert_eq!(agents["agents"][0]["name"], AGENT);
+    let (tokens, _) = cli(&["tokens", "list", "--json"]).await;
+    let tokens: Value = serde_json::from_str(&tokens).expect("tokens list --json");
+    assert!(tokens["tokens"].as_array().unwrap().len() >= 3, "{tokens}");
+
     // Pages of 2 walk every job once, newest first; the last says so.
     let whole = ids(&admin.get("/api/v1/jobs?limit=1000").await);
     assert_eq!(whole.len(), all.len());
