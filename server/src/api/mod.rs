@@ -128,10 +128,7 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/ui/jobs/{id}/retry", post(dashboard::job::retry))
         .route("/ui/jobs/{id}/outputs/{*name}", get(dashboard::job::output))
         .route("/ui/agents", get(dashboard::agents::page))
-        .route(
-            "/ui/agents/{name}/{action}",
-            post(dashboard::agents::steer),
-        )
+        .route("/ui/agents/{name}/{action}", post(dashboard::agents::steer))
         .route("/ui/pipelines", get(dashboard::pipeline::list))
         .route("/ui/pipelines/{id}", get(dashboard::pipeline::page))
         .route(
