@@ -653,8 +653,9 @@ async fn jobs_are_filtered_paged_retried_and_acted_on_from_the_dashboard() {
 
 /// The list's common paths read an index, not the table: with 200,000
 /// jobs, the newest page, a later page, one state's and one owner's each
-/// examine a few hundred rows (without `jobs_newest_first` the first
-/// sorted all 200,000), and a text search is cut short rather than run on.
+/// read at most a few thousand rows of it through an index, never the
+/// table (without `jobs_newest_first` the first sorted all 200,000), and a
+/// text search is cut short rather than run on.
 #[tokio::test]
 async fn the_job_list_reads_an_index_on_a_large_table() {
     let pg = flotilla_e2e::pg::shared().await;
@@ -690,13 +691,25 @@ async fn the_job_list_reads_an_index_on_a_large_table() {
     .await
     .unwrap();
 
-    fn rows_examined(node: &Value) -> f64 {
+    /// Rows of `jobs` the plan read: what its scans of that table
+    /// returned or filtered out (the small tables it joins, agents and job
+    /// classes, may be scanned whole).
+    fn jobs_rows_read(node: &Value) -> f64 {
         let n = |k: &str| node[k].as_f64().unwrap_or(0.0);
-        n("Actual Rows") * n("Actual Loops").max(1.0)
-            + n("Rows Removed by Filter")
-            + node["Plans"]
+        let own = if node["Relation Name"] == "jobs" {
+            n("Actual Rows") * n("Actual Loops").max(1.0) + n("Rows Removed by Filter")
+        } else {
+            0.0
+        };
+        own + node["Plans"]
+            .as_array()
+            .map_or(0.0, |p| p.iter().map(jobs_rows_read).sum())
+    }
+    fn scans_jobs(node: &Value) -> bool {
+        (node["Node Type"] == "Seq Scan" && node["Relation Name"] == "jobs")
+            || node["Plans"]
                 .as_array()
-                .map_or(0.0, |p| p.iter().map(rows_examined).sum())
+                .is_some_and(|p| p.iter().any(scans_jobs))
     }
     let state = |s| JobFilter {
         state: Some(s),
@@ -721,9 +734,15 @@ async fn the_job_list_reads_an_index_on_a_large_table() {
             .unwrap();
         let text = serde_json::to_string_pretty(&plan).unwrap();
         let root = &plan[0][0]["Plan"];
-        let rows = rows_examined(root);
-        assert!(!text.contains("Seq Scan"), "{what}: a table scan:\n{text}");
-        assert!(rows < 1_000.0, "{what}: {rows} rows examined:\n{text}");
+        let rows = jobs_rows_read(root);
+        assert!(
+            !scans_jobs(root),
+            "{what}: a scan of the jobs table:\n{text}"
+        );
+        // Running jobs are 1 % (2,000): the planner may read them all
+        // through an index and sort them, which is fine; what must not
+        // happen is reading a sizeable part of the 200,000.
+        assert!(rows <= 2_500.0, "{what}: {rows} rows of jobs read:\n{text}");
     }
     let page = read::page(&db, &JobFilter::default(), Some(cursor), 100)
         .await
