@@ -400,7 +400,10 @@ async fn a_stage_renames_its_temp_into_place_and_consumes_its_input() {
             .run(
                 &place,
                 StepAction::Run {
-                    command: format!("tr a-z A-Z < {} > '{}'", s(&root.join("in.txt")), o.temp),
+                    command: format!(
+                        "tr a-z A-Z < {} > \"$FLOTILLA_OUT\"",
+                        s(&root.join("in.txt"))
+                    ),
                     out: Some(o.clone()),
                     consume: Some(s(&root.join("in.txt"))),
                 },
@@ -419,7 +422,7 @@ async fn a_stage_renames_its_temp_into_place_and_consumes_its_input() {
             .run(
                 &place,
                 StepAction::Run {
-                    command: format!("echo 1 > '{0}/p1'; echo 2 > '{0}/p2'", o.temp),
+                    command: "echo 1 > \"$FLOTILLA_OUT/p1\"; echo 2 > \"$FLOTILLA_OUT/p2\"".into(),
                     out: Some(o.clone()),
                     consume: None,
                 },
@@ -449,7 +452,7 @@ async fn a_failing_stage_leaves_no_output_and_one_that_writes_nothing_is_fatal()
             .run(
                 &place,
                 StepAction::Run {
-                    command: format!("echo partial > '{}'; exit 4", o.temp),
+                    command: "echo partial > \"$FLOTILLA_OUT\"; exit 4".into(),
                     out: Some(o.clone()),
                     consume: Some(s(&root.join("input"))),
                 },
@@ -471,10 +474,13 @@ async fn a_failing_stage_leaves_no_output_and_one_that_writes_nothing_is_fatal()
             )
             .await;
         let f = ran.failed(FailureClass::Fatal);
-        assert_eq!(
-            f.message,
-            format!("the command exited 0 but wrote nothing at {}", o.temp),
-            "{place:?}"
+        assert!(
+            f.message.starts_with(&format!(
+                "the command exited 0 but wrote nothing at {}-",
+                o.temp
+            )),
+            "{place:?}: {}",
+            f.message
         );
         assert!(!Path::new(&o.path).exists());
     }
@@ -1128,5 +1134,50 @@ async fn with_a_job_user_the_agent_follows_no_link_planted_in_the_attempt_direct
         "the agent wrote through a planted link: the sentinel now holds {} bytes starting {:?}",
         after.len(),
         String::from_utf8_lossy(&after[..after.len().min(40)])
+    );
+}
+
+/// Review M2: an attempt that outlived its job (ssh gone but the remote
+/// command not, an agent killed) writes into its own temporary path, not
+/// into the one the next attempt renames into place. The orphan here is a
+/// writer the first attempt left in a session of its own.
+#[tokio::test]
+async fn an_orphan_of_an_earlier_attempt_cannot_write_into_the_output() {
+    let agent = Agent::new().await;
+    let root = agent.local_dir();
+    let o = out(&root.join("pages"), true);
+    let first = agent
+        .run(
+            &StepHost::Local,
+            StepAction::Run {
+                // Its own session and no pipe of the attempt's: it outlives it.
+                command: "setsid sh -c 'sleep 1; echo orphan > \"$FLOTILLA_OUT/y\"' \
+                          </dev/null >/dev/null 2>&1 & exit 1"
+                    .into(),
+                out: Some(o.clone()),
+                consume: None,
+            },
+        )
+        .await;
+    first.failed(FailureClass::Retryable);
+    let second = agent
+        .run(
+            &StepHost::Local,
+            StepAction::Run {
+                command: "sleep 2; echo good > \"$FLOTILLA_OUT/x\"".into(),
+                out: Some(o.clone()),
+                consume: None,
+            },
+        )
+        .await;
+    second.ok();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        std::fs::read_to_string(root.join("pages/x")).unwrap(),
+        "good\n"
+    );
+    assert!(
+        !root.join("pages/y").exists(),
+        "the first attempt's orphan wrote into the output"
     );
 }

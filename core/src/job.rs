@@ -262,11 +262,13 @@ pub enum StepAction {
     /// ([`StepItems`]).
     List { command: String },
     /// A stage for one item. `command` is expanded already, `{out}` being
-    /// `out.temp`. With `out`: the agent removes `out.temp`, makes its
-    /// parent (and `out.temp` itself when `out.dir`), runs the command,
-    /// fails the attempt when `out.temp` does not exist afterwards, and
-    /// otherwise renames `out.temp` to `out.path` (replacing what was
-    /// there). With `consume`: that path is removed after the rename.
+    /// `"$FLOTILLA_OUT"`. With `out`: the agent sets `FLOTILLA_OUT` to this
+    /// attempt's own temporary path (`out.temp-JOB-ATTEMPT`), removes it,
+    /// makes its parent (and the path itself when `out.dir`), runs the
+    /// command, fails the attempt when the path does not exist afterwards,
+    /// and otherwise renames it to `out.path` (replacing what was there)
+    /// and removes other attempts' leftovers. With `consume`: that path is
+    /// removed after the rename.
     Run {
         command: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -307,7 +309,9 @@ pub struct StepProbe {
 pub struct StepOut {
     /// The final path.
     pub path: String,
-    /// What the command writes to: beside `path`, renamed to it on success.
+    /// The prefix of what the command writes to: each attempt writes
+    /// `TEMP-JOB-ATTEMPT` (the command's `$FLOTILLA_OUT`, which `{out}`
+    /// expands to), beside `path`, renamed to it on success.
     pub temp: String,
     /// Make `temp` as a directory before the command runs (the pipeline's
     /// `out` ended in `/`).

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use flotilla_core::job::{JobSpec, StepAction, StepJob, StepOut};
 use flotilla_core::pipeline::plan::{Node, NodeStep};
-use flotilla_core::pipeline::template::{Field, Template};
+use flotilla_core::pipeline::template::{shell_quote, Field, Template};
 use flotilla_core::pipeline::PipelineSpec;
 use uuid::Uuid;
 
@@ -102,7 +102,12 @@ fn expand(
     })
 }
 
-/// The temporary path beside `path` that a stage writes to.
+/// Stands for `{out}` while a command is expanded; replaced, quoted, by
+/// `"$FLOTILLA_OUT"` (no item id or path holds a control character).
+const OUT_PLACEHOLDER: &str = "\u{1}FLOTILLA_OUT\u{1}";
+
+/// The prefix of the temporary paths beside `path` that a stage's
+/// attempts write to (`PREFIX-JOB-ATTEMPT`, made by the agent).
 fn temp_beside(path: &str) -> String {
     match path.rsplit_once('/') {
         Some((parent, base)) => format!("{parent}/.{base}.flotilla-part"),
@@ -176,13 +181,16 @@ impl RunJobs<'_> {
                     }
                     None => None,
                 };
+                // `{out}` is `"$FLOTILLA_OUT"`: the agent sets it to this
+                // attempt's own temporary path beside `out`.
                 let command = expand(
                     &stage.command,
                     place,
-                    out.as_ref().map(|o| o.temp.as_str()),
+                    out.as_ref().map(|_| OUT_PLACEHOLDER),
                     true,
                     &node.name,
-                )?;
+                )?
+                .replace(&shell_quote(OUT_PLACEHOLDER), "\"$FLOTILLA_OUT\"");
                 let consume = if stage.consume {
                     place.latest.as_ref().map(|l| l.path.clone())
                 } else {

@@ -164,9 +164,16 @@ mod unix {
                 out,
                 consume,
             } => {
-                let out = out.as_ref().map(|o| Out {
+                // Each attempt writes its own temporary path: an earlier
+                // attempt that outlived its job (ssh gone, the remote
+                // command not) cannot write into what this one renames.
+                let temp = out
+                    .as_ref()
+                    .map(|o| format!("{}-{}-{}", o.temp, ctx.job_id().simple(), ctx.attempt));
+                let out = out.as_ref().zip(temp.as_deref()).map(|(o, temp)| Out {
                     path: &o.path,
-                    temp: &o.temp,
+                    temp,
+                    others: &o.temp,
                     dir: o.dir,
                 });
                 let script = script::run(&marker, command, out, consume.as_deref());

@@ -128,7 +128,11 @@ pub fn list(marker: &Marker, command: &str) -> String {
 #[derive(Debug, Clone, Copy)]
 pub struct Out<'a> {
     pub path: &'a str,
+    /// This attempt's temporary path, `$FLOTILLA_OUT` to the command.
     pub temp: &'a str,
+    /// The prefix of every attempt's temporary path: the others (`PREFIX-*`)
+    /// are removed after the rename.
+    pub others: &'a str,
     pub dir: bool,
 }
 
@@ -154,6 +158,9 @@ pub fn run(marker: &Marker, command: &str, out: Option<Out<'_>>, consume: Option
             marker.failed(&format!("cannot prepare {} for the command", o.temp))
         ));
     }
+    if let Some(o) = out {
+        parts.push(format!("FLOTILLA_OUT={}; export FLOTILLA_OUT", q(o.temp)));
+    }
     parts.push(format!("sh -c {} </dev/null || exit $?", q(command)));
     if let Some(o) = out {
         let temp = q(o.temp);
@@ -169,6 +176,8 @@ pub fn run(marker: &Marker, command: &str, out: Option<Out<'_>>, consume: Option
             "{{ rm -rf {path} && mv {temp} {path}; }} || {}",
             marker.failed(&format!("cannot rename {} to {}", o.temp, o.path))
         ));
+        // Earlier attempts' leftovers (the glob is outside the quotes).
+        parts.push(format!("rm -rf {}-* 2>/dev/null", q(o.others)));
     }
     if let Some(c) = consume {
         parts.push(format!(
@@ -320,19 +329,23 @@ mod tests {
         std::fs::write(d.join("in"), "x").unwrap();
         std::fs::create_dir_all(d.join("out dir")).unwrap();
         std::fs::write(d.join("out dir/old"), "old").unwrap();
+        // An earlier attempt's leftover, removed after the rename.
+        std::fs::create_dir_all(d.join("tmp/out dir.part-1")).unwrap();
         let out = Out {
             path: "out dir",
-            temp: "tmp/out dir.part",
+            temp: "tmp/out dir.part-2",
+            others: "tmp/out dir.part",
             dir: true,
         };
         let (rc, _, err) = sh(
-            &run(&m, "cp in 'tmp/out dir.part/new'", Some(out), Some("in")),
+            &run(&m, "cp in \"$FLOTILLA_OUT/new\"", Some(out), Some("in")),
             d,
         );
         assert_eq!(rc, 0, "{err}");
         assert!(d.join("out dir/new").is_file());
         assert!(!d.join("out dir/old").exists());
-        assert!(!d.join("tmp/out dir.part").exists());
+        assert!(!d.join("tmp/out dir.part-2").exists());
+        assert!(!d.join("tmp/out dir.part-1").exists(), "a leftover stays");
         assert!(!d.join("in").exists());
     }
 
@@ -343,6 +356,7 @@ mod tests {
         let out = Out {
             path: "o",
             temp: "o.tmp",
+            others: "o.t",
             dir: false,
         };
         let (rc, _, err) = sh(&run(&m, "true", Some(out), None), dir.path());
