@@ -6,8 +6,11 @@
 //!   job, and a run read back ([`get`]).
 //! - [`coordinator`]: what happens when a run's jobs end: shards made when
 //!   the plan succeeds, results merged when the last shard ends.
+//! - [`read`]: runs newest first by cursor, a run's step jobs, earlier runs
+//!   of the same target and the difference of two answers.
 
 pub mod coordinator;
+pub mod read;
 
 use chrono::{DateTime, Utc};
 use flotilla_core::api::revdeps::{RunTimings, RunView, SubmitRevdeps};
