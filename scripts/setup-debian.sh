@@ -5,7 +5,8 @@
 # test suite starts or reads with: an S3-compatible server (moto) and numpy,
 # both from PyPI; sshd and ssh (pipeline steps on ssh hosts), poppler-utils
 # and tesseract (the pipeline tests' PDF pages and OCR), prometheus (its
-# server and promtool, which the metrics tests start), from apt.
+# server and promtool, which the metrics tests start), chromium and
+# chromium-driver (the browser tests drive it headless), from apt.
 set -euo pipefail
 
 want_test=0
@@ -19,7 +20,7 @@ fi
 
 pkgs=(postgresql libdnnl-dev build-essential pkg-config git ca-certificates curl python3 python3-pip)
 if [ "$want_test" = 1 ]; then
-    pkgs+=(openssh-server openssh-client poppler-utils tesseract-ocr tesseract-ocr-eng prometheus)
+    pkgs+=(openssh-server openssh-client poppler-utils tesseract-ocr tesseract-ocr-eng prometheus chromium chromium-driver)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
