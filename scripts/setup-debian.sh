@@ -2,11 +2,12 @@
 # Installs what flotilla needs on Debian/Ubuntu, skipping what is present:
 # PostgreSQL (the embedded default runs the system's initdb/pg_ctl), oneDNN
 # (the encoder's fast CPU path), a C toolchain. With --test, also what the
-# test suite starts or reads with: an S3-compatible server (moto) and numpy,
-# both from PyPI; sshd and ssh (pipeline steps on ssh hosts), poppler-utils
-# and tesseract (the pipeline tests' PDF pages and OCR), prometheus (its
-# server and promtool, which the metrics tests start), chromium and
-# chromium-driver (the browser tests drive it headless), from apt.
+# test suite starts or reads with: an S3-compatible server (moto), numpy and
+# an OpenAPI fuzzer (schemathesis), from PyPI; sshd and ssh (pipeline steps
+# on ssh hosts), poppler-utils and tesseract (the pipeline tests' PDF pages
+# and OCR), prometheus (its server and promtool, which the metrics tests
+# start), chromium and chromium-driver (the browser tests drive it
+# headless), from apt.
 set -euo pipefail
 
 want_test=0
@@ -43,6 +44,11 @@ if [ "$want_test" = 1 ] && ! python3 -c 'import moto.server' 2>/dev/null; then
     echo "setup: installing moto[server] (an S3-compatible server for the tests)"
     python3 -m pip install -q 'moto[server]>=5,<6' 2>/dev/null \
         || python3 -m pip install -q --break-system-packages 'moto[server]>=5,<6'
+fi
+if [ "$want_test" = 1 ] && ! command -v schemathesis >/dev/null 2>&1; then
+    echo "setup: installing schemathesis (the OpenAPI fuzzer of tests/tests/openapi.rs)"
+    python3 -m pip install -q 'schemathesis>=4.32,<5' 2>/dev/null \
+        || python3 -m pip install -q --break-system-packages 'schemathesis>=4.32,<5'
 fi
 if [ "$want_test" = 1 ] && ! python3 -c 'import numpy' 2>/dev/null; then
     echo "setup: installing numpy (the tests load tile outputs with it)"

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 /// report per agent and flags one whose work-directory disk is over
 /// [`DISK_FULL_FRACTION`] full.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HostHealth {
     /// `std::env::consts::OS`: "linux", "windows", "macos", "freebsd", …
     pub os: String,

@@ -16,6 +16,7 @@ use crate::api::FieldError;
 /// again after a back-off) until it runs out of attempts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum JobState {
     Queued,
     Leased,
@@ -81,6 +82,7 @@ impl FromStr for JobState {
 /// What a job does. The `kind` tag is the JSON field clients send.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum JobSpec {
     /// A shell command run by `sh -c` (`cmd /C` on Windows).
     Command(CommandJob),
@@ -151,6 +153,7 @@ impl JobSpec {
 /// column and the kinds an agent registers name them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum JobKind {
     Command,
     Revdeps,
@@ -199,6 +202,7 @@ impl FromStr for JobKind {
 /// A shell command with its environment, working directory and declared
 /// output files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CommandJob {
     pub command: String,
     #[serde(default)]
@@ -227,6 +231,7 @@ pub struct CommandJob {
 /// command runs under `sh -c` (remotely `ssh -tt HOST sh -c …`, so that
 /// the remote side gets the hang-up when the job is stopped).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepJob {
     pub run_id: uuid::Uuid,
     /// The item's id (empty for [`StepAction::List`]).
@@ -247,6 +252,7 @@ impl StepJob {
 /// Where a step's commands run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum StepHost {
     /// On the agent that took the job.
     Local,
@@ -257,6 +263,7 @@ pub enum StepHost {
 /// What a step job does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum StepAction {
     /// Run `command`; its stdout, one item id per line, is the result
     /// ([`StepItems`]).
@@ -306,6 +313,7 @@ pub struct StepProbe {
 
 /// Where a stage's output goes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepOut {
     /// The final path.
     pub path: String,
@@ -330,9 +338,12 @@ pub struct StepItems {
 /// `fetch_command`), encodes them with its device profile and uploads
 /// `grid_X_Y.npy` (int8 (H,W,128)) and `grid_X_Y_scales.npy` (f32 (H,W)).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TileJob {
     pub dataset: String,
     pub year: i32,
+    /// The tile's name, `grid_{lon:.2f}_{lat:.2f}`.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub tile: crate::grid::TileId,
     /// The checkpoint's sha256: the agent's cache key.
     pub checkpoint_sha256: String,
@@ -362,6 +373,7 @@ impl TileJob {
 /// (`PATH[:REV]`, a git object database or a directory, on the agent's
 /// host).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RevdepsJob {
     pub run_id: uuid::Uuid,
     pub repo: String,
@@ -374,6 +386,7 @@ pub struct RevdepsJob {
 
 /// The switch the question is asked in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RevdepsVariant {
     /// The invariant compiler, `name.version`, e.g. `ocaml-base-compiler.4.14.2`.
     pub compiler: String,
@@ -408,6 +421,7 @@ impl RevdepsVariant {
 /// TARGET,COMPILER --all-versions` with these flags).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum RevdepsQuery {
     /// The union of the three below, without the target itself.
     #[default]
@@ -460,6 +474,7 @@ impl FromStr for RevdepsQuery {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum RevdepsStep {
     /// Phase 1: answer the candidates, in the query's answer order, as a
     /// [`RevdepsPlan`] result.
@@ -473,6 +488,7 @@ pub enum RevdepsStep {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RevdepsCandidate {
     /// `name.version`.
     pub pkg: String,

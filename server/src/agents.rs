@@ -292,6 +292,17 @@ struct AgentRow {
 
 /// Every agent, by name. Online = seen within three heartbeat intervals.
 pub async fn list(db: &PgPool, heartbeat: Duration) -> Result<Vec<AgentView>, sqlx::Error> {
+    page(db, heartbeat, None, None).await
+}
+
+/// Agents by name whose names come after `after`, at most `limit` (all
+/// when `None`).
+pub async fn page(
+    db: &PgPool,
+    heartbeat: Duration,
+    after: Option<&str>,
+    limit: Option<i64>,
+) -> Result<Vec<AgentView>, sqlx::Error> {
     let rows: Vec<AgentRow> = sqlx::query_as(
         "SELECT a.name, a.state, a.labels, a.kinds, a.capacity, a.registered_at, a.last_seen_at,
                 a.health, a.devices,
@@ -299,9 +310,12 @@ pub async fn list(db: &PgPool, heartbeat: Duration) -> Result<Vec<AgentView>, sq
                 COALESCE(a.last_seen_at > now() - $1 * interval '1 millisecond', false) AS online
          FROM agents a
          LEFT JOIN jobs j ON j.agent_id = a.id AND j.state IN ('leased', 'running')
-         GROUP BY a.id ORDER BY a.name",
+         WHERE $2::text IS NULL OR a.name > $2
+         GROUP BY a.id ORDER BY a.name LIMIT $3",
     )
     .bind((heartbeat.as_millis() * 3) as i64)
+    .bind(after)
+    .bind(limit)
     .fetch_all(db)
     .await?;
     Ok(rows

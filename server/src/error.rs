@@ -78,6 +78,13 @@ impl From<FieldError> for ApiError {
     }
 }
 
+/// PostgreSQL's "character not in repertoire" (22021) and "untranslatable
+/// character" (22P05): text it cannot store, a NUL byte above all. Such
+/// text can only have come from the request (a query parameter, a path
+/// segment or a field that no check looked at), so it is the caller's
+/// mistake, not the server's.
+const UNSTORABLE_TEXT: [&str; 2] = ["22021", "22P05"];
+
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
         match &e {
@@ -85,6 +92,18 @@ impl From<sqlx::Error> for ApiError {
             | sqlx::Error::PoolClosed
             | sqlx::Error::Io(_)
             | sqlx::Error::Tls(_) => ApiError::Unavailable(e),
+            sqlx::Error::Database(db)
+                if db
+                    .code()
+                    .is_some_and(|c| UNSTORABLE_TEXT.contains(&c.as_ref())) =>
+            {
+                tracing::info!(error = %e, "request text refused by the database");
+                ApiError::BadRequest(
+                    "the request holds text that cannot be stored (a NUL byte or an invalid \
+                     character) in a parameter, path segment or field"
+                        .into(),
+                )
+            }
             _ => ApiError::Internal(e.into()),
         }
     }

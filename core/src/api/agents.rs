@@ -11,6 +11,7 @@ use crate::job::JobKind;
 /// Lifecycle of an agent as the operator sets it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum AgentState {
     /// Takes work.
     Active,
@@ -45,6 +46,7 @@ impl AgentState {
 
 /// One entry of `GET /api/v1/agents`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentView {
     pub name: String,
     pub state: AgentState,
@@ -84,12 +86,22 @@ impl AgentView {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentList {
     pub agents: Vec<AgentView>,
+    /// The cursor for the next page, to pass as `after`: this page's last
+    /// agent's name. `null` on the last page.
+    #[serde(default)]
+    pub next: Option<String>,
 }
+
+/// Most agents one page of `GET /api/v1/agents` holds (`limit`'s ceiling
+/// and default: a whole fleet of a few hundred in one call).
+pub const MAX_AGENT_PAGE: u32 = 1000;
 
 /// `POST /api/v1/agents/{name}/{pause|drain|resume}`: the agent's new state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SteerReply {
     pub name: String,
     pub state: AgentState,
@@ -97,6 +109,7 @@ pub struct SteerReply {
 
 /// What an agent computes on, as it registers it (`devices`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Devices {
     /// The CPU model.
     #[serde(default)]
@@ -108,6 +121,7 @@ pub struct Devices {
 
 /// The tile encoder an agent runs, and why it does not run a faster one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EncoderInfo {
     /// The backend in use (`cuda`, `onednn`, `cpu`, `reference`).
     pub backend: String,
@@ -124,6 +138,7 @@ pub struct EncoderInfo {
 /// `DeviceProfile` serialises to this shape; core does not depend on the
 /// encoder).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EncoderProfile {
     /// CPU model or GPU name the profile was measured on.
     pub device: String,

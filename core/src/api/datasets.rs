@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 /// What `POST /api/v1/datasets` takes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NewDataset {
     pub name: String,
     /// Inputs are the objects `{input_prefix}/{year}/{tile}/bands.npy` etc.
@@ -21,6 +22,7 @@ pub struct NewDataset {
 /// A dataset as the API shows it (`GET /api/v1/datasets`, and the answer to
 /// registering one or uploading its checkpoint).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DatasetView {
     pub name: String,
     pub checkpoint_key: Option<String>,
@@ -34,6 +36,7 @@ pub struct DatasetView {
 /// `POST /api/v1/coverage/import?dataset=` (the body is a geotessera
 /// `manifest.parquet`): what the import did.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CoverageImported {
     pub dataset: String,
     /// Rows in the manifest.

@@ -15,6 +15,7 @@ use crate::job::{JobKind, JobSpec, JobState};
 /// `{"kind":"command","command":"…","labels":{…},"priority":0,
 ///   "max_attempts":3,"timeout_s":600,"outputs":["path",…]}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubmitJob {
     #[serde(flatten)]
     pub spec: JobSpec,
@@ -44,6 +45,7 @@ pub fn default_cost() -> u32 {
 
 /// `GET /api/v1/jobs/{id}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobView {
     pub id: Uuid,
     pub kind: JobKind,
@@ -83,6 +85,7 @@ pub struct JobView {
 
 /// One attempt of a job: which agent, when, how it ended.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AttemptView {
     /// 1 for the first.
     pub attempt: u32,
@@ -123,6 +126,7 @@ impl JobView {
 
 /// `POST /api/v1/jobs/{id}/cancel`: what the cancel did.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CancelReply {
     pub id: Uuid,
     /// `cancelled`, or that the agent was asked to stop the job.
@@ -132,6 +136,7 @@ pub struct CancelReply {
 /// `GET /api/v1/jobs?state=&kind=&agent=&submitter=&q=&before=&limit=`:
 /// newest first, every filter ANDed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobList {
     pub jobs: Vec<JobView>,
     /// The cursor for the next (older) page, to pass as `before` with the

@@ -23,6 +23,8 @@ pub const MAX_LOG_PAGE_LINES: i64 = 10_000;
 
 /// The query of a page.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Query))]
 pub struct LogQuery {
     /// Lines after this sequence number (0: from the start).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -33,12 +33,14 @@ use uuid::Uuid;
 
 /// `201` answer to a submission.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Created {
     pub id: Uuid,
 }
 
 /// One stored output of a job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OutputView {
     /// The path the job declared.
     pub name: String,
@@ -51,6 +53,7 @@ pub struct OutputView {
 
 /// Work done of work total, in the job's own unit (pixels for tiles).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Progress {
     pub done: u64,
     pub total: u64,
@@ -86,11 +89,13 @@ impl FieldError {
 
 /// Body of every error answer: `{"error":{"code","message","detail"}}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     pub error: ErrorInfo,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorInfo {
     /// Stable, machine-readable: `bad_request`, `unauthorized`, `not_found`,
     /// `conflict`, `stale_lease`, …

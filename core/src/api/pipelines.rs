@@ -10,6 +10,7 @@ use uuid::Uuid;
 /// column of each) before it queues anything.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubmitPipeline {
     /// The file's name, for messages and lists.
     pub name: String,
@@ -23,6 +24,7 @@ pub const MAX_PIPELINE_BYTES: usize = 1024 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum PipelineState {
     /// Its items command is running.
     Listing,
@@ -72,6 +74,7 @@ impl PipelineState {
 
 /// Items by state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ItemCounts {
     pub waiting: u64,
     pub active: u64,
@@ -82,6 +85,7 @@ pub struct ItemCounts {
 
 /// A run in a list.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PipelineSummary {
     pub id: Uuid,
     pub name: String,
@@ -95,8 +99,22 @@ pub struct PipelineSummary {
     pub error: Option<String>,
 }
 
+/// `GET /api/v1/pipelines?before=ID&limit=N`: runs newest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PipelineList {
+    pub runs: Vec<PipelineSummary>,
+    /// Pass as `before` for the next (older) page: this page's last run.
+    /// `null` on the last page.
+    pub next: Option<Uuid>,
+}
+
+/// Most runs one page of `GET /api/v1/pipelines` holds.
+pub const MAX_PIPELINE_PAGE: u32 = 1000;
+
 /// A step (stage or move) as a column of the matrix.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepColumn {
     pub name: String,
     /// `stage` or `move`.
@@ -112,6 +130,7 @@ pub struct StepColumn {
 
 /// One cell: an item at a step.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepCell {
     /// `running`, `succeeded`, `failed` or `cancelled`.
     pub state: String,
@@ -122,6 +141,7 @@ pub struct StepCell {
 /// One row: an item and its cells (`None` where it has not been, or took
 /// another branch).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ItemRow {
     pub item: String,
     /// `waiting`, `active`, `done`, `failed` or `cancelled`.
@@ -133,6 +153,7 @@ pub struct ItemRow {
 /// `GET /api/v1/pipelines/{id}`: the run, its columns and a page of rows
 /// (`?after=INDEX&limit=N`, items in list order).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PipelineView {
     #[serde(flatten)]
     pub summary: PipelineSummary,
@@ -146,6 +167,7 @@ pub struct PipelineView {
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GateView {
     pub limit: u32,
     pub inside: u64,

@@ -11,6 +11,7 @@ use crate::job::{RevdepsQuery, RevdepsVariant};
 /// host of [`RevdepsVariant::debian_12`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubmitRevdeps {
     /// `name.version`, e.g. `dune.3.20.2`.
     pub target: String,
@@ -115,6 +116,7 @@ mod defaults {
 /// Where a run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum RunState {
     /// Phase 1 (the plan job) has not finished.
     Planning,
@@ -159,6 +161,7 @@ impl std::str::FromStr for RunState {
 /// Where a run's time went, in milliseconds (each known once its phase
 /// ended).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunTimings {
     /// Reading the repository, in phase 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -177,6 +180,7 @@ pub struct RunTimings {
 
 /// `GET /api/v1/revdeps/{id}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunView {
     pub id: Uuid,
     pub state: RunState,
@@ -196,3 +200,38 @@ pub struct RunView {
     pub created_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
 }
+
+/// One run in `GET /api/v1/revdeps`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RunSummary {
+    pub id: Uuid,
+    pub state: RunState,
+    /// `name.version`.
+    pub target: String,
+    /// The variant's compiler, `name.version`.
+    pub compiler: String,
+    /// The query (`union`, `depopts`, `recursive`, `with-test-depopts`).
+    pub query: String,
+    pub candidates: Option<i32>,
+    pub shards: Option<i32>,
+    pub shards_done: i64,
+    /// Packages in the answer, once done.
+    pub answer_len: Option<i64>,
+    pub submitter: String,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// `GET /api/v1/revdeps?before=ID&limit=N`: runs newest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RunList {
+    pub runs: Vec<RunSummary>,
+    /// Pass as `before` for the next (older) page: this page's last run.
+    /// `null` on the last page.
+    pub next: Option<Uuid>,
+}
+
+/// Most runs one page of `GET /api/v1/revdeps` holds.
+pub const MAX_RUN_PAGE: u32 = 200;

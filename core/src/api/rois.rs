@@ -20,6 +20,7 @@ pub const MAX_ROI_TILES: u64 = 250_000;
 /// What `POST /api/v1/rois` and `POST /api/v1/rois/plan` take.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RoiRequest {
     pub name: String,
     pub year: i32,
@@ -29,6 +30,10 @@ pub struct RoiRequest {
     pub geojson: Option<serde_json::Value>,
     /// `[min_lon, min_lat, max_lon, max_lat]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = Option<Vec<f64>>, min_items = 4, max_items = 4)
+    )]
     pub bbox: Option<[f64; 4]>,
     /// Plan only: count, submit nothing.
     #[serde(default)]
@@ -43,6 +48,7 @@ pub struct RoiRequest {
 
 /// How an ROI splits (`POST /api/v1/rois/plan`, and inside [`RoiCreated`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PlanCounts {
     /// Tiles whose cell meets the region.
     pub total: u64,
@@ -56,6 +62,7 @@ pub struct PlanCounts {
 
 /// `201` answer to `POST /api/v1/rois`: what a submission made.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RoiCreated {
     pub id: Uuid,
     #[serde(flatten)]
@@ -69,6 +76,7 @@ pub struct RoiCreated {
 
 /// `GET /api/v1/rois/{id}`: an ROI with its progress.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RoiView {
     pub id: Uuid,
     pub name: String,
@@ -183,6 +191,7 @@ impl TileState {
 
 /// An ROI's tiles by [`TileState`]; they add up to its tiles.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TileCounts {
     pub missing: u64,
     pub queued: u64,
@@ -239,6 +248,7 @@ impl TileCounts {
 /// An ROI's state, from its [`TileCounts`] ([`TileCounts::state`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum RoiState {
     Queued,
     Running,
@@ -261,6 +271,7 @@ impl RoiState {
 
 /// One ROI in `GET /api/v1/rois`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RoiSummary {
     pub id: Uuid,
     pub name: String,
@@ -278,6 +289,7 @@ pub const MAX_ROI_PAGE: u32 = 200;
 
 /// `GET /api/v1/rois?before=ID&limit=N`: ROIs newest first.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RoiPage {
     pub rois: Vec<RoiSummary>,
     /// Pass as `before` for the next (older) page; `null` on the last.

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 /// One entry of `GET /api/v1/tiles/stats`: tiles per hour of one agent over
 /// the last hour, with the mean job time.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentTileRate {
     pub agent: String,
     pub tiles_last_hour: i64,

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 /// `POST /api/v1/tokens`: make an API token. Only an admin may.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateToken {
     pub role: TokenRole,
     /// For `agent` tokens: the agent name the token may register as.
@@ -31,6 +32,7 @@ pub struct CreateToken {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum TokenRole {
     /// Everything, including making tokens and steering agents.
     Admin,
@@ -64,6 +66,7 @@ impl TokenRole {
 
 /// The secret is shown once, here; the server keeps only its hash.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TokenCreated {
     pub id: Uuid,
     pub token: String,
@@ -71,6 +74,7 @@ pub struct TokenCreated {
 
 /// One token as `GET /api/v1/tokens` lists it: never its secret.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TokenView {
     pub id: Uuid,
     pub role: TokenRole,
@@ -80,8 +84,16 @@ pub struct TokenView {
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
-/// `GET /api/v1/tokens`.
+/// `GET /api/v1/tokens?before=ID&limit=N`: newest first.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TokenList {
     pub tokens: Vec<TokenView>,
+    /// Pass as `before` for the next (older) page: this page's last token.
+    /// `null` on the last page.
+    #[serde(default)]
+    pub next: Option<Uuid>,
 }
+
+/// Most tokens one page of `GET /api/v1/tokens` holds.
+pub const MAX_TOKEN_PAGE: u32 = 1000;

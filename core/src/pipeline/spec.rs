@@ -60,6 +60,7 @@ pub enum HostTarget {
 
 /// An ssh destination, as an agent connects to it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SshTarget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,

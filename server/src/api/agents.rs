@@ -4,20 +4,74 @@ use axum::extract::{Path, State};
 use axum::Json;
 use flotilla_core::api::{AgentList, SteerReply};
 
+use flotilla_core::api::MAX_AGENT_PAGE;
+use flotilla_core::job::check_name;
+use serde::Deserialize;
+
 use crate::agents::{self, Steer};
 use crate::auth::{AdminAuth, ClientAuth};
 use crate::error::{ApiError, ApiResult};
+use crate::extract::QueryParams;
 use crate::state::AppState;
 
+use super::openapi::Errors;
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// The cursor: the `next` of the previous page (its last agent's name).
+    #[param(max_length = 64)]
+    after: Option<String>,
+    /// Agents per page (1 to 1000; default 1000).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+}
+
+/// Agents by name, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/api/v1/agents",
+    tag = "agents",
+    params(ListQuery),
+    responses((status = 200, description = "A page of agents", body = AgentList), Errors)
+)]
 pub async fn list(
     State(state): State<AppState>,
     ClientAuth(_): ClientAuth,
+    QueryParams(q): QueryParams<ListQuery>,
 ) -> ApiResult<Json<AgentList>> {
-    Ok(Json(AgentList {
-        agents: agents::list(&state.db, state.settings.heartbeat_interval).await?,
-    }))
+    let limit = q.limit.unwrap_or(MAX_AGENT_PAGE).clamp(1, MAX_AGENT_PAGE);
+    if let Some(after) = &q.after {
+        check_name("after", after).map_err(|e| ApiError::BadRequest(e.message))?;
+    }
+    let mut page = agents::page(
+        &state.db,
+        state.settings.heartbeat_interval,
+        q.after.as_deref(),
+        Some(i64::from(limit) + 1),
+    )
+    .await?;
+    let next = if page.len() > limit as usize {
+        page.truncate(limit as usize);
+        page.last().map(|a| a.name.clone())
+    } else {
+        None
+    };
+    Ok(Json(AgentList { agents: page, next }))
 }
 
+/// Pauses (no new jobs), drains (finish running jobs, then `drained`) or
+/// resumes an agent. Admin only.
+#[utoipa::path(
+    post,
+    path = "/api/v1/agents/{name}/{action}",
+    tag = "agents",
+    params(
+        ("name" = String, Path, description = "The agent's name"),
+        ("action" = String, Path, description = "What to do", pattern = "^(pause|drain|resume)$"),
+    ),
+    responses((status = 200, description = "The agent's new state", body = SteerReply), Errors)
+)]
 pub async fn steer(
     State(state): State<AppState>,
     AdminAuth(_): AdminAuth,

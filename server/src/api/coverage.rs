@@ -16,13 +16,28 @@ use crate::tiles::coverage;
 /// Largest accepted manifest (geotessera's is tens of MB).
 pub const MAX_MANIFEST_BYTES: usize = 1 << 30;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ImportQuery {
+    /// The dataset the tiles are of.
     dataset: String,
 }
 
 /// Records the tiles of a geotessera `manifest.parquet` (the body) as
 /// present for `?dataset=`.
+#[utoipa::path(
+    post,
+    path = "/api/v1/coverage/import",
+    tag = "datasets",
+    params(ImportQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream",
+                 description = "A geotessera manifest.parquet, at most 1 GiB"),
+    responses(
+        (status = 200, description = "What the import recorded", body = CoverageImported),
+        (status = 413, description = "Over 1 GiB", body = flotilla_core::api::ErrorBody),
+        super::openapi::Errors
+    )
+)]
 pub async fn import(
     State(state): State<AppState>,
     AdminAuth(_): AdminAuth,

@@ -14,6 +14,14 @@ use crate::tiles::datasets::{self, Dataset, ValidDataset};
 /// Largest accepted checkpoint upload (the published model is ~100 MB).
 pub const MAX_CHECKPOINT_BYTES: u64 = 4 << 30;
 
+/// Registers a dataset, or changes where its inputs come from. Admin only.
+#[utoipa::path(
+    post,
+    path = "/api/v1/datasets",
+    tag = "datasets",
+    request_body = NewDataset,
+    responses((status = 201, description = "The dataset", body = DatasetView), super::openapi::Errors)
+)]
 pub async fn add(
     State(state): State<AppState>,
     AdminAuth(_): AdminAuth,
@@ -23,6 +31,13 @@ pub async fn add(
     Ok((axum::http::StatusCode::CREATED, Json(d.into())))
 }
 
+/// Every dataset.
+#[utoipa::path(
+    get,
+    path = "/api/v1/datasets",
+    tag = "datasets",
+    responses((status = 200, description = "Every dataset", body = Vec<DatasetView>), super::openapi::Errors)
+)]
 pub async fn list(
     State(state): State<AppState>,
     ClientAuth(_): ClientAuth,
@@ -46,6 +61,19 @@ pub(crate) async fn known(state: &AppState, name: &str) -> ApiResult<Dataset> {
 /// first (`tiles::checkpoint_check`): a file that is not a valid model is
 /// refused with 422 naming the problem, and neither the store nor the
 /// dataset changes. The dataset changes only once the object is complete.
+#[utoipa::path(
+    put,
+    path = "/api/v1/datasets/{name}/checkpoint",
+    tag = "datasets",
+    params(("name" = String, Path, description = "The dataset's name")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream",
+                 description = "The checkpoint file (.safetensors or .pt), at most 4 GiB"),
+    responses(
+        (status = 200, description = "The dataset, pointing at the checkpoint", body = DatasetView),
+        (status = 413, description = "Over 4 GiB", body = flotilla_core::api::ErrorBody),
+        super::openapi::Errors
+    )
+)]
 pub async fn put_checkpoint(
     State(state): State<AppState>,
     AdminAuth(_): AdminAuth,

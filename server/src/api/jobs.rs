@@ -16,6 +16,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::created;
+use super::openapi::Errors;
 use crate::auth::{Caller, ClientAuth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, JsonBody, QueryParams};
@@ -25,6 +26,15 @@ use crate::queue::submit::NewJob;
 use crate::queue::{classes, read, submit};
 use crate::state::AppState;
 
+/// Queues a command job (tile, revdeps and step jobs are made by the
+/// server for regions, runs and pipelines).
+#[utoipa::path(
+    post,
+    path = "/api/v1/jobs",
+    tag = "jobs",
+    request_body = SubmitJob,
+    responses((status = 201, description = "Queued", body = Created), Errors)
+)]
 pub async fn submit(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
@@ -195,6 +205,14 @@ pub(crate) async fn check_owner(state: &AppState, caller: &Caller, id: Uuid) -> 
     )))
 }
 
+/// A job with its attempts (the owner's or an admin's).
+#[utoipa::path(
+    get,
+    path = "/api/v1/jobs/{id}",
+    tag = "jobs",
+    params(("id" = Uuid, Path, description = "The job's id")),
+    responses((status = 200, description = "The job", body = JobView), Errors)
+)]
 pub async fn show(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
@@ -210,9 +228,12 @@ pub async fn show(
 
 /// A list's query string, as the API and the dashboard's list page take
 /// it; empty values count as absent (an HTML form sends every field).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    #[param(value_type = Option<JobState>)]
     pub state: Option<String>,
+    #[param(value_type = Option<JobKind>)]
     pub kind: Option<String>,
     /// An agent's name.
     pub agent: Option<String>,
@@ -220,7 +241,10 @@ pub struct ListQuery {
     /// Text in the command, or the start or end of the job id.
     pub q: Option<String>,
     /// The cursor: the `next` of the previous page (its last job's id).
+    #[param(value_type = Option<Uuid>)]
     pub before: Option<String>,
+    /// Jobs per page (1 to 10,000; default 100).
+    #[param(minimum = 1, maximum = 10000)]
     pub limit: Option<i64>,
 }
 
@@ -329,6 +353,13 @@ impl ListRequest {
 
 /// The newest jobs matching the filters, a page at a time: all jobs for
 /// an admin, a client's own otherwise.
+#[utoipa::path(
+    get,
+    path = "/api/v1/jobs",
+    tag = "jobs",
+    params(ListQuery),
+    responses((status = 200, description = "A page of jobs", body = JobList), Errors)
+)]
 pub async fn list(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
@@ -353,6 +384,17 @@ fn own_only(caller: &Caller) -> Option<Uuid> {
 /// Queues failed or cancelled job `id` again as a new job (`201 {id}`):
 /// the same spec, labels, priority, cost and attempts, owned by the
 /// caller and accounted to it. The owner of the job or an admin.
+#[utoipa::path(
+    post,
+    path = "/api/v1/jobs/{id}/retry",
+    tag = "jobs",
+    params(("id" = Uuid, Path, description = "The failed or cancelled job")),
+    responses(
+        (status = 201, description = "The new job's id", body = Created),
+        (status = 409, description = "The job has not failed or been cancelled", body = flotilla_core::api::ErrorBody),
+        Errors
+    )
+)]
 pub async fn retry(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
@@ -423,6 +465,20 @@ pub(crate) async fn requeue(
     Ok(ids[0])
 }
 
+/// Cancels a job: at once if no agent holds it, else at its agent's next
+/// heartbeat.
+#[utoipa::path(
+    post,
+    path = "/api/v1/jobs/{id}/cancel",
+    tag = "jobs",
+    params(("id" = Uuid, Path, description = "The job's id")),
+    responses(
+        (status = 200, description = "Cancelled", body = CancelReply),
+        (status = 202, description = "The agent was asked to stop it", body = CancelReply),
+        (status = 409, description = "The job already finished", body = flotilla_core::api::ErrorBody),
+        Errors
+    )
+)]
 pub async fn cancel(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,

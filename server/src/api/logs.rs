@@ -20,6 +20,23 @@ const STREAM_CHUNK_LINES: i64 = 5_000;
 
 const TEXT: &str = "text/plain; charset=utf-8";
 
+/// The job's log as text: whole (streamed) without a query, else one page
+/// (`after`, `limit`) with the page's last line number in the
+/// `flotilla-log-next` header and `flotilla-log-more` true when it is full.
+#[utoipa::path(
+    get,
+    path = "/api/v1/jobs/{id}/log",
+    tag = "jobs",
+    params(("id" = Uuid, Path, description = "The job's id"), LogQuery),
+    responses(
+        (status = 200, description = "The log, or a page of it", body = String, content_type = "text/plain",
+         headers(
+             ("flotilla-log-next" = i64, description = "A page's last line (pass as `after`)"),
+             ("flotilla-log-more" = bool, description = "The page is full: more may follow"),
+         )),
+        super::openapi::Errors
+    )
+)]
 pub async fn text(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,

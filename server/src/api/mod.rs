@@ -15,6 +15,7 @@
 //! - [`tiles`]: tiles per hour per agent.
 //! - [`datasets`]: datasets and their checkpoints.
 //! - [`coverage`]: import a geotessera manifest.
+//! - [`openapi`]: the OpenAPI document of `/api/v1`, from these handlers.
 //! - [`agent_protocol`]: what agents call.
 //! - [`tile_inputs`]: a tile job's checkpoint and inputs, for agents.
 
@@ -24,6 +25,7 @@ pub mod coverage;
 pub mod datasets;
 pub mod jobs;
 pub mod logs;
+pub mod openapi;
 pub mod pipelines;
 pub mod revdeps;
 pub mod rois;
@@ -74,7 +76,8 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/api/v1/agents/{name}/{action}", post(agents::steer))
         .route("/api/v1/tokens", post(tokens::create).get(tokens::list))
         .route("/api/v1/tokens/{id}/revoke", post(tokens::revoke))
-        .route("/api/v1/revdeps", post(revdeps::submit))
+        .route("/api/v1/openapi.json", get(openapi::document))
+        .route("/api/v1/revdeps", post(revdeps::submit).get(revdeps::list))
         .route("/api/v1/revdeps/{id}", get(revdeps::show))
         .route(
             "/api/v1/pipelines",

@@ -6,12 +6,15 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
-use flotilla_core::api::pipelines::{PipelineSummary, PipelineView, SubmitPipeline};
+use flotilla_core::api::pipelines::{
+    PipelineList, PipelineView, SubmitPipeline, MAX_PIPELINE_PAGE,
+};
 use flotilla_core::api::{CancelReply, Created};
 use serde::Deserialize;
 use uuid::Uuid;
 
 use super::created;
+use super::openapi::Errors;
 use crate::auth::{Caller, ClientAuth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, JsonBody, QueryParams};
@@ -38,6 +41,19 @@ impl From<Refused> for ApiError {
     }
 }
 
+/// Runs a pipeline file: parsed and checked first (a mistake is a 422 with
+/// each error's line and column in `detail.errors`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/pipelines",
+    tag = "pipelines",
+    request_body = SubmitPipeline,
+    responses(
+        (status = 201, description = "The run's id", body = Created),
+        (status = 409, description = "A run of the same file is still open", body = flotilla_core::api::ErrorBody),
+        Errors
+    )
+)]
 pub async fn submit(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
@@ -72,30 +88,60 @@ async fn check_owner(state: &AppState, caller: &Caller, id: Uuid) -> ApiResult<(
     )))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
-    /// The last run of the previous page.
+    /// The cursor: the `next` of the previous page (its last run's id).
     before: Option<Uuid>,
+    /// Runs per page (1 to 1000; default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
 }
 
+/// Runs newest first, a page at a time: a client's own, all for an admin.
+#[utoipa::path(
+    get,
+    path = "/api/v1/pipelines",
+    tag = "pipelines",
+    params(ListQuery),
+    responses((status = 200, description = "A page of runs", body = PipelineList), Errors)
+)]
 pub async fn list(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
     QueryParams(q): QueryParams<ListQuery>,
-) -> ApiResult<Json<Vec<PipelineSummary>>> {
+) -> ApiResult<Json<PipelineList>> {
     let own = (caller.role != TokenRole::Admin).then_some(caller.token_id);
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    Ok(Json(read::list(&state.db, own, q.before, limit).await?))
+    let limit = q.limit.unwrap_or(100).clamp(1, MAX_PIPELINE_PAGE);
+    // One more than asked: whether there is a next page.
+    let mut runs = read::list(&state.db, own, q.before, limit + 1).await?;
+    let next = if runs.len() > limit as usize {
+        runs.truncate(limit as usize);
+        runs.last().map(|r| r.id)
+    } else {
+        None
+    };
+    Ok(Json(PipelineList { runs, next }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ShowQuery {
-    /// The index of the last item of the previous page.
+    /// The index of the last item of the previous page (its `next_after`).
     after: Option<u64>,
+    /// Items per page (1 to 10,000; default 1000).
+    #[param(minimum = 1, maximum = 10000)]
     limit: Option<u32>,
 }
 
+/// A run with its step columns, gates and a page of item rows.
+#[utoipa::path(
+    get,
+    path = "/api/v1/pipelines/{id}",
+    tag = "pipelines",
+    params(("id" = Uuid, Path, description = "The run's id"), ShowQuery),
+    responses((status = 200, description = "The run", body = PipelineView), Errors)
+)]
 pub async fn show(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
@@ -111,6 +157,18 @@ pub async fn show(
         .ok_or_else(|| ApiError::NotFound(format!("no pipeline run {id}")))
 }
 
+/// Cancels a run: its items, gates and open jobs.
+#[utoipa::path(
+    post,
+    path = "/api/v1/pipelines/{id}/cancel",
+    tag = "pipelines",
+    params(("id" = Uuid, Path, description = "The run's id")),
+    responses(
+        (status = 202, description = "Cancelled; running jobs stop at their next heartbeat", body = CancelReply),
+        (status = 409, description = "The run already finished", body = flotilla_core::api::ErrorBody),
+        Errors
+    )
+)]
 pub async fn cancel(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
@@ -124,6 +182,20 @@ pub async fn cancel(
 }
 
 /// `POST /api/v1/pipelines/{id}/items/{item}/cancel`: one item.
+#[utoipa::path(
+    post,
+    path = "/api/v1/pipelines/{id}/items/{item}/cancel",
+    tag = "pipelines",
+    params(
+        ("id" = Uuid, Path, description = "The run's id"),
+        ("item" = String, Path, description = "The item's id"),
+    ),
+    responses(
+        (status = 202, description = "Cancelled; its running job stops at its next heartbeat", body = CancelReply),
+        (status = 409, description = "The item already finished", body = flotilla_core::api::ErrorBody),
+        Errors
+    )
+)]
 pub async fn cancel_item(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,

@@ -5,10 +5,13 @@ use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::Json;
 
-use flotilla_core::api::rois::{PlanCounts, RoiPage, RoiRequest, RoiView, MAX_ROI_PAGE};
+use flotilla_core::api::rois::{
+    PlanCounts, RoiCreated, RoiPage, RoiRequest, RoiView, MAX_ROI_PAGE,
+};
 use flotilla_core::api::TokenRole;
 
 use super::created;
+use super::openapi::Errors;
 use crate::auth::{Caller, ClientAuth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, JsonBody, QueryParams};
@@ -41,6 +44,13 @@ fn valid(caller: &Caller, body: RoiRequest) -> ApiResult<ValidRoi> {
 }
 
 /// Counts only: total, present, in flight, missing.
+#[utoipa::path(
+    post,
+    path = "/api/v1/rois/plan",
+    tag = "rois",
+    request_body = RoiRequest,
+    responses((status = 200, description = "How the region splits", body = PlanCounts), Errors)
+)]
 pub async fn plan(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
@@ -52,6 +62,18 @@ pub async fn plan(
 }
 
 /// Plans and submits (or only plans, with `dry_run`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/rois",
+    tag = "rois",
+    request_body = RoiRequest,
+    responses(
+        (status = 201, description = "Submitted: a job per missing tile", body = RoiCreated),
+        (status = 200, description = "`dry_run`: the plan only", body = PlanCounts),
+        (status = 409, description = "The dataset has no checkpoint yet", body = flotilla_core::api::ErrorBody),
+        Errors
+    )
+)]
 pub async fn submit(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
@@ -85,6 +107,14 @@ pub async fn submit(
     Ok(created(made).into_response())
 }
 
+/// An ROI with its jobs and tiles by state.
+#[utoipa::path(
+    get,
+    path = "/api/v1/rois/{id}",
+    tag = "rois",
+    params(("id" = uuid::Uuid, Path, description = "The ROI's id")),
+    responses((status = 200, description = "The ROI", body = RoiView), Errors)
+)]
 pub async fn show(
     State(state): State<AppState>,
     ClientAuth(_): ClientAuth,
@@ -98,15 +128,25 @@ pub async fn show(
     Ok(Json(view))
 }
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// The last ROI of the previous page (its `next`).
     before: Option<uuid::Uuid>,
+    /// ROIs per page (1 to 200; default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<u32>,
 }
 
 /// ROIs newest first, with their tiles by state; `next` is the cursor of
 /// the following page.
+#[utoipa::path(
+    get,
+    path = "/api/v1/rois",
+    tag = "rois",
+    params(ListQuery),
+    responses((status = 200, description = "A page of ROIs", body = RoiPage), Errors)
+)]
 pub async fn list(
     State(state): State<AppState>,
     ClientAuth(_): ClientAuth,

@@ -8,6 +8,13 @@ use crate::auth::ClientAuth;
 use crate::error::ApiResult;
 use crate::state::AppState;
 
+/// Tiles per hour per agent over the last hour.
+#[utoipa::path(
+    get,
+    path = "/api/v1/tiles/stats",
+    tag = "rois",
+    responses((status = 200, description = "One entry per agent", body = Vec<AgentTileRate>), super::openapi::Errors)
+)]
 pub async fn stats(
     State(state): State<AppState>,
     ClientAuth(_): ClientAuth,

@@ -3,14 +3,26 @@
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use axum::Json;
-use flotilla_core::api::{CreateToken, TokenCreated, TokenList, TokenRole, TokenView};
+use flotilla_core::api::{
+    CreateToken, TokenCreated, TokenList, TokenRole, TokenView, MAX_TOKEN_PAGE,
+};
+use serde::Deserialize;
 
 use super::created;
+use super::openapi::Errors;
 use crate::auth::{self, AdminAuth};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::JsonBody;
+use crate::extract::{JsonBody, QueryParams};
 use crate::state::AppState;
 
+/// Makes a token; its secret is in the answer, once. Admin only.
+#[utoipa::path(
+    post,
+    path = "/api/v1/tokens",
+    tag = "tokens",
+    request_body = CreateToken,
+    responses((status = 201, description = "The token and its secret", body = TokenCreated), Errors)
+)]
 pub async fn create(
     State(state): State<AppState>,
     AdminAuth(_): AdminAuth,
@@ -53,17 +65,43 @@ pub async fn create(
     Ok(created(TokenCreated { id, token }))
 }
 
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// The cursor: the `next` of the previous page (its last token's id).
+    before: Option<uuid::Uuid>,
+    /// Tokens per page (1 to 1000; default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+}
+
+/// Tokens newest first, a page at a time; never their secrets. Admin only.
+#[utoipa::path(
+    get,
+    path = "/api/v1/tokens",
+    tag = "tokens",
+    params(ListQuery),
+    responses((status = 200, description = "A page of tokens", body = TokenList), Errors)
+)]
 pub async fn list(
     State(state): State<AppState>,
     AdminAuth(_): AdminAuth,
+    QueryParams(q): QueryParams<ListQuery>,
 ) -> ApiResult<Json<TokenList>> {
-    Ok(Json(TokenList {
-        tokens: auth::list_tokens(&state.db).await?,
-    }))
+    let limit = q.limit.unwrap_or(100).clamp(1, MAX_TOKEN_PAGE);
+    let (tokens, next) = auth::token_page(&state.db, q.before, limit).await?;
+    Ok(Json(TokenList { tokens, next }))
 }
 
 /// Revokes a token: it stops working on this server at once (on other
 /// servers sharing the database within `auth::CACHE_TTL`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/tokens/{id}/revoke",
+    tag = "tokens",
+    params(("id" = uuid::Uuid, Path, description = "The token's id")),
+    responses((status = 200, description = "The token, revoked", body = TokenView), Errors)
+)]
 pub async fn revoke(
     State(state): State<AppState>,
     AdminAuth(caller): AdminAuth,

@@ -11,7 +11,9 @@ pub mod tokens;
 
 use cache::Cached;
 pub use cache::{AuthCache, CACHE_TTL};
-pub use tokens::{create_token, ensure_token, hash_token, list_tokens, new_secret, revoke_token};
+pub use tokens::{
+    create_token, ensure_token, hash_token, list_tokens, new_secret, revoke_token, token_page,
+};
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;

@@ -77,6 +77,39 @@ pub async fn list_tokens(db: &PgPool) -> Result<Vec<TokenView>, sqlx::Error> {
     rows.into_iter().map(token_view).collect()
 }
 
+/// Tokens newest first, older than token `before` when given (an unknown
+/// `before` gives an empty page), at most `limit`; with the cursor of the
+/// next page when there may be one.
+pub async fn token_page(
+    db: &PgPool,
+    before: Option<Uuid>,
+    limit: u32,
+) -> Result<(Vec<TokenView>, Option<Uuid>), sqlx::Error> {
+    let rows: Vec<TokenRow> = sqlx::query_as(
+        "SELECT id, role, agent_name, description, created_at, revoked_at
+         FROM api_tokens
+         WHERE $1::uuid IS NULL
+            OR (created_at, id) < (SELECT c.created_at, c.id FROM api_tokens c WHERE c.id = $1)
+         ORDER BY created_at DESC, id DESC LIMIT $2",
+    )
+    .bind(before)
+    .bind(i64::from(limit) + 1)
+    .fetch_all(db)
+    .await?;
+    let more = rows.len() > limit as usize;
+    let tokens = rows
+        .into_iter()
+        .take(limit as usize)
+        .map(token_view)
+        .collect::<Result<Vec<_>, _>>()?;
+    let next = if more {
+        tokens.last().map(|t| t.id)
+    } else {
+        None
+    };
+    Ok((tokens, next))
+}
+
 /// Revokes token `id` (again is a no-op); `None` if there is no such token.
 /// The caller must also [`super::AuthCache::forget_tokens`].
 pub async fn revoke_token(db: &PgPool, id: Uuid) -> Result<Option<TokenView>, sqlx::Error> {

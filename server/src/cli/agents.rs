@@ -12,6 +12,13 @@ pub struct AgentsArgs {
     /// Print the list as JSON (`flotilla agents --json`).
     #[arg(long)]
     json: bool,
+    /// Only agents whose names sort after this one (the previous page's
+    /// last, printed on stderr).
+    #[arg(long)]
+    after: Option<String>,
+    /// Agents per page (at most 1000).
+    #[arg(long, default_value_t = 1000)]
+    limit: u32,
     #[command(flatten)]
     conn: Conn,
 }
@@ -36,10 +43,21 @@ pub async fn agents(args: AgentsArgs) -> anyhow::Result<()> {
     let client = args.conn.client()?;
     let (name, action) = match args.action.unwrap_or(AgentAction::List { json: false }) {
         AgentAction::List { json } => {
-            let list: AgentList = client.get("/api/v1/agents").await?;
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            query.append_pair("limit", &args.limit.to_string());
+            if let Some(after) = &args.after {
+                query.append_pair("after", after);
+            }
+            let list: AgentList = client
+                .get(&format!("/api/v1/agents?{}", query.finish()))
+                .await?;
             if json || args.json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
                 return Ok(());
+            }
+            // On stderr, so stdout stays the table.
+            if let Some(next) = &list.next {
+                eprintln!("more agents: --after {next}");
             }
             println!(
                 "{:<16} {:<9} {:<7} {:>5} {:<24} {:>6} {:>9} {:<8}  NOTES",
@@ -101,6 +119,10 @@ fn notes(a: &flotilla_core::api::AgentView) -> Vec<String> {
     }
     if a.disk_nearly_full {
         notes.push("DISK OVER 90% FULL".to_string());
+    }
+    // Paused, draining and drained say so in STATE; this is the rest.
+    if let (flotilla_core::api::AgentState::Active, Some(why)) = (a.state, &a.lease_refused) {
+        notes.push(format!("NOT LEASING: {why}"));
     }
     notes
 }

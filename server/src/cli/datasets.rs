@@ -29,8 +29,11 @@ pub enum DatasetsCommand {
         #[command(flatten)]
         conn: Conn,
     },
-    /// List datasets as JSON.
+    /// List datasets: a table, or JSON with --json.
     List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         conn: Conn,
     },
@@ -80,9 +83,32 @@ pub async fn datasets(cmd: DatasetsCommand) -> anyhow::Result<()> {
                 .await?;
             print_json(&v)?;
         }
-        DatasetsCommand::List { conn } => {
+        DatasetsCommand::List { json, conn } => {
             let v: Vec<DatasetView> = conn.client()?.get("/api/v1/datasets").await?;
-            print_json(&v)?;
+            if json {
+                return print_json(&v);
+            }
+            println!(
+                "{:<20}  {:<12}  {:>10}  {:<19}  INPUTS",
+                "NAME", "CHECKPOINT", "SIZE (MB)", "CREATED (UTC)"
+            );
+            for d in v {
+                let sha = d.checkpoint_sha256.as_deref().unwrap_or("-");
+                let inputs = match (&d.input_prefix, &d.fetch_command) {
+                    (Some(p), _) => format!("store: {p}"),
+                    (None, Some(c)) => format!("command: {c}"),
+                    (None, None) => "-".to_string(),
+                };
+                println!(
+                    "{:<20}  {:<12}  {:>10}  {:<19}  {}",
+                    d.name,
+                    sha.chars().take(12).collect::<String>(),
+                    d.checkpoint_size
+                        .map_or("-".to_string(), |s| format!("{:.1}", s as f64 / 1e6)),
+                    d.created_at.format("%Y-%m-%d %H:%M:%S"),
+                    inputs
+                );
+            }
         }
     }
     Ok(())

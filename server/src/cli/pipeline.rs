@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Subcommand;
-use flotilla_core::api::pipelines::{PipelineState, PipelineSummary, PipelineView, SubmitPipeline};
+use flotilla_core::api::pipelines::{PipelineList, PipelineState, PipelineView, SubmitPipeline};
 use flotilla_core::api::{CancelReply, Created};
 use flotilla_core::pipeline::plan::Plan;
 
@@ -52,10 +52,17 @@ pub enum PipelineCommand {
         #[command(flatten)]
         conn: Conn,
     },
-    /// The newest runs.
+    /// The newest runs, a page at a time: the next page is the same
+    /// command with `--before` the id it prints last (on stderr).
     List {
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// Only runs older than this one (the previous page's last).
+        #[arg(long)]
+        before: Option<String>,
+        /// Print JSON (`runs` and the `next` cursor).
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         conn: Conn,
     },
@@ -162,20 +169,45 @@ pub async fn pipeline(cmd: PipelineCommand) -> anyhow::Result<()> {
             println!("{}: {}", reply.id, reply.status);
             Ok(())
         }
-        PipelineCommand::List { limit, conn } => {
-            let runs: Vec<PipelineSummary> = conn
+        PipelineCommand::List {
+            limit,
+            before,
+            json,
+            conn,
+        } => {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            query.append_pair("limit", &limit.to_string());
+            if let Some(before) = &before {
+                query.append_pair("before", before);
+            }
+            let list: PipelineList = conn
                 .client()?
-                .get(&format!("/api/v1/pipelines?limit={limit}"))
+                .get(&format!("/api/v1/pipelines?{}", query.finish()))
                 .await?;
-            for r in runs {
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(());
+            }
+            if let Some(next) = list.next {
+                eprintln!("older runs: --before {next}");
+            }
+            println!(
+                "{:<36}  {:<9} {:<24} {:<22} CREATED (UTC)",
+                "ID", "STATE", "NAME", "ITEMS"
+            );
+            for r in list.runs {
+                let items = format!(
+                    "{}/{} done, {} failed",
+                    r.counts.done,
+                    r.items.map_or("?".into(), |n| n.to_string()),
+                    r.counts.failed + r.counts.cancelled
+                );
                 println!(
-                    "{}  {:<9} {:<24} {}/{} done, {} failed  {}",
+                    "{:<36}  {:<9} {:<24} {:<22} {}",
                     r.id,
                     r.state.as_str(),
                     r.name,
-                    r.counts.done,
-                    r.items.map_or("?".into(), |n| n.to_string()),
-                    r.counts.failed + r.counts.cancelled,
+                    items,
                     r.created_at.format("%Y-%m-%d %H:%M:%S")
                 );
             }

@@ -1,10 +1,10 @@
-//! `flotilla revdeps submit|show`: opam reverse-dependency runs.
+//! `flotilla revdeps submit|show|list`: opam reverse-dependency runs.
 
 use std::time::Duration;
 
 use anyhow::bail;
 use clap::Subcommand;
-use flotilla_core::api::revdeps::{RunState, RunView, SubmitRevdeps};
+use flotilla_core::api::revdeps::{RunList, RunState, RunView, SubmitRevdeps};
 use flotilla_core::api::Created;
 use flotilla_core::job::RevdepsQuery;
 
@@ -38,6 +38,20 @@ pub enum RevdepsCommand {
     /// Show a run (state, progress, timings) as JSON.
     Show {
         id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Runs newest first, a page at a time: the next page is the same
+    /// command with `--before` the id it prints last (on stderr).
+    List {
+        /// Only runs older than this one (the previous page's last).
+        #[arg(long)]
+        before: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Print JSON (`runs` and the `next` cursor).
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         conn: Conn,
     },
@@ -101,6 +115,47 @@ pub async fn revdeps(cmd: RevdepsCommand) -> anyhow::Result<()> {
         RevdepsCommand::Show { id, conn } => {
             let run: RunView = conn.client()?.get(&format!("/api/v1/revdeps/{id}")).await?;
             println!("{}", serde_json::to_string_pretty(&run)?);
+            Ok(())
+        }
+        RevdepsCommand::List {
+            before,
+            limit,
+            json,
+            conn,
+        } => {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            query.append_pair("limit", &limit.to_string());
+            if let Some(before) = &before {
+                query.append_pair("before", before);
+            }
+            let list: RunList = conn
+                .client()?
+                .get(&format!("/api/v1/revdeps?{}", query.finish()))
+                .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(());
+            }
+            println!(
+                "{:<36}  {:<8}  {:<28}  {:<17}  {:>9}  {:>6}  CREATED (UTC)",
+                "ID", "STATE", "TARGET", "QUERY", "SHARDS", "ANSWER"
+            );
+            let shown = |n: Option<i64>| n.map_or("-".to_string(), |n| n.to_string());
+            for r in &list.runs {
+                println!(
+                    "{:<36}  {:<8}  {:<28}  {:<17}  {:>9}  {:>6}  {}",
+                    r.id,
+                    r.state.as_str(),
+                    r.target,
+                    r.query,
+                    format!("{}/{}", r.shards_done, shown(r.shards.map(i64::from))),
+                    shown(r.answer_len),
+                    r.created_at.format("%Y-%m-%d %H:%M:%S")
+                );
+            }
+            if let Some(next) = list.next {
+                eprintln!("older runs: --before {next}");
+            }
             Ok(())
         }
     }

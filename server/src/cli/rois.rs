@@ -1,4 +1,4 @@
-//! `flotilla roi submit|plan|show`: regions of interest — which tiles are
+//! `flotilla roi submit|plan|show|list`: regions of interest — which tiles are
 //! missing, a job for each, and following them to the end.
 
 use std::path::PathBuf;
@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use flotilla_core::api::rois::{PlanCounts, RoiCreated, RoiRequest, RoiView};
+use flotilla_core::api::rois::{PlanCounts, RoiCreated, RoiPage, RoiRequest, RoiView};
 use flotilla_core::roi::parse_bbox;
 
 use super::http::Conn;
@@ -88,6 +88,20 @@ pub enum RoiCommand {
         #[command(flatten)]
         conn: Conn,
     },
+    /// ROIs newest first, a page at a time: the next page is the same
+    /// command with `--before` the id it prints last (on stderr).
+    List {
+        /// Only ROIs older than this one (the previous page's last).
+        #[arg(long)]
+        before: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Print JSON (`rois` and the `next` cursor).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
 }
 
 pub async fn roi(cmd: RoiCommand) -> anyhow::Result<()> {
@@ -124,6 +138,44 @@ pub async fn roi(cmd: RoiCommand) -> anyhow::Result<()> {
         RoiCommand::Show { id, conn } => {
             let r: RoiView = conn.client()?.get(&format!("/api/v1/rois/{id}")).await?;
             print_json(&r)?;
+        }
+        RoiCommand::List {
+            before,
+            limit,
+            json,
+            conn,
+        } => {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            query.append_pair("limit", &limit.to_string());
+            if let Some(before) = &before {
+                query.append_pair("before", before);
+            }
+            let page: RoiPage = conn
+                .client()?
+                .get(&format!("/api/v1/rois?{}", query.finish()))
+                .await?;
+            if json {
+                return print_json(&page);
+            }
+            println!(
+                "{:<36}  {:<10}  {:<20}  {:<12}  {:>4}  {:>15}  CREATED (UTC)",
+                "ID", "STATE", "NAME", "DATASET", "YEAR", "TILES DONE"
+            );
+            for r in &page.rois {
+                println!(
+                    "{:<36}  {:<10}  {:<20}  {:<12}  {:>4}  {:>15}  {}",
+                    r.id,
+                    r.state.as_str(),
+                    r.name,
+                    r.dataset,
+                    r.year,
+                    format!("{}/{}", r.tiles.done, r.tiles.total()),
+                    r.created_at.format("%Y-%m-%d %H:%M:%S")
+                );
+            }
+            if let Some(next) = page.next {
+                eprintln!("older ROIs: --before {next}");
+            }
         }
     }
     Ok(())

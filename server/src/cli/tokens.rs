@@ -30,10 +30,18 @@ pub enum TokensCommand {
         conn: Conn,
     },
     /// List tokens (id, role, agent, description, created, revoked); never their secrets.
+    ///
+    /// Newest first, a page at a time: the next page is the same command
+    /// with `--before` the id it prints last (on stderr).
     List {
-        /// Print JSON.
+        /// Print JSON (`tokens` and the `next` cursor).
         #[arg(long)]
         json: bool,
+        /// Only tokens older than this one (the previous page's last).
+        #[arg(long)]
+        before: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
         #[command(flatten)]
         conn: Conn,
     },
@@ -47,11 +55,27 @@ pub enum TokensCommand {
 
 pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
     match cmd {
-        TokensCommand::List { json, conn } => {
-            let list: TokenList = conn.client()?.get("/api/v1/tokens").await?;
+        TokensCommand::List {
+            json,
+            before,
+            limit,
+            conn,
+        } => {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            query.append_pair("limit", &limit.to_string());
+            if let Some(before) = &before {
+                query.append_pair("before", before);
+            }
+            let list: TokenList = conn
+                .client()?
+                .get(&format!("/api/v1/tokens?{}", query.finish()))
+                .await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
                 return Ok(());
+            }
+            if let Some(next) = list.next {
+                eprintln!("older tokens: --before {next}");
             }
             println!(
                 "{:<36}  {:<6}  {:<16}  {:<20}  {:<20}  DESCRIPTION",
