@@ -16,6 +16,7 @@
 //! - [`tiles`]: random models, tiles and datasets for the tile tests.
 //! - [`driven`]: an agent process driven by the test, timing heartbeats.
 //! - [`fds`]: a process's open descriptors, from /proc.
+//! - [`ui`]: a logged-in dashboard client.
 //! - [`up`]: `flotilla up` as a child process, and the CLI against it.
 
 pub mod api;
@@ -25,6 +26,7 @@ pub mod pg;
 pub mod procs;
 pub mod sshd;
 pub mod tiles;
+pub mod ui;
 pub mod up;
 
 use std::path::PathBuf;

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use flotilla_e2e::procs::{server_on_shared, Agent};
+use flotilla_e2e::procs::{server_on_shared, Agent, Server};
+use flotilla_e2e::ui::Dashboard;
 use flotilla_e2e::{binary, scratch};
 use serde_json::json;
 
@@ -101,6 +102,8 @@ async fn dune_split_over_three_agents_matches_one_process() {
     assert!(agents.len() >= 2, "shards spread over agents: {agents:?}");
     eprintln!("revdeps run timings: {}", run["timings"]);
 
+    dashboard_pages(&server, &id, &fleet, shards).await;
+
     // Bad input names the field.
     let (status, body) = api
         .raw(
@@ -149,4 +152,67 @@ async fn futures_agents(server: &flotilla_e2e::procs::Server) -> Vec<Agent> {
         v.push(Agent::start(server, &format!("opam-{i}"), 1, &[]).await);
     }
     v
+}
+
+/// The dashboard's revdeps pages show the run as the API does: in the runs
+/// list, its plan and every shard as steps, the answer (and a download
+/// that is the answer), and the difference from an earlier answer of the
+/// same target.
+async fn dashboard_pages(server: &Server, id: &str, answer: &[String], shards: i64) {
+    let ui = Dashboard::login(server).await;
+    let list = ui.page("/ui/revdeps").await;
+    assert!(list.contains(&format!("/ui/revdeps/{id}")), "{list}");
+    assert!(list.contains(&format!("{} packages", answer.len())), "{list}");
+
+    let page = ui.page(&format!("/ui/revdeps/{id}")).await;
+    assert!(page.contains(&format!("Answer: {} packages", answer.len())));
+    let steps = page.split("<table id=\"steps\">").nth(1).expect("a steps table");
+    let steps = steps.split("</table>").next().unwrap();
+    assert_eq!(steps.matches(">shard ").count() as i64, shards, "{steps}");
+    assert_eq!(steps.matches(">plan<").count(), 1, "{steps}");
+    assert_eq!(steps.matches("s-succeeded").count() as i64, shards + 1);
+    assert!(page.contains("No earlier run of dune.3.20.2"), "nothing to compare yet");
+
+    let (status, text) = ui.get(&format!("/ui/revdeps/{id}/answer.txt")).await;
+    assert_eq!(status, 200);
+    assert_eq!(text.lines().collect::<Vec<_>>(), answer, "the download is the answer");
+
+    // An earlier answer of the same target with two packages fewer and one
+    // that is not in the answer, written as the coordinator writes one.
+    let db = sqlx::PgPool::connect(&server.opts.database_url).await.unwrap();
+    let earlier = uuid::Uuid::new_v4();
+    let mut old: Vec<String> = answer[2..].to_vec();
+    old.push("gone-package.1.0".to_string());
+    sqlx::query(
+        "INSERT INTO revdeps_runs (id, target, repo, variant, query, state, shard_size,
+                                   submitter, plan_job, result, created_at, finished_at)
+         SELECT $1, target, repo, variant, query, 'done', shard_size, submitter, plan_job,
+                $3, created_at - interval '1 day', finished_at - interval '1 day'
+         FROM revdeps_runs WHERE id = $2",
+    )
+    .bind(earlier)
+    .bind(uuid::Uuid::parse_str(id).unwrap())
+    .bind(serde_json::to_value(&old).unwrap())
+    .execute(&db)
+    .await
+    .unwrap();
+    let page = ui.page(&format!("/ui/revdeps/{id}")).await;
+    assert!(page.contains(&format!("/ui/revdeps/{earlier}")), "{page}");
+    assert!(page.contains("<span id=\"added-count\">2</span> added"), "{page}");
+    assert!(page.contains("<span id=\"removed-count\">1</span> removed"));
+    assert!(page.contains(&format!("+ {}", answer[0])));
+    assert!(page.contains("- gone-package.1.0"));
+    // The earlier run has none before it; the list has both, newest first.
+    let page = ui.page(&format!("/ui/revdeps/{earlier}")).await;
+    assert!(page.contains("No earlier run of dune.3.20.2"));
+    let list = ui.page("/ui/revdeps").await;
+    let (a, b) = (
+        list.find(&format!("/ui/revdeps/{id}")).unwrap(),
+        list.find(&format!("/ui/revdeps/{earlier}")).unwrap(),
+    );
+    assert!(a < b, "newest first");
+    // Unknown runs get the dashboard's 404 page, not JSON.
+    let (status, body) = ui.get(&format!("/ui/revdeps/{}", uuid::Uuid::new_v4())).await;
+    assert_eq!(status, 404);
+    assert!(body.contains("<html"), "{body}");
 }

@@ -16,6 +16,8 @@
 //!   its cells patched live from SSE.
 //! - [`roi`]: `/ui/rois`, regions of interest, and an ROI's tile map,
 //!   counts, ETA and the agents' rates, patched live from SSE.
+//! - [`revdeps`]: `/ui/revdeps`, opam reverse-dependency runs, and a run's
+//!   steps, answer (downloadable) and its difference from an earlier one.
 //! - [`shared`]: live page data computed once per interval, whatever the
 //!   number of open tabs.
 //! - here: what every page shares (rendering, the login check).
@@ -26,6 +28,7 @@ pub mod job;
 pub mod jobs;
 pub mod overview;
 pub mod pipeline;
+pub mod revdeps;
 pub mod roi;
 pub mod session;
 pub mod shared;
