@@ -32,9 +32,12 @@ use flotilla_agent::server_api::ServerApi;
                   no step on an ssh host."
 )]
 struct Args {
-    /// Server URL, e.g. https://flotilla.example:8470
-    #[arg(long, env = "FLOTILLA_SERVER")]
-    server: String,
+    /// Server URL, e.g. https://flotilla.example:8470; or several,
+    /// comma-separated (replicas on one database, or the same server
+    /// behind other addresses): the agent uses the first until it stops
+    /// answering, then the next in turn.
+    #[arg(long, env = "FLOTILLA_SERVER", value_delimiter = ',', required = true)]
+    server: Vec<String>,
     /// CA certificate(s) (PEM) to trust for an https:// server besides the
     /// public ones: the server's own CA, or its self-signed certificate.
     #[arg(long, env = "FLOTILLA_CA_FILE")]
@@ -172,7 +175,7 @@ fn real_main() -> anyhow::Result<()> {
             Some(path) => read_ca_file(path)?,
             None => Vec::new(),
         };
-        let api = ServerApi::trusting(&args.server, &token, roots)?;
+        let api = ServerApi::trusting_any(&args.server, &token, roots)?;
         let shutdown = tokio_util::sync::CancellationToken::new();
         let s = shutdown.clone();
         tokio::spawn(async move {

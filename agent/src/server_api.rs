@@ -250,10 +250,51 @@ impl TransferLimits {
     }
 }
 
+/// The servers an agent may talk to (replicas on one database, any of
+/// which answers every call the same), and the one it talks to now: it
+/// stays with one until that one stops answering, then tries the next in
+/// turn. Shared by every clone of the client, so a job's calls move with
+/// the agent's.
+struct Servers {
+    urls: Vec<String>,
+    current: std::sync::atomic::AtomicUsize,
+}
+
+impl Servers {
+    fn current(&self) -> (usize, &str) {
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.urls.len();
+        (i, &self.urls[i])
+    }
+
+    /// `urls[failed]` did not answer: the next server, unless another call
+    /// has moved on already.
+    fn failed(&self, failed: usize) {
+        if self.urls.len() > 1 {
+            let next = (failed + 1) % self.urls.len();
+            if self
+                .current
+                .compare_exchange(
+                    failed,
+                    next,
+                    std::sync::atomic::Ordering::Relaxed,
+                    std::sync::atomic::Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                tracing::warn!(
+                    from = %self.urls[failed],
+                    to = %self.urls[next],
+                    "server not answering; trying the next one"
+                );
+            }
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct ServerApi {
     http: reqwest::Client,
-    base: String,
+    servers: std::sync::Arc<Servers>,
     token: String,
     /// This process's [`Register::instance`], sent on every call.
     instance: Uuid,
@@ -274,6 +315,18 @@ impl ServerApi {
         token: &str,
         roots: Vec<reqwest::Certificate>,
     ) -> anyhow::Result<Self> {
+        Self::trusting_any(&[base.to_string()], token, roots)
+    }
+
+    /// [`ServerApi::trusting`] over several servers (replicas on one
+    /// database): calls go to the first until it stops answering, then to
+    /// the next in turn (see [`Servers`]).
+    pub fn trusting_any(
+        bases: &[String],
+        token: &str,
+        roots: Vec<reqwest::Certificate>,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(!bases.is_empty(), "no server URL given");
         let instance = Uuid::new_v4();
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(
@@ -289,7 +342,13 @@ impl ServerApi {
         }
         Ok(ServerApi {
             http: http.build()?,
-            base: base.trim_end_matches('/').to_string(),
+            servers: std::sync::Arc::new(Servers {
+                urls: bases
+                    .iter()
+                    .map(|b| b.trim_end_matches('/').to_string())
+                    .collect(),
+                current: std::sync::atomic::AtomicUsize::new(0),
+            }),
             token: token.to_string(),
             instance,
             transfer: TransferLimits::default(),
@@ -313,16 +372,20 @@ impl ServerApi {
         body: &B,
         timeout: Duration,
     ) -> Result<T, CallError> {
+        let (server, base) = self.servers.current();
         let resp = self
             .http
-            .post(format!("{}{path}", self.base))
+            .post(format!("{base}{path}"))
             .bearer_auth(&self.token)
             .timeout(timeout)
             .json(body)
             .send()
             .await
             // Every cause, and what to do about a TLS failure.
-            .map_err(|e| CallError::Unreachable(flotilla_core::tls::explain(&e, &self.base)))?;
+            .map_err(|e| {
+                self.servers.failed(server);
+                CallError::Unreachable(flotilla_core::tls::explain(&e, base))
+            })?;
         decode(resp).await
     }
 
@@ -435,11 +498,12 @@ impl ServerApi {
             .map(url_escape)
             .collect::<Vec<_>>()
             .join("/");
+        let (server, base) = self.servers.current();
         let mut req = self
             .http
             .put(format!(
                 "{}{}?lease={}",
-                self.base,
+                base,
                 paths::job(lease.job_id, &format!("outputs/{encoded}")),
                 lease.lease_token
             ))
@@ -449,10 +513,10 @@ impl ServerApi {
             req = req.header(reqwest::header::CONTENT_LENGTH, len);
         }
         let send = async {
-            let resp = req
-                .send()
-                .await
-                .map_err(|e| CallError::Unreachable(e.to_string()))?;
+            let resp = req.send().await.map_err(|e| {
+                self.servers.failed(server);
+                CallError::Unreachable(e.to_string())
+            })?;
             decode(resp).await
         };
         tokio::pin!(send);
@@ -514,11 +578,12 @@ impl ServerApi {
             .map(url_escape)
             .collect::<Vec<_>>()
             .join("/");
+        let (server, base) = self.servers.current();
         let request = self
             .http
             .get(format!(
                 "{}{}?lease={}",
-                self.base,
+                base,
                 paths::job(lease.job_id, &encoded),
                 lease.lease_token
             ))
@@ -527,7 +592,10 @@ impl ServerApi {
         let mut resp = tokio::time::timeout(stall, request)
             .await
             .map_err(|_| stalled("no answer"))?
-            .map_err(|e| CallError::Unreachable(e.to_string()))?;
+            .map_err(|e| {
+                self.servers.failed(server);
+                CallError::Unreachable(e.to_string())
+            })?;
         if !resp.status().is_success() {
             return Err(decode::<IgnoredAny>(resp)
                 .await

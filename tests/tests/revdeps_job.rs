@@ -162,24 +162,39 @@ async fn dashboard_pages(server: &Server, id: &str, answer: &[String], shards: i
     let ui = Dashboard::login(server).await;
     let list = ui.page("/ui/revdeps").await;
     assert!(list.contains(&format!("/ui/revdeps/{id}")), "{list}");
-    assert!(list.contains(&format!("{} packages", answer.len())), "{list}");
+    assert!(
+        list.contains(&format!("{} packages", answer.len())),
+        "{list}"
+    );
 
     let page = ui.page(&format!("/ui/revdeps/{id}")).await;
     assert!(page.contains(&format!("Answer: {} packages", answer.len())));
-    let steps = page.split("<table id=\"steps\">").nth(1).expect("a steps table");
+    let steps = page
+        .split("<table id=\"steps\">")
+        .nth(1)
+        .expect("a steps table");
     let steps = steps.split("</table>").next().unwrap();
     assert_eq!(steps.matches(">shard ").count() as i64, shards, "{steps}");
     assert_eq!(steps.matches(">plan<").count(), 1, "{steps}");
     assert_eq!(steps.matches("s-succeeded").count() as i64, shards + 1);
-    assert!(page.contains("No earlier run of dune.3.20.2"), "nothing to compare yet");
+    assert!(
+        page.contains("No earlier run of dune.3.20.2"),
+        "nothing to compare yet"
+    );
 
     let (status, text) = ui.get(&format!("/ui/revdeps/{id}/answer.txt")).await;
     assert_eq!(status, 200);
-    assert_eq!(text.lines().collect::<Vec<_>>(), answer, "the download is the answer");
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        answer,
+        "the download is the answer"
+    );
 
     // An earlier answer of the same target with two packages fewer and one
     // that is not in the answer, written as the coordinator writes one.
-    let db = sqlx::PgPool::connect(&server.opts.database_url).await.unwrap();
+    let db = sqlx::PgPool::connect(&server.opts.database_url)
+        .await
+        .unwrap();
     let earlier = uuid::Uuid::new_v4();
     let mut old: Vec<String> = answer[2..].to_vec();
     old.push("gone-package.1.0".to_string());
@@ -198,7 +213,10 @@ async fn dashboard_pages(server: &Server, id: &str, answer: &[String], shards: i
     .unwrap();
     let page = ui.page(&format!("/ui/revdeps/{id}")).await;
     assert!(page.contains(&format!("/ui/revdeps/{earlier}")), "{page}");
-    assert!(page.contains("<span id=\"added-count\">2</span> added"), "{page}");
+    assert!(
+        page.contains("<span id=\"added-count\">2</span> added"),
+        "{page}"
+    );
     assert!(page.contains("<span id=\"removed-count\">1</span> removed"));
     assert!(page.contains(&format!("+ {}", answer[0])));
     assert!(page.contains("- gone-package.1.0"));
@@ -212,7 +230,9 @@ async fn dashboard_pages(server: &Server, id: &str, answer: &[String], shards: i
     );
     assert!(a < b, "newest first");
     // Unknown runs get the dashboard's 404 page, not JSON.
-    let (status, body) = ui.get(&format!("/ui/revdeps/{}", uuid::Uuid::new_v4())).await;
+    let (status, body) = ui
+        .get(&format!("/ui/revdeps/{}", uuid::Uuid::new_v4()))
+        .await;
     assert_eq!(status, 404);
     assert!(body.contains("<html"), "{body}");
 }

@@ -1,0 +1,165 @@
+//! Several servers on one database: an agent given every server's URL
+//! works through whichever answers, and a rolling upgrade (each server
+//! stopped and started again in turn while agents run jobs) fails no job
+//! and runs none to completion twice.
+
+use std::time::{Duration, Instant};
+
+use flotilla_core::job::JobState;
+use flotilla_e2e::procs::{opts_on_shared, Agent, Server, ServerOpts};
+use flotilla_e2e::scratch;
+use serde_json::json;
+
+fn marker_job(marks: &std::path::Path) -> serde_json::Value {
+    json!({
+        "kind": "command",
+        "command": format!("sleep 0.3; echo $FLOTILLA_ATTEMPT >> {}/$FLOTILLA_JOB_ID", marks.display()),
+    })
+}
+
+/// Stops a server as an upgrade would (SIGTERM), waits until it no longer
+/// answers, and reaps it; [`Server::restart`] starts it again on the same
+/// address.
+async fn stop(server: &mut Server) -> Duration {
+    let started = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("signalling the server");
+    let http = reqwest::Client::new();
+    let health = format!("{}/healthz", server.url());
+    while http.get(&health).send().await.is_ok() && started.elapsed() < Duration::from_secs(40) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stopped = started.elapsed();
+    server.kill().await;
+    stopped
+}
+
+/// Jobs `agent` finished, by the API of `server`.
+async fn done_by(server: &Server, agent: &str) -> usize {
+    server
+        .api()
+        .get(&format!(
+            "/api/v1/jobs?state=succeeded&agent={agent}&limit=1000"
+        ))
+        .await["jobs"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+/// Succeeded jobs, by the API of `server`.
+async fn succeeded(server: &Server) -> usize {
+    server
+        .api()
+        .get("/api/v1/jobs?state=succeeded&limit=1000")
+        .await["jobs"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_upgrade_of_two_replicas_fails_no_job() {
+    let dir = scratch("e2e-replicas-");
+    let opts = opts_on_shared(dir.path(), 4_000).await;
+    let fixed = |o: &ServerOpts| ServerOpts {
+        listen: flotilla_e2e::procs::free_addr(),
+        ..o.clone()
+    };
+    // Two replicas on one database and one store, each with a directory
+    // (and admin token) of its own.
+    let a_dir = dir.path().join("a");
+    let b_dir = dir.path().join("b");
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::create_dir_all(&b_dir).unwrap();
+    let mut a = Server::start(&a_dir, fixed(&opts)).await;
+    let mut b = Server::start(&b_dir, fixed(&opts)).await;
+    let marks = dir.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    // Each agent knows both servers, one starting at each.
+    let _x = Agent::start(&a, "replica-x", 3, &["--server", &b.url()]).await;
+    let _y = Agent::start(&b, "replica-y", 3, &["--server", &a.url()]).await;
+
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        // Submissions alternate between the replicas.
+        let api = if i % 2 == 0 { a.api() } else { b.api() };
+        ids.push(api.submit(marker_job(&marks)).await);
+    }
+    flotilla_e2e::eventually("a few jobs to finish", Duration::from_secs(60), || {
+        let a = &a;
+        async move { succeeded(a).await >= 6 }
+    })
+    .await;
+    // Upgrade A while B serves, then B while A serves, with jobs running.
+    // While one is down, the agent that started on it finishes jobs
+    // through the other: it moved on rather than waiting.
+    let stop_a = stop(&mut a).await;
+    for _ in 0..10 {
+        ids.push(b.api().submit(marker_job(&marks)).await);
+    }
+    let x_before = done_by(&b, "replica-x").await;
+    flotilla_e2e::eventually(
+        "replica-x to work through B while A is down",
+        Duration::from_secs(60),
+        || {
+            let b = &b;
+            async move { done_by(b, "replica-x").await >= x_before + 3 }
+        },
+    )
+    .await;
+    a.restart().await;
+    let stop_b = stop(&mut b).await;
+    for _ in 0..10 {
+        ids.push(a.api().submit(marker_job(&marks)).await);
+    }
+    let y_before = done_by(&a, "replica-y").await;
+    flotilla_e2e::eventually(
+        "replica-y to work through A while B is down",
+        Duration::from_secs(60),
+        || {
+            let a = &a;
+            async move { done_by(a, "replica-y").await >= y_before + 3 }
+        },
+    )
+    .await;
+    b.restart().await;
+    eprintln!("replicas: A stopped in {stop_a:?}, B in {stop_b:?}");
+
+    let api = a.api();
+    let mut rerun = Vec::new();
+    for id in &ids {
+        let j = api.wait_final(id, Duration::from_secs(180)).await;
+        assert_eq!(j.state, JobState::Succeeded, "job {id}: {:?}", j.error);
+        let runs = std::fs::read_to_string(marks.join(id)).unwrap();
+        assert_eq!(
+            runs.lines().count(),
+            1,
+            "job {id} ran to completion {runs:?}"
+        );
+        if runs.trim() != "1" {
+            rerun.push((id.clone(), runs.trim().to_string()));
+        }
+    }
+    // A graceful stop hands back nothing an agent holds: no job needed a
+    // second attempt.
+    assert!(
+        rerun.is_empty(),
+        "jobs that needed another attempt: {rerun:?}"
+    );
+    // Both agents worked throughout and are still registered and online.
+    let agents = api.get("/api/v1/agents").await;
+    let agents = agents["agents"]
+        .as_array()
+        .or(agents.as_array())
+        .cloned()
+        .unwrap_or_default();
+    for name in ["replica-x", "replica-y"] {
+        let agent = agents
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("{name} listed"));
+        assert_eq!(agent["online"], true, "{agent}");
+    }
+}
