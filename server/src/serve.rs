@@ -24,6 +24,22 @@ pub const DEFAULT_POOL_SIZE: u32 = 48;
 /// How long a request waits for a pool connection before it fails (503).
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The longest any one statement of the server may run
+/// (`--statement-timeout-ms`). The server's statements are claims,
+/// updates of one run and pages of lists, milliseconds each; a minute is
+/// far past any of them at a million jobs, so one that runs longer is a
+/// bug or a lock pile-up, and it is cut off with an error (logged, a 5xx
+/// or a retry) rather than holding a connection and its locks for ever.
+/// Migrations run without it ([`migrate`]).
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `opts` with every connection's `statement_timeout` set to `limit`
+/// (zero: none), sent at connection start-up, so every pool made from it
+/// (the agents' included) has it.
+pub fn with_statement_timeout(opts: PgConnectOptions, limit: Duration) -> PgConnectOptions {
+    opts.options([("statement_timeout", limit.as_millis().to_string())])
+}
+
 /// Connects the main pool ([`DEFAULT_POOL_SIZE`] connections), retrying
 /// for up to `patience` while the database is unreachable (it may be
 /// starting).
@@ -89,12 +105,25 @@ fn tls_error(e: sqlx::Error) -> anyhow::Error {
 }
 
 /// Applies the migrations under `migrations/` (an advisory lock keeps
-/// several servers starting at once from racing).
+/// several servers starting at once from racing), on a connection without
+/// the statement timeout: an index built over a large table may rightly
+/// take longer than any request should.
 pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
-    sqlx::migrate!("../migrations")
-        .run(db)
+    let mut conn = db.acquire().await.context("connecting to migrate")?;
+    sqlx::query("SET statement_timeout = 0")
+        .execute(&mut *conn)
         .await
-        .context("applying database migrations")
+        .context("lifting the statement timeout for the migrations")?;
+    let migrated = sqlx::migrate!("../migrations")
+        .run(&mut *conn)
+        .await
+        .context("applying database migrations");
+    // The connection goes back to the pool: give it the limit back.
+    sqlx::query("RESET statement_timeout")
+        .execute(&mut *conn)
+        .await
+        .context("restoring the statement timeout after the migrations")?;
+    migrated
 }
 
 /// Serves on `listener` until `shutdown` fires, over TLS with `tls`.

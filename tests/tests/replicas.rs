@@ -163,3 +163,41 @@ async fn rolling_upgrade_of_two_replicas_fails_no_job() {
         assert_eq!(agent["online"], true, "{agent}");
     }
 }
+
+/// Every connection the server makes has a statement timeout (a statement
+/// running past it fails with `query_canceled`), and the migrations, which
+/// may rightly run longer, are not held to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_have_a_statement_timeout_that_migrations_do_not() {
+    use flotilla_server::serve;
+    let pg = flotilla_e2e::pg::shared().await;
+    let db = flotilla_e2e::pg::fresh_database(pg).await;
+    let opts: sqlx::postgres::PgConnectOptions = pg.database_url(&db).parse().unwrap();
+    // 1 ms: shorter than many a migration's statements.
+    let opts = serve::with_statement_timeout(opts, Duration::from_millis(1));
+    let pool = serve::connect_sized(opts, Duration::from_secs(10), 2)
+        .await
+        .unwrap();
+    serve::migrate(&pool)
+        .await
+        .expect("migrations are not held to the limit");
+    // Both connections of the pool, the one that migrated included, are.
+    let mut c1 = pool.acquire().await.unwrap();
+    let mut c2 = pool.acquire().await.unwrap();
+    for conn in [&mut c1, &mut c2] {
+        let err = sqlx::query("SELECT pg_sleep(1)")
+            .execute(&mut **conn)
+            .await
+            .expect_err("a statement past the limit is cancelled");
+        let code = err
+            .as_database_error()
+            .and_then(|e| e.code())
+            .unwrap_or_default();
+        assert_eq!(code, "57014", "{err}");
+        let limit: String = sqlx::query_scalar("SHOW statement_timeout")
+            .fetch_one(&mut **conn)
+            .await
+            .unwrap();
+        assert_eq!(limit, "1ms");
+    }
+}

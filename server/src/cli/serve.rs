@@ -80,6 +80,10 @@ pub struct ServeArgs {
     /// background work.
     #[arg(long, env = "FLOTILLA_DB_POOL_SIZE", default_value_t = crate::serve::DEFAULT_POOL_SIZE)]
     pub db_pool_size: u32,
+    /// The longest one database statement may run, in milliseconds (0:
+    /// no limit); set on every connection. Migrations run without it.
+    #[arg(long, env = "FLOTILLA_STATEMENT_TIMEOUT_MS", default_value_t = crate::serve::DEFAULT_STATEMENT_TIMEOUT.as_millis() as u64)]
+    pub statement_timeout_ms: u64,
     /// PostgreSQL connections kept for the agent protocol alone, so that
     /// heartbeats get through whatever clients do.
     #[arg(long, env = "FLOTILLA_AGENT_POOL_SIZE", default_value_t = Settings::default().agent_pool_size)]
@@ -138,6 +142,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .parse()
         .context("parsing --database-url")?;
     check_root_cert(&args.database_url)?;
+    let opts = crate::serve::with_statement_timeout(
+        opts,
+        Duration::from_millis(args.statement_timeout_ms),
+    );
     let db = crate::serve::connect_sized(opts, Duration::from_secs(60), args.db_pool_size).await?;
     crate::serve::migrate(&db).await?;
     if let Some(path) = &args.admin_token_file {

@@ -203,7 +203,11 @@ async fn run_with_pg(
     pg.ensure_database(DATABASE)
         .await
         .context("creating the flotilla database")?;
-    let db = crate::serve::connect(pg.connect_options(DATABASE), Duration::from_secs(30)).await?;
+    let opts = crate::serve::with_statement_timeout(
+        pg.connect_options(DATABASE),
+        crate::serve::DEFAULT_STATEMENT_TIMEOUT,
+    );
+    let db = crate::serve::connect(opts, Duration::from_secs(30)).await?;
     crate::serve::migrate(&db).await?;
 
     let admin_file = data.join("admin.token");
