@@ -6,6 +6,7 @@
 
 use flotilla_e2e::procs::server_on_shared;
 use flotilla_e2e::scratch;
+use flotilla_e2e::ui::Dashboard;
 use serde_json::{json, Value};
 
 async fn token(api: &flotilla_e2e::api::Api, role: &str, description: &str) -> String {
@@ -64,35 +65,25 @@ async fn clients_see_their_own_jobs_and_secrets_stay_with_their_owner() {
     assert!(listed(admin.get("/api/v1/jobs").await));
 
     // The dashboard never shows a secret value, not even to an admin.
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let url = server.url();
-    let r = http
-        .post(format!("{url}/ui/login"))
-        .form(&[("token", server.admin_token.as_str())])
-        .send()
-        .await
-        .unwrap();
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
-    let page = http
-        .get(format!("{url}/ui/jobs/{id}"))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let ui = Dashboard::login(&server).await;
+    let page = ui.page(&format!("/ui/jobs/{id}")).await;
     assert!(page.contains("visible"), "the job page shows the spec");
     assert!(!page.contains("hunter2"), "no secret on the dashboard");
+
+    // The overview, page and stream, lists a client's own jobs only; an
+    // admin's lists every job.
+    let short = &id.replace('-', "")[24..];
+    for (who, sees) in [(&alice, true), (&bob, false)] {
+        let ui = Dashboard::login_with(&server, &who.token).await;
+        let page = ui.page("/ui").await;
+        assert_eq!(page.contains(short), sees, "{}: {page}", who.token);
+        let event = first_overview_event(&server, ui.cookie()).await;
+        assert_eq!(event.contains(short), sees, "{event}");
+    }
+    assert!(ui.page("/ui").await.contains(short));
+    assert!(first_overview_event(&server, ui.cookie())
+        .await
+        .contains(short));
 
     // A secret must name a variable the job has.
     let (status, v) = alice
@@ -141,8 +132,12 @@ async fn clients_see_their_own_jobs_and_secrets_stay_with_their_owner() {
         let (status, v) = metrics.raw(reqwest::Method::GET, p, None).await;
         assert_eq!(status, 403, "{p}: {v}");
     }
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
     let (status, _) = http
-        .post(format!("{url}/ui/login"))
+        .post(format!("{}/ui/login", server.url()))
         .form(&[("token", metrics.token.as_str())])
         .send()
         .await
@@ -158,6 +153,32 @@ async fn clients_see_their_own_jobs_and_secrets_stay_with_their_owner() {
         .raw(reqwest::Method::POST, &format!("{path}/cancel"), None)
         .await;
     assert_eq!(status, 200, "{v}");
+}
+
+/// The first overview the dashboard's stream pushes to the session of
+/// `cookie`.
+async fn first_overview_event(server: &flotilla_e2e::procs::Server, cookie: &str) -> String {
+    let mut r = reqwest::Client::new()
+        .get(format!("{}/ui/events", server.url()))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut text = String::new();
+    let whole = |t: &str| {
+        t.find("event: overview")
+            .is_some_and(|at| t[at..].contains("\n\n"))
+    };
+    while !whole(&text) {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), r.chunk())
+            .await
+            .expect("an overview within 10 s")
+            .unwrap()
+            .expect("the stream stays open");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    text
 }
 
 /// An agent token registers only with the labels and kinds an admin

@@ -1,5 +1,7 @@
 //! `/ui`: job counts by state, the agents and the latest jobs, pushed anew
-//! over server-sent events while the page is open.
+//! over server-sent events while the page is open. A client's session sees
+//! its own jobs' counts and latest jobs (as the API shows it only those);
+//! an admin's, every job.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use flotilla_core::api::{AgentView, JobView};
 use flotilla_core::job::JobState;
 
-use super::{allowed, render, session, to_login};
+use super::{render, session, to_login};
 use crate::error::ApiResult;
 use crate::queue::read;
 use crate::state::AppState;
@@ -135,8 +137,9 @@ fn job_row(j: JobView) -> JobRow {
     }
 }
 
-async fn overview_body(state: &AppState) -> ApiResult<String> {
-    let counts = read::counts(&state.db).await?;
+/// The panel for the jobs of `owner` (`None`: all jobs).
+async fn overview_body(state: &AppState, owner: Option<uuid::Uuid>) -> ApiResult<String> {
+    let counts = read::counts(&state.db, owner).await?;
     let total: i64 = counts.iter().map(|(_, n)| n).sum();
     let states = JobState::ALL
         .iter()
@@ -161,7 +164,7 @@ async fn overview_body(state: &AppState) -> ApiResult<String> {
         .into_iter()
         .map(agent_row)
         .collect();
-    let jobs = read::list(&state.db, None, None, 50)
+    let jobs = read::list(&state.db, None, owner, 50)
         .await?
         .into_iter()
         .map(job_row)
@@ -176,10 +179,10 @@ async fn overview_body(state: &AppState) -> ApiResult<String> {
 }
 
 pub async fn page(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
-    if !allowed(&state, &headers).await {
+    let Some(who) = session::who(&state, &headers).await? else {
         return Ok(to_login());
-    }
-    let body = overview_body(&state).await?;
+    };
+    let body = overview_body(&state, who.own_only()).await?;
     Ok(render(&OverviewPage {
         body,
         show_logout: !state.settings.dashboard_open,
@@ -188,17 +191,22 @@ pub async fn page(State(state): State<AppState>, headers: HeaderMap) -> ApiResul
 }
 
 /// Pushes a fresh overview every two seconds while the page is open; the
-/// panel is rendered once per interval for every open tab.
+/// panel is rendered once per interval for every open tab of one owner
+/// (all admins share one).
 /// Ends when the session does (logout, expiry, its token revoked), within
 /// [`session::RECHECK`].
 pub async fn events(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let Some(viewer) = session::viewer(&state, &headers).await else {
-        return StatusCode::UNAUTHORIZED.into_response();
+    let who = match session::who(&state, &headers).await {
+        Ok(Some(who)) => who,
+        Ok(None) => return StatusCode::UNAUTHORIZED.into_response(),
+        Err(e) => return e.into_response(),
     };
+    let owner = who.own_only();
+    let viewer = who.viewer;
     let checked = tokio::time::Instant::now();
     let stream = futures::stream::unfold(
         (state, viewer, checked),
-        |(state, viewer, mut checked)| async move {
+        move |(state, viewer, mut checked)| async move {
             tokio::select! {
                 _ = state.shutdown.cancelled() => return None,
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}
@@ -212,7 +220,9 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap) -> Respon
             let shared = state
                 .live_pages
                 .overview
-                .get((), || async { overview_body(&state).await.map(Arc::new) })
+                .get(owner, || async {
+                    overview_body(&state, owner).await.map(Arc::new)
+                })
                 .await;
             let event = match shared {
                 Ok(html) => Event::default()

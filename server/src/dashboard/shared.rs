@@ -77,8 +77,9 @@ pub type RoiPageState = Arc<(String, Option<String>)>;
 
 /// What the dashboard's live streams share.
 pub struct LivePages {
-    /// The overview's panel, rendered.
-    pub overview: Shared<(), Arc<String>>,
+    /// The overview's panel, rendered, by owner (`None`: every job, for
+    /// admins).
+    pub overview: Shared<Option<uuid::Uuid>, Arc<String>>,
     /// A pipeline run's page state (JSON), by run and page.
     pub pipelines: Shared<RunPage, Option<RunPageState>>,
     /// Whether a session (by the hash of its id) is still valid.

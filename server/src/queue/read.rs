@@ -444,11 +444,25 @@ pub async fn owner(db: &PgPool, id: Uuid) -> Result<Option<Option<Uuid>>, sqlx::
         .await
 }
 
-/// Counts of jobs per state.
-pub async fn counts(db: &PgPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
-    sqlx::query_as("SELECT state, count(*) FROM jobs GROUP BY state ORDER BY state")
-        .fetch_all(db)
-        .await
+/// Counts of jobs per state: all jobs, or `owner`'s (through
+/// `jobs_owner`).
+pub async fn counts(db: &PgPool, owner: Option<Uuid>) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    match owner {
+        None => {
+            sqlx::query_as("SELECT state, count(*) FROM jobs GROUP BY state ORDER BY state")
+                .fetch_all(db)
+                .await
+        }
+        Some(o) => {
+            sqlx::query_as(
+                "SELECT state, count(*) FROM jobs WHERE owner_token = $1
+                 GROUP BY state ORDER BY state",
+            )
+            .bind(o)
+            .fetch_all(db)
+            .await
+        }
+    }
 }
 
 /// The spec of job `id` (`None`: no such job, or a spec this server
