@@ -19,11 +19,12 @@ use super::openapi::Errors;
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
-    /// The cursor: the `next` of the previous page (its last agent's name).
-    #[param(max_length = 64)]
+    /// The cursor: the `next` of the previous page (its last agent's name;
+    /// empty: from the first).
+    #[param(max_length = 200)]
     after: Option<String>,
-    /// Agents per page (1 to 1000; default 1000).
-    #[param(minimum = 1, maximum = 1000)]
+    /// Agents per page, default 1000; a value outside 1 to
+    /// 1000 is taken as the nearer end.
     limit: Option<u32>,
 }
 
@@ -41,13 +42,14 @@ pub async fn list(
     QueryParams(q): QueryParams<ListQuery>,
 ) -> ApiResult<Json<AgentList>> {
     let limit = q.limit.unwrap_or(MAX_AGENT_PAGE).clamp(1, MAX_AGENT_PAGE);
-    if let Some(after) = &q.after {
+    let after = q.after.as_deref().filter(|a| !a.is_empty());
+    if let Some(after) = after {
         check_name("after", after).map_err(|e| ApiError::BadRequest(e.message))?;
     }
     let mut page = agents::page(
         &state.db,
         state.settings.heartbeat_interval,
-        q.after.as_deref(),
+        after,
         Some(i64::from(limit) + 1),
     )
     .await?;

@@ -243,8 +243,8 @@ pub struct ListQuery {
     /// The cursor: the `next` of the previous page (its last job's id).
     #[param(value_type = Option<Uuid>)]
     pub before: Option<String>,
-    /// Jobs per page (1 to 10,000; default 100).
-    #[param(minimum = 1, maximum = 10000)]
+    /// Jobs per page, default 100; a value outside 1 to
+    /// 10,000 is taken as the nearer end.
     pub limit: Option<i64>,
 }
 

@@ -93,8 +93,8 @@ async fn check_owner(state: &AppState, caller: &Caller, id: Uuid) -> ApiResult<(
 pub struct ListQuery {
     /// The cursor: the `next` of the previous page (its last run's id).
     before: Option<Uuid>,
-    /// Runs per page (1 to 1000; default 100).
-    #[param(minimum = 1, maximum = 1000)]
+    /// Runs per page, default 100; a value outside 1 to
+    /// 1000 is taken as the nearer end.
     limit: Option<u32>,
 }
 
@@ -129,8 +129,8 @@ pub async fn list(
 pub struct ShowQuery {
     /// The index of the last item of the previous page (its `next_after`).
     after: Option<u64>,
-    /// Items per page (1 to 10,000; default 1000).
-    #[param(minimum = 1, maximum = 10000)]
+    /// Items per page, default 1000; a value outside 1 to
+    /// 10,000 is taken as the nearer end.
     limit: Option<u32>,
 }
 

@@ -133,8 +133,8 @@ pub async fn show(
 pub struct ListQuery {
     /// The last ROI of the previous page (its `next`).
     before: Option<uuid::Uuid>,
-    /// ROIs per page (1 to 200; default 50).
-    #[param(minimum = 1, maximum = 200)]
+    /// ROIs per page, default 50; a value outside 1 to
+    /// 200 is taken as the nearer end.
     limit: Option<u32>,
 }
 

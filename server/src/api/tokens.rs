@@ -70,8 +70,8 @@ pub async fn create(
 pub struct ListQuery {
     /// The cursor: the `next` of the previous page (its last token's id).
     before: Option<uuid::Uuid>,
-    /// Tokens per page (1 to 1000; default 100).
-    #[param(minimum = 1, maximum = 1000)]
+    /// Tokens per page, default 100; a value outside 1 to
+    /// 1000 is taken as the nearer end.
     limit: Option<u32>,
 }
 
