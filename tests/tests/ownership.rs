@@ -85,6 +85,32 @@ async fn clients_see_their_own_jobs_and_secrets_stay_with_their_owner() {
         .await
         .contains(short));
 
+    // Pipeline runs too: alice's is on her dashboard, not on bob's, whose
+    // session gets the 404 page for it.
+    let run = alice
+        .post(
+            "/api/v1/pipelines",
+            json!({"name": "mine.pipeline",
+                   "source": "host box = agent labels owner-test=1\nitems on box: echo a\nstage s on box: true\n"}),
+        )
+        .await;
+    let run = run["id"].as_str().expect("a run id").to_string();
+    for (who, sees) in [(&alice, true), (&bob, false)] {
+        let ui = Dashboard::login_with(&server, &who.token).await;
+        let list = ui.page("/ui/pipelines").await;
+        assert_eq!(list.contains(&run), sees, "{list}");
+        let (status, page) = ui.get(&format!("/ui/pipelines/{run}")).await;
+        assert_eq!(status, if sees { 200 } else { 404 }, "{page}");
+        let events = reqwest::Client::new()
+            .get(format!("{}/ui/pipelines/{run}/events", server.url()))
+            .header("cookie", ui.cookie())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(events.status(), if sees { 200 } else { 404 });
+    }
+    assert!(ui.page("/ui/pipelines").await.contains(&run));
+
     // A secret must name a variable the job has.
     let (status, v) = alice
         .raw(

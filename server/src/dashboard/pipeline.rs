@@ -16,7 +16,7 @@ use futures::Stream;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{allowed, render, session, to_login};
+use super::{not_found_page, render, session, to_login};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::parse_id;
 use crate::pipelines::read;
@@ -64,11 +64,13 @@ fn run_row(s: PipelineSummary) -> RunRow {
     }
 }
 
+/// `GET /ui/pipelines`: the runs a viewer may see (a client's session its
+/// own, as the API has it).
 pub async fn list(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
-    if !allowed(&state, &headers).await {
+    let Some(who) = session::who(&state, &headers).await? else {
         return Ok(to_login());
-    }
-    let runs = read::list(&state.db, None, None, 100).await?;
+    };
+    let runs = read::list(&state.db, who.own_only(), None, 100).await?;
     Ok(render(&ListPage {
         runs: runs.into_iter().map(run_row).collect(),
         show_logout: !state.settings.dashboard_open,
@@ -152,13 +154,22 @@ pub async fn page(
     Path(id): Path<String>,
     Query(q): Query<Page>,
 ) -> ApiResult<Response> {
-    if !allowed(&state, &headers).await {
+    let Some(who) = session::who(&state, &headers).await? else {
         return Ok(to_login());
-    }
-    let id = parse_id(&id)?;
-    let view = read::get(&state.db, id, q.after, ROWS_PER_PAGE)
+    };
+    // Another owner's run is as absent as an unknown one.
+    let Ok(id) = parse_id(&id) else {
+        return Ok(not_found_page());
+    };
+    if !read::owner(&state.db, id)
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no pipeline run {id}")))?;
+        .is_some_and(|owner| who.may_see(owner))
+    {
+        return Ok(not_found_page());
+    }
+    let Some(view) = read::get(&state.db, id, q.after, ROWS_PER_PAGE).await? else {
+        return Ok(not_found_page());
+    };
     let rows = cells(&view);
     let columns = view
         .steps
@@ -199,13 +210,17 @@ pub async fn events(
     Path(id): Path<String>,
     Query(q): Query<Page>,
 ) -> ApiResult<Response> {
-    let Some(viewer) = session::viewer(&state, &headers).await else {
+    let Some(who) = session::who(&state, &headers).await? else {
         return Ok(StatusCode::UNAUTHORIZED.into_response());
     };
     let id = parse_id(&id)?;
-    if read::owner(&state.db, id).await?.is_none() {
+    if !read::owner(&state.db, id)
+        .await?
+        .is_some_and(|owner| who.may_see(owner))
+    {
         return Err(ApiError::NotFound(format!("no pipeline run {id}")));
     }
+    let viewer = who.viewer;
     Ok(Sse::new(run_events(state, viewer, id, q.after))
         .keep_alive(KeepAlive::default())
         .into_response())
