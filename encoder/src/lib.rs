@@ -14,10 +14,15 @@
 //!   tensor is read; the bounded pickle reader for `.pt`.
 //! - `model` — typed weights with the upstream names, plus shared arithmetic
 //!   (LayerNorm, day-of-year encoding).
-//! - `npy` — the `.npy` reader and writer.
-//! - `tile` — tile inputs in the geotessera layout: read (dimensions capped
-//!   before any data), cross-check, write, per-pixel access (valid frames,
-//!   standardised tokens).
+//! - `npy` — the `.npy` reader and writer; `NpyFile`, read by position.
+//! - `tile` — tile inputs in memory in the geotessera layout: cross-checks
+//!   (dimensions capped before any data), write, per-pixel access (valid
+//!   frames, standardised tokens), a window's subset.
+//! - `tile_reader` — `TileReader`: a tile's files opened and checked, then
+//!   read a window of pixels at a time by position (memory bounded by the
+//!   window, not the tile).
+//! - `source` — `TileSource`, what the encoder reads windows from: a tile
+//!   in memory or a `TileReader`.
 //! - `normalise` — upstream's per-band means and stds, and `standardise`.
 //! - `sequence` — a pixel's bin length and which frames fill it; gathers a
 //!   chunk's sequences for a backend.
@@ -29,8 +34,8 @@
 //!   the `onednn` feature, Linux only); the GPU path in `backend/gpu/`
 //!   (`mod.rs` the forward pass, `device.rs` the device interface,
 //!   `kernels.cu`, `cuda.rs` behind the `cuda` feature, the tests' `emulator.rs`).
-//! - `encode` — `Encoder`: grouping pixels by bin, chunking, cancellation,
-//!   progress.
+//! - `encode` — `Encoder`: windows read ahead on their own thread, grouping
+//!   pixels by bin, chunking, cancellation, progress.
 //! - `output` — `TileEmbedding`, int8 quantisation, truncation, atomic writes.
 //! - `profile` — `DeviceProfile` and `Dtype`: per-device chunk/block/thread
 //!   settings in a TOML file (data only; `backend` names the device).
@@ -44,12 +49,12 @@
 //!
 //! ```no_run
 //! use std::sync::atomic::AtomicBool;
-//! use tessera_encoder::{BackendChoice, DeviceProfile, Encoder, OutputOptions, TileInputs};
+//! use tessera_encoder::{BackendChoice, DeviceProfile, Encoder, OutputOptions, TileReader};
 //! # fn main() -> Result<(), tessera_encoder::EncodeError> {
 //! let profile = DeviceProfile::resolve(None, BackendChoice::Cpu)?;
 //! let enc = Encoder::load("ckpt.pt".as_ref(), BackendChoice::Auto, profile)?;
-//! let tile = TileInputs::read("grid_0.15_52.05".as_ref())?;
-//! let emb = enc.encode_tile(&tile, &|done, total| eprintln!("{done}/{total}"), &AtomicBool::new(false))?;
+//! let tile = TileReader::open("grid_0.15_52.05".as_ref())?;
+//! let emb = enc.encode_files(&tile, &|done, total| eprintln!("{done}/{total}"), &AtomicBool::new(false))?;
 //! emb.write_outputs("out".as_ref(), "grid_0.15_52.05", OutputOptions { int8: true, dim: 128 })?;
 //! # Ok(()) }
 //! ```
@@ -67,8 +72,10 @@ pub mod npy;
 pub mod output;
 pub mod profile;
 pub mod sequence;
+pub mod source;
 pub mod synth;
 pub mod tile;
+pub mod tile_reader;
 
 pub use backend::{Backend, BackendChoice, SequenceBatch};
 pub use checkpoint::Checkpoint;
@@ -78,5 +85,7 @@ pub use error::EncodeError;
 pub use model::{Modality, StudentWeights};
 pub use output::{OutputOptions, TileEmbedding};
 pub use profile::{DeviceProfile, Dtype, ProfileSet};
+pub use source::TileSource;
 pub use synth::{random_checkpoint, write_safetensors, SynthTile};
 pub use tile::TileInputs;
+pub use tile_reader::TileReader;

@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use tessera_encoder::{
     bench, random_checkpoint, tile, write_safetensors, BackendChoice, Checkpoint, DeviceProfile,
     Dtype, EncodeError, Encoder, ModelConfig, OutputOptions, ProfileSet, SynthTile, TileInputs,
+    TileReader,
 };
 
 #[derive(Parser)]
@@ -219,20 +220,30 @@ struct TuneArgs {
     /// Pixels of the synthetic tile (default: 64 on CPUs, 16384 on a GPU).
     #[arg(long)]
     pixels: Option<usize>,
-    /// Chunk sizes to try (default: 32,64,128,256,512 on CPUs;
-    /// 256,1024,4096,16384 on a GPU, where the best is much larger).
+    /// Chunk sizes to try (default: 32 to 512 on CPUs; 64 to 16384 on a
+    /// GPU, where the best was 64 on an L4, 1024 on an A30, 4096 on an
+    /// H200). Sizes past the tile's pixels are tried once.
     #[arg(long, value_delimiter = ',')]
     chunks: Vec<usize>,
     /// Block sizes to try (default: 1,2,4,8,16 on CPUs; a GPU has no blocks).
     #[arg(long, value_delimiter = ',')]
     blocks: Vec<usize>,
-    /// Profile file to update.
-    #[arg(long, default_value = "tessera-profiles.toml")]
-    profile: PathBuf,
-    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
+    /// Profile file to update (the agent's `--encoder-profile`).
+    #[arg(
+        long = "out",
+        alias = "profile",
+        default_value = "tessera-profiles.toml"
+    )]
+    out: PathBuf,
+    /// The backend to tune (default: what `--backend auto`, and so the
+    /// agent, runs here).
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     backend: BackendChoice,
     #[arg(long)]
     threads: Option<usize>,
+    /// Precision to tune and store (default: the stored profile's, else f32).
+    #[arg(long, value_enum)]
+    dtype: Option<Dtype>,
 }
 
 #[derive(Args)]
@@ -327,7 +338,12 @@ fn run_backends() {
             Some(why) => println!("{:<10} not usable: {why}", b.name()),
         }
     }
-    println!("auto ->    {}", BackendChoice::Auto.resolve().name());
+    let auto = BackendChoice::Auto.resolve();
+    println!(
+        "auto ->    {} ({}; `tune` measures this one)",
+        auto.name(),
+        tessera_encoder::backend::isa(auto)
+    );
 }
 
 fn run_encode(a: EncodeArgs) -> Result<()> {
@@ -357,13 +373,14 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
     }
     for dir in &tiles {
         let name = tile_name(dir)?;
-        let inputs = TileInputs::read(dir)?;
+        let inputs = TileReader::open(dir)?;
         eprintln!(
-            "encoding {name}: {}x{} px, {} S2 + {} S1 frames, {} backend",
-            inputs.height,
-            inputs.width,
+            "encoding {name}: {}x{} px, {} S2 + {} S1 frames ({:.1} MB), {} backend",
+            inputs.height(),
+            inputs.width(),
             inputs.s2_frames(),
             inputs.s1_frames(),
+            inputs.data_bytes() as f64 / 1e6,
             enc.backend_name()
         );
         let bar = indicatif::ProgressBar::new(inputs.pixels() as u64);
@@ -374,7 +391,7 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
             .expect("the template is valid"),
         );
         bar.set_message(name.clone());
-        let emb = enc.encode_tile(
+        let emb = enc.encode_files(
             &inputs,
             &|done, total| {
                 bar.set_length(total as u64);
@@ -396,7 +413,18 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
             eprintln!("wrote {}", f.display());
         }
     }
+    if let Some(kib) = peak_resident_kib() {
+        eprintln!("peak resident memory: {} MiB", kib / 1024);
+    }
     Ok(())
+}
+
+/// This process's peak resident set (`VmHWM` of `/proc/self/status`, KiB):
+/// what an encode costs a shared box; `None` off Linux.
+fn peak_resident_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn tile_name(dir: &Path) -> Result<String> {
@@ -511,21 +539,25 @@ fn run_tune(a: TuneArgs) -> Result<()> {
             cpu.to_vec()
         }
     };
-    let chunks = or(
-        &a.chunks,
-        &[32, 64, 128, 256, 512],
-        &[256, 1024, 4096, 16384],
-    );
+    let chunks = or(&a.chunks, bench::CPU_CHUNKS, bench::GPU_CHUNKS);
     let blocks = or(&a.blocks, &[1, 2, 4, 8, 16], &[1]);
     let pixels = a.pixels.unwrap_or(if gpu { 16384 } else { 64 });
     let (ck, tile) = a.inputs.load(pixels)?;
-    let mut base = DeviceProfile::resolve(Some(a.profile.as_path()), choice)?;
+    let chunks = bench::distinct_chunks(&chunks, tile.pixels());
+    let mut base = DeviceProfile::resolve(Some(a.out.as_path()), choice)?;
     if let Some(t) = a.threads {
         base.threads = t.max(1);
     }
+    if let Some(d) = a.dtype {
+        base.dtype = d;
+    }
     println!(
-        "device: {} ({}, {} threads)",
-        base.device, base.backend, base.threads
+        "device: {} ({}, {}, {} threads, {})",
+        base.device,
+        base.backend,
+        tessera_encoder::backend::isa(choice),
+        base.threads,
+        base.dtype
     );
     println!(
         "{:>6} {:>6} {:>10} {:>9}",
@@ -540,8 +572,8 @@ fn run_tune(a: TuneArgs) -> Result<()> {
     let best = results
         .first()
         .context("no chunk/block combination to try")?;
-    let mut set = if a.profile.exists() {
-        ProfileSet::load(&a.profile)?
+    let mut set = if a.out.exists() {
+        ProfileSet::load(&a.out)?
     } else {
         ProfileSet::default()
     };
@@ -551,13 +583,13 @@ fn run_tune(a: TuneArgs) -> Result<()> {
         ..base
     };
     set.upsert(chosen.clone());
-    set.save(&a.profile)?;
+    set.save(&a.out)?;
     println!(
         "best: chunk {} block {} ({:.2} pixels/s); written to {}",
         chosen.chunk_pixels,
         chosen.block_pixels,
         best.pixels_per_s,
-        a.profile.display()
+        a.out.display()
     );
     Ok(())
 }

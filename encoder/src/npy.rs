@@ -275,42 +275,107 @@ pub fn read_elements<T>(
     check: impl FnOnce(&Header) -> Result<()>,
     conv: impl Fn(&[u8]) -> T,
 ) -> Result<(Header, Vec<T>)> {
-    use std::io::Read;
-    let npy_err = |reason: String| EncodeError::Npy {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let mut f = std::fs::File::open(path).map_err(|e| EncodeError::io(path, e))?;
-    let file_len = f.metadata().map_err(|e| EncodeError::io(path, e))?.len();
-    let file_len = usize::try_from(file_len)
-        .map_err(|_| npy_err(format!("{file_len} bytes: too large to read here")))?;
-    let mut prefix = vec![0u8; 12.min(file_len)];
-    f.read_exact(&mut prefix)
-        .map_err(|e| EncodeError::io(path, e))?;
-    let end = header_len(&prefix).map_err(npy_err)?;
-    if end > file_len {
-        return Err(npy_err("truncated header".into()));
-    }
-    let mut head = prefix;
-    head.resize(end, 0);
-    f.read_exact(&mut head[12.min(end)..])
-        .map_err(|e| EncodeError::io(path, e))?;
-    let h = parse_header(&head).map_err(npy_err)?;
-    check(&h)?;
-    check_body(&h, file_len - h.data_start).map_err(npy_err)?;
-    let size = h.dtype.size();
-    let n = h.data_bytes() / size;
-    let mut out = Vec::with_capacity(n);
-    let mut buf = vec![0u8; (1 << 20) / size * size];
-    let mut left = h.data_bytes();
-    while left > 0 {
-        let take = left.min(buf.len());
-        f.read_exact(&mut buf[..take])
-            .map_err(|e| EncodeError::io(path, e))?;
+    let f = NpyFile::open(path, check)?;
+    let size = f.header.dtype.size();
+    let mut out = Vec::with_capacity(f.header.data_bytes() / size);
+    let mut buf = vec![0u8; READ_PIECE_BYTES / size * size];
+    let mut at = 0;
+    while at < f.header.data_bytes() {
+        let take = (f.header.data_bytes() - at).min(buf.len());
+        f.read_at(at, &mut buf[..take])?;
         out.extend(buf[..take].chunks_exact(size).map(&conv));
-        left -= take;
+        at += take;
     }
-    Ok((h, out))
+    Ok((f.header, out))
+}
+
+/// Bytes read per call when a file is read in pieces: large enough that
+/// system calls cost nothing next to the copy, small enough to be no memory.
+pub const READ_PIECE_BYTES: usize = 1 << 20;
+
+/// An open `.npy` file whose header is parsed and whose size matches its
+/// shape, read by position: a tile's inputs are read a window of pixels at a
+/// time rather than whole (issue 16, "Memory"). Errors name the file.
+#[derive(Debug)]
+pub struct NpyFile {
+    path: std::path::PathBuf,
+    /// Seek and read under the lock: the only reader is the tile's read-ahead
+    /// thread, so it is never contended.
+    file: std::sync::Mutex<std::fs::File>,
+    pub header: Header,
+}
+
+impl NpyFile {
+    /// Open `path` and parse its header; `check` sees the header first and
+    /// may reject it, then the data must be exactly the bytes present.
+    pub fn open(path: &Path, check: impl FnOnce(&Header) -> Result<()>) -> Result<Self> {
+        use std::io::Read;
+        let npy_err = |reason: String| EncodeError::Npy {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let mut f = std::fs::File::open(path).map_err(|e| EncodeError::io(path, e))?;
+        let file_len = f.metadata().map_err(|e| EncodeError::io(path, e))?.len();
+        let file_len = usize::try_from(file_len)
+            .map_err(|_| npy_err(format!("{file_len} bytes: too large to read here")))?;
+        let mut prefix = vec![0u8; 12.min(file_len)];
+        f.read_exact(&mut prefix)
+            .map_err(|e| EncodeError::io(path, e))?;
+        let end = header_len(&prefix).map_err(npy_err)?;
+        if end > file_len {
+            return Err(npy_err("truncated header".into()));
+        }
+        let mut head = prefix;
+        head.resize(end, 0);
+        f.read_exact(&mut head[12.min(end)..])
+            .map_err(|e| EncodeError::io(path, e))?;
+        let h = parse_header(&head).map_err(npy_err)?;
+        check(&h)?;
+        check_body(&h, file_len - h.data_start).map_err(npy_err)?;
+        Ok(NpyFile {
+            path: path.to_path_buf(),
+            file: std::sync::Mutex::new(f),
+            header: h,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Fill `buf` with the data bytes from `offset` (counted from the start
+    /// of the data). A file cut short since it was opened is an error naming
+    /// it.
+    pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
+        let end = offset.checked_add(buf.len());
+        if end.is_none_or(|e| e > self.header.data_bytes()) {
+            return Err(EncodeError::Npy {
+                path: self.path.clone(),
+                reason: format!(
+                    "read of {} bytes at {offset} is past the data's {} bytes",
+                    buf.len(),
+                    self.header.data_bytes()
+                ),
+            });
+        }
+        // A poisoned lock only means another read panicked; the file is fine.
+        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let r = f
+            .seek(SeekFrom::Start((self.header.data_start + offset) as u64))
+            .and_then(|_| f.read_exact(buf));
+        r.map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => EncodeError::Npy {
+                path: self.path.clone(),
+                reason: format!(
+                    "truncated while being read: shape {:?} needs {} data bytes",
+                    self.header.shape,
+                    self.header.data_bytes()
+                ),
+            },
+            _ => EncodeError::io(&self.path, e),
+        })
+    }
 }
 
 /// The text after `'key':` up to the next top-level comma (or the tuple for shape).
@@ -326,6 +391,14 @@ fn dict_value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
 
 /// Serialise an array (format 1.0, header padded to 64 bytes).
 pub fn to_bytes(dtype: DType, shape: &[usize], data: &[u8]) -> Vec<u8> {
+    let mut out = header_bytes(dtype, shape);
+    out.extend_from_slice(data);
+    out
+}
+
+/// The format 1.0 header (magic to the padded header text) of an array of
+/// `dtype` and `shape`, for writers that stream the data after it.
+pub fn header_bytes(dtype: DType, shape: &[usize]) -> Vec<u8> {
     let shape_s = match shape.len() {
         1 => format!("({},)", shape[0]),
         _ => format!(
@@ -346,11 +419,10 @@ pub fn to_bytes(dtype: DType, shape: &[usize], data: &[u8]) -> Vec<u8> {
     let pad = (64 - total % 64) % 64;
     header.push_str(&" ".repeat(pad));
     header.push('\n');
-    let mut out = Vec::with_capacity(10 + header.len() + data.len());
+    let mut out = Vec::with_capacity(10 + header.len());
     out.extend_from_slice(b"\x93NUMPY\x01\x00");
     out.extend_from_slice(&(header.len() as u16).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
     out
 }
 

@@ -1,6 +1,7 @@
 //! A tile's embedding, its int8 quantisation, Matryoshka truncation, and
 //! writing the published output files atomically.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{EncodeError, Result};
@@ -81,40 +82,67 @@ impl TileEmbedding {
     /// Write `NAME.npy` (f32 (H,W,dim), or int8 with `int8`) and, for int8,
     /// `NAME_scales.npy` (f32 (H,W)) into `dir`. Each file is written under a
     /// temporary name and renamed into place only when all are written, so a
-    /// failure leaves no output.
+    /// failure leaves no output. The files are streamed from `values` a
+    /// pixel at a time (truncated and quantised on the way): writing takes
+    /// no second copy of the embedding.
     pub fn write_outputs(
         &self,
         dir: &Path,
         name: &str,
         opts: OutputOptions,
     ) -> Result<Vec<PathBuf>> {
-        let emb = if opts.dim == self.dim {
-            self.clone()
-        } else {
-            self.truncated(opts.dim)?
-        };
-        std::fs::create_dir_all(dir).map_err(|e| EncodeError::io(dir, e))?;
-        let shape = [emb.height, emb.width, emb.dim];
-        let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
-        if opts.int8 {
-            let (codes, scales) = emb.quantize();
-            let cb: Vec<u8> = codes.iter().map(|&c| c as u8).collect();
-            files.push((
-                dir.join(format!("{name}.npy")),
-                npy::to_bytes(DType::I8, &shape, &cb),
-            ));
-            files.push((
-                dir.join(format!("{name}_scales.npy")),
-                npy::to_bytes(DType::F32, &shape[..2], &npy::f32_bytes(&scales)),
-            ));
-        } else {
-            files.push((
-                dir.join(format!("{name}.npy")),
-                npy::to_bytes(DType::F32, &shape, &npy::f32_bytes(&emb.values)),
-            ));
+        let dim = opts.dim;
+        if dim == 0 || dim > self.dim {
+            return Err(EncodeError::Invalid(format!(
+                "--dim {dim}: must be between 1 and {}",
+                self.dim
+            )));
         }
-        write_all_atomically(&files)?;
-        Ok(files.into_iter().map(|(p, _)| p).collect())
+        std::fs::create_dir_all(dir).map_err(|e| EncodeError::io(dir, e))?;
+        let shape = [self.height, self.width, dim];
+        let pixels = || self.values.chunks_exact(self.dim).map(|px| &px[..dim]);
+        let main = dir.join(format!("{name}.npy"));
+        if opts.int8 {
+            // Filled while the codes are written, written after them.
+            let scales = std::cell::RefCell::new(vec![f32::INFINITY; self.nodata.len()]);
+            let write_codes = |w: &mut dyn Write| -> std::io::Result<()> {
+                let mut scales = scales.borrow_mut();
+                let (mut codes, mut bytes) = (vec![0i8; dim], vec![0u8; dim]);
+                w.write_all(&npy::header_bytes(DType::I8, &shape))?;
+                for (p, px) in pixels().enumerate() {
+                    if self.nodata[p] {
+                        codes.fill(0);
+                    } else {
+                        scales[p] = quantize_pixel(px, &mut codes);
+                    }
+                    for (b, &c) in bytes.iter_mut().zip(&codes) {
+                        *b = c as u8;
+                    }
+                    w.write_all(&bytes)?;
+                }
+                Ok(())
+            };
+            let write_scales = |w: &mut dyn Write| -> std::io::Result<()> {
+                w.write_all(&npy::header_bytes(DType::F32, &shape[..2]))?;
+                w.write_all(&npy::f32_bytes(&scales.borrow()))
+            };
+            let scales_path = dir.join(format!("{name}_scales.npy"));
+            write_all_atomically(&mut [
+                (main.clone(), Box::new(write_codes) as FileWriter<'_>),
+                (scales_path.clone(), Box::new(write_scales)),
+            ])?;
+            Ok(vec![main, scales_path])
+        } else {
+            let write_values = |w: &mut dyn Write| -> std::io::Result<()> {
+                w.write_all(&npy::header_bytes(DType::F32, &shape))?;
+                for px in pixels() {
+                    w.write_all(&npy::f32_bytes(px))?;
+                }
+                Ok(())
+            };
+            write_all_atomically(&mut [(main.clone(), Box::new(write_values) as FileWriter<'_>)])?;
+            Ok(vec![main])
+        }
     }
 }
 
@@ -124,21 +152,25 @@ fn tmp_name(p: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Write every file to a temporary name, then rename them all into place;
-/// on any error remove the temporaries.
-fn write_all_atomically(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
-    use std::io::Write;
+/// Writes one file's bytes, in order, to what it is given.
+type FileWriter<'a> = Box<dyn FnMut(&mut dyn Write) -> std::io::Result<()> + 'a>;
+
+/// Write every file (buffered) to a temporary name, then rename them all
+/// into place; on any error remove the temporaries.
+fn write_all_atomically(files: &mut [(PathBuf, FileWriter<'_>)]) -> Result<()> {
     let mut written = Vec::new();
     let result = (|| {
-        for (path, bytes) in files {
+        for (path, write) in files.iter_mut() {
             let tmp = tmp_name(path);
             written.push(tmp.clone());
-            let mut f = std::fs::File::create(&tmp).map_err(|e| EncodeError::io(&tmp, e))?;
-            f.write_all(bytes)
-                .and_then(|_| f.sync_all())
+            let f = std::fs::File::create(&tmp).map_err(|e| EncodeError::io(&tmp, e))?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            write(&mut w)
+                .and_then(|_| w.into_inner().map_err(|e| e.into_error()))
+                .and_then(|f| f.sync_all())
                 .map_err(|e| EncodeError::io(&tmp, e))?;
         }
-        for (path, _) in files {
+        for (path, _) in files.iter() {
             let tmp = tmp_name(path);
             std::fs::rename(&tmp, path).map_err(|e| EncodeError::io(path, e))?;
         }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{EncodeError, Result};
 use crate::model::Modality;
 use crate::normalise::{s1_stats, standardise, S2_MEAN, S2_STD};
-use crate::npy::{self, DType, NpyArray};
+use crate::npy::{self, DType};
 
 /// One SAR orbit direction: (T,H,W,2) i16 VV/VH and a day of year per frame.
 #[derive(Debug, Clone)]
@@ -31,6 +31,16 @@ impl SarPass {
     pub fn frames(&self) -> usize {
         self.doys.len()
     }
+
+    /// The same pass with no pixel data (for [`TileInputs::subset`]).
+    fn clone_without_data(&self) -> Self {
+        SarPass {
+            data: Vec::new(),
+            doys: self.doys.clone(),
+            mean: self.mean,
+            std: self.std,
+        }
+    }
 }
 
 /// Everything the encoder reads for one tile.
@@ -48,7 +58,7 @@ pub struct TileInputs {
     pub descending: SarPass,
 }
 
-fn tile_err(path: &Path, reason: impl Into<String>) -> EncodeError {
+pub(crate) fn tile_err(path: &Path, reason: impl Into<String>) -> EncodeError {
     EncodeError::Tile {
         path: path.to_path_buf(),
         reason: reason.into(),
@@ -56,7 +66,7 @@ fn tile_err(path: &Path, reason: impl Into<String>) -> EncodeError {
 }
 
 /// An `.npy` reader's error, reported as a bad tile input (same file, same reason).
-fn as_tile_err(e: EncodeError) -> EncodeError {
+pub(crate) fn as_tile_err(e: EncodeError) -> EncodeError {
     match e {
         EncodeError::Npy { path, reason } => EncodeError::Tile { path, reason },
         EncodeError::Io { path, source } => EncodeError::Tile {
@@ -68,7 +78,7 @@ fn as_tile_err(e: EncodeError) -> EncodeError {
 }
 
 /// The array in `path` has one of `dtypes` and `ndim` axes.
-fn check_header(
+pub(crate) fn check_header(
     path: &Path,
     dtype: DType,
     shape: &[usize],
@@ -98,12 +108,6 @@ fn check_header(
     Ok(())
 }
 
-fn read_checked(path: &Path, dtypes: &[DType], ndim: usize) -> Result<NpyArray> {
-    let a = npy::read(path).map_err(as_tile_err)?;
-    check_header(path, a.dtype, &a.shape, dtypes, ndim)?;
-    Ok(a)
-}
-
 /// Largest tile side accepted, in pixels: a geotessera tile is 0.1° square,
 /// about 1,100 × 1,100 px at 10 m; 4x that leaves room for other grids.
 pub const MAX_TILE_SIDE: usize = 4_400;
@@ -115,7 +119,7 @@ pub const MAX_FRAMES: usize = 4 * crate::config::MAX_SEQ_LEN;
 /// A (T, H, W, ...) array's frames and sides are within the caps, so that
 /// no index arithmetic on them can overflow and a header cannot ask for
 /// more than a real tile holds.
-fn check_dims(path: &Path, shape: &[usize]) -> Result<()> {
+pub(crate) fn check_dims(path: &Path, shape: &[usize]) -> Result<()> {
     for (axis, what, value, cap) in [
         (0, "frames", shape[0], MAX_FRAMES),
         (1, "height", shape[1], MAX_TILE_SIDE),
@@ -131,101 +135,42 @@ fn check_dims(path: &Path, shape: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// Like [`read_checked`] for the big (T, H, W, bands) arrays, converting as
-/// it reads; the dimensions are checked against the caps before any data.
-fn read_checked_elements<T>(
-    path: &Path,
-    dtype: DType,
-    ndim: usize,
-    conv: impl Fn(&[u8]) -> T,
-) -> Result<(Vec<usize>, Vec<T>)> {
-    let check = |h: &npy::Header| {
-        check_header(path, h.dtype, &h.shape, &[dtype], ndim)?;
-        check_dims(path, &h.shape)
-    };
-    let (h, v) = npy::read_elements(path, check, conv).map_err(as_tile_err)?;
-    Ok((h.shape, v))
-}
-
-const DOY_DTYPES: &[DType] = &[DType::I16, DType::U16, DType::I32, DType::I64, DType::U8];
-
-fn read_doys(path: &Path, frames: usize, data_file: &str) -> Result<Vec<i32>> {
-    let a = read_checked(path, DOY_DTYPES, 1)?;
-    if a.shape[0] != frames {
-        return Err(tile_err(
-            path,
-            format!(
-                "{} days of year, but {data_file} has {frames} frames",
-                a.shape[0]
-            ),
-        ));
-    }
-    Ok(a.to_i64()
-        .expect("integer dtype checked above")
-        .into_iter()
-        .map(|v| v as i32)
-        .collect())
-}
-
-fn read_sar(dir: &Path, name: &str, hw: (usize, usize), asc: bool) -> Result<SarPass> {
-    let data_path = dir.join(format!("{name}.npy"));
-    let doy_path = dir.join(format!("{name}_doy.npy"));
-    match (data_path.exists(), doy_path.exists()) {
-        (false, false) => return Ok(SarPass::new(Vec::new(), Vec::new(), asc)),
-        (true, false) => return Err(tile_err(&doy_path, "missing, but its data file exists")),
-        (false, true) => return Err(tile_err(&data_path, "missing, but its _doy file exists")),
-        _ => {}
-    }
-    let (shape, data) = read_checked_elements(&data_path, DType::I16, 4, |c| {
-        i16::from_le_bytes([c[0], c[1]])
-    })?;
-    if (shape[1], shape[2]) != hw || shape[3] != 2 {
-        return Err(tile_err(
-            &data_path,
-            format!(
-                "shape {:?}, expected (T, {}, {}, 2) to match bands.npy",
-                shape, hw.0, hw.1
-            ),
-        ));
-    }
-    let doys = read_doys(&doy_path, shape[0], &format!("{name}.npy"))?;
-    Ok(SarPass::new(data, doys, asc))
-}
-
 impl TileInputs {
-    /// Read and cross-check a tile directory. Any error names the file.
+    /// Read and cross-check a whole tile directory into memory. Any error
+    /// names the file. The encoder reads by windows instead
+    /// ([`TileReader`](crate::tile_reader::TileReader)).
     pub fn read(dir: &Path) -> Result<Self> {
-        let bands_path = dir.join("bands.npy");
-        let (bshape, bands) = read_checked_elements(&bands_path, DType::U16, 4, |c| {
-            u16::from_le_bytes([c[0], c[1]])
-        })?;
-        if bshape[3] != 10 {
-            return Err(tile_err(
-                &bands_path,
-                format!("shape {bshape:?}: last axis must be the 10 S2 bands"),
-            ));
+        crate::tile_reader::TileReader::open(dir)?.read_all()
+    }
+
+    /// The pixels `pixels` (each below [`TileInputs::pixels`]) as a tile of
+    /// one row: pixel `k` of the result is pixel `pixels[k]` of this one.
+    pub fn subset(&self, pixels: &[u32]) -> TileInputs {
+        let hw = self.pixels();
+        fn pick<T: Copy>(data: &[T], hw: usize, per: usize, pixels: &[u32]) -> Vec<T> {
+            let frames = data.len() / (hw * per).max(1);
+            let mut out = Vec::with_capacity(frames * pixels.len() * per);
+            for t in 0..frames {
+                for &p in pixels {
+                    let i = (t * hw + p as usize) * per;
+                    out.extend_from_slice(&data[i..i + per]);
+                }
+            }
+            out
         }
-        let (t, h, w) = (bshape[0], bshape[1], bshape[2]);
-        let masks_path = dir.join("masks.npy");
-        let m = read_checked(&masks_path, &[DType::U8, DType::Bool], 3)?;
-        if m.shape != [t, h, w] {
-            return Err(tile_err(
-                &masks_path,
-                format!("shape {:?}, but bands.npy is {bshape:?}", m.shape),
-            ));
+        let pass = |p: &SarPass| SarPass {
+            data: pick(&p.data, hw, 2, pixels),
+            ..p.clone_without_data()
+        };
+        TileInputs {
+            height: 1,
+            width: pixels.len(),
+            bands: pick(&self.bands, hw, 10, pixels),
+            masks: pick(&self.masks, hw, 1, pixels),
+            doys: self.doys.clone(),
+            ascending: pass(&self.ascending),
+            descending: pass(&self.descending),
         }
-        let doys = read_doys(&dir.join("doys.npy"), t, "bands.npy")?;
-        let ascending = read_sar(dir, "sar_ascending", (h, w), true)?;
-        let descending = read_sar(dir, "sar_descending", (h, w), false)?;
-        Ok(TileInputs {
-            height: h,
-            width: w,
-            bands,
-            masks: m.data,
-            doys,
-            ascending,
-            descending,
-        })
     }
 
     /// Write the tile in the same layout (both SAR passes always written).

@@ -104,7 +104,7 @@ fn tune_writes_the_best_into_the_profile() {
             "1,2",
             "--threads",
             "1",
-            "--profile",
+            "--out",
         ],
         &[&profile],
     );
@@ -113,6 +113,10 @@ fn tune_writes_the_best_into_the_profile() {
     assert_eq!(set.profiles.len(), 1);
     let p = &set.profiles[0];
     assert!([4, 8].contains(&p.chunk_pixels) && [1, 2].contains(&p.block_pixels));
+    // It tuned what `--backend auto` (and so the agent) runs here.
+    let auto = tessera_encoder::BackendChoice::Auto.resolve();
+    assert_eq!(p.backend, auto, "{text}");
+    assert_eq!(p.device, tessera_encoder::backend::device_name(auto));
     // A second sweep updates the same entry rather than adding one.
     run(
         &[

@@ -176,6 +176,52 @@ pub fn device_name(choice: BackendChoice) -> String {
     cpu_model().unwrap_or_else(|| format!("{} cpu", std::env::consts::ARCH))
 }
 
+/// What `choice` computes with here, for `tessera-encode backends` and the
+/// agent's registration: oneDNN's version and the ISA it dispatches to
+/// (Debian's 2.6 stops at `avx512_core_bf16` unless told otherwise, issue
+/// 16), the vector ISA the `gemm` crate and candle pick at run time for the
+/// CPU backends, the GPU's name for cuda.
+pub fn isa(choice: BackendChoice) -> String {
+    match choice.resolve() {
+        #[cfg(all(feature = "onednn", target_os = "linux"))]
+        BackendChoice::Onednn => {
+            let v = ::onednn::version();
+            format!(
+                "oneDNN {}.{}.{}, ISA {}",
+                v.major,
+                v.minor,
+                v.patch,
+                ::onednn::effective_isa()
+            )
+        }
+        BackendChoice::Cuda => format!("GPU {}", device_name(BackendChoice::Cuda)),
+        _ => cpu_vector_isa().to_string(),
+    }
+}
+
+/// The widest f32 vector ISA this CPU offers of those the `gemm` crate
+/// dispatches to.
+fn cpu_vector_isa() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            return "avx512f";
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            return "avx2+fma";
+        }
+        "sse2"
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        "neon"
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        "scalar"
+    }
+}
+
 /// `/proc/cpuinfo`'s "model name".
 fn cpu_model() -> Option<String> {
     let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
