@@ -147,4 +147,35 @@ pub struct EncoderProfile {
     pub block_pixels: usize,
     pub threads: usize,
     pub dtype: String,
+    /// The profile file the agent read (its `--encoder-profile`, or the
+    /// default `WORKDIR/encoder-profiles.toml` where that exists); `None`:
+    /// none.
+    #[serde(default)]
+    pub file: Option<String>,
+    /// These settings are the file's entry for this device and backend, as
+    /// `tessera-encode tune` wrote it; `false`: the built-in untuned ones (no
+    /// file, no entry for this device there, or an agent too old to say).
+    #[serde(default)]
+    pub tuned: bool,
+}
+
+impl EncoderProfile {
+    /// One line for the operator: what runs, with which settings, and
+    /// whether they were tuned on this device or are the defaults.
+    pub fn summary(&self) -> String {
+        let origin = match (&self.file, self.tuned) {
+            (Some(f), true) => format!("tuned, from {f}"),
+            (Some(f), false) => format!("untuned defaults ({f} has no entry for this device)"),
+            (None, _) => "untuned defaults (no profile file)".to_string(),
+        };
+        format!(
+            "{} on {}: chunk {} px, block {} px, {} threads, {}; {origin}",
+            self.backend,
+            self.device,
+            self.chunk_pixels,
+            self.block_pixels,
+            self.threads,
+            self.dtype
+        )
+    }
 }
