@@ -95,6 +95,12 @@ struct Args {
     /// --ssh-dir's known_hosts, instead of refusing a host not there.
     #[arg(long, requires = "ssh_dir")]
     ssh_accept_new: bool,
+    /// Tile jobs' encoder settings (chunk, block, threads, dtype per device),
+    /// as `tessera-encode tune --out FILE` writes them on this machine
+    /// [default: WORKDIR/encoder-profiles.toml where that exists, else the
+    /// untuned defaults]. The profile in use is shown on the dashboard.
+    #[arg(long, env = "FLOTILLA_ENCODER_PROFILE", value_name = "FILE")]
+    encoder_profile: Option<PathBuf>,
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -155,6 +161,8 @@ fn real_main() -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let encoder_profile =
+        flotilla_agent::devices::profile_file(args.encoder_profile.as_deref(), &workdir)?;
     let config = AgentConfig {
         name,
         labels: args.labels.into_iter().collect::<BTreeMap<_, _>>(),
@@ -166,6 +174,7 @@ fn real_main() -> anyhow::Result<()> {
         report_budget: Duration::from_secs(args.report_budget_s),
         keep_failed_dirs: args.keep_failed_dirs,
         ssh_dir,
+        encoder_profile,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

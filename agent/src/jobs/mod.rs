@@ -87,7 +87,8 @@ impl Kinds {
     /// `run_as`, the last `keep_failed` failed attempts' directories kept,
     /// ssh hosts reached with what `ssh_dir` holds (none without it).
     /// Tile jobs need an encoder backend, with its profile from
-    /// `FLOTILLA_ENCODER_PROFILE` if set.
+    /// `encoder_profile` (see `devices::profile_file`) where that has one
+    /// for this device.
     pub fn detect(
         api: ServerApi,
         workdir: &Path,
@@ -95,9 +96,9 @@ impl Kinds {
         run_as: RunAs,
         keep_failed: usize,
         ssh_dir: Option<step::SshDir>,
+        encoder_profile: Option<&Path>,
     ) -> Self {
-        let profile_file = std::env::var_os("FLOTILLA_ENCODER_PROFILE").map(PathBuf::from);
-        let tiles = match EncoderSetup::detect(profile_file.as_deref()) {
+        let tiles = match EncoderSetup::detect(encoder_profile) {
             Ok(setup) => Some(Arc::new(tile::TileCache::new(
                 workdir.join("cache").join("checkpoints"),
                 setup,

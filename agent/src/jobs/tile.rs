@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_core::job::{FailureClass, TileJob};
 use flotilla_core::protocol::{Complete, Fail, LeaseRef};
-use tessera_encoder::{Encoder, OutputOptions, TileInputs};
+use tessera_encoder::{Encoder, OutputOptions, TileReader};
 
 use crate::devices::EncoderSetup;
 use crate::process::{CommandSpec, Outcome};
@@ -325,12 +325,14 @@ async fn run_in(
         let (inputs, out, name) = (inputs.clone(), out.clone(), name.clone());
         let (progress, log) = (ctx.progress.clone(), ctx.log.clone());
         tokio::task::spawn_blocking(move || -> Result<(f64, Vec<PathBuf>), StepError> {
-            let tile = TileInputs::read(&inputs)
+            // Opened and checked now, read a window at a time while encoding:
+            // the inputs held at once are a few windows, not the tile.
+            let tile = TileReader::open(&inputs)
                 .map_err(|e| (FailureClass::Fatal, format!("reading inputs: {e}")))?;
             log.agent_blocking(format!(
                 "encoding {}×{} = {} px ({} S2 and {} S1 frames) on backend {backend}",
-                tile.width,
-                tile.height,
+                tile.width(),
+                tile.height(),
                 tile.pixels(),
                 tile.s2_frames(),
                 tile.s1_frames(),
@@ -338,7 +340,7 @@ async fn run_in(
             let report = |done: usize, total: usize| progress(done as u64, total as u64);
             let encoding = Instant::now();
             let emb = encoder
-                .encode_tile(&tile, &report, &cancel)
+                .encode_files(&tile, &report, &cancel)
                 .map_err(|e| match e {
                     tessera_encoder::EncodeError::Cancelled => {
                         (FailureClass::Cancelled, "stopped".to_string())

@@ -76,6 +76,10 @@ pub struct AgentConfig {
     /// hosts with; `None`: this agent reaches none (and does not carry
     /// [`flotilla_core::job::SSH_LABEL`], so it is given no such step).
     pub ssh_dir: Option<crate::jobs::step::SshDir>,
+    /// The encoder profile file tile jobs run with (`--encoder-profile`, or
+    /// `WORKDIR/encoder-profiles.toml` where present); `None`: the untuned
+    /// defaults.
+    pub encoder_profile: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -122,6 +126,7 @@ pub async fn run(
         config.run_as.clone(),
         config.keep_failed_dirs,
         config.ssh_dir.clone(),
+        config.encoder_profile.as_deref(),
     );
     let host = health.collect();
     let reg = Register {

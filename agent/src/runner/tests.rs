@@ -214,6 +214,7 @@ fn loops(capacity: u32, server: &Arc<FakeServer>, jobs: &Arc<FakeJobs>) -> Arc<F
         report_budget: BUDGET,
         keep_failed_dirs: 0,
         ssh_dir: None,
+        encoder_profile: None,
     };
     Loops::new(server.clone(), jobs.clone(), &config, AgentState::Active)
 }
@@ -545,6 +546,7 @@ fn only_an_agent_with_an_ssh_dir_registers_the_ssh_label() {
         report_budget: BUDGET,
         keep_failed_dirs: 0,
         ssh_dir: None,
+        encoder_profile: None,
     };
     let (k, v) = flotilla_core::job::SSH_LABEL;
     assert_eq!(config.registered_labels(), config.labels);
