@@ -132,6 +132,11 @@ struct EncodeArgs {
     /// Keep only the first N channels (Matryoshka truncation, no renormalisation).
     #[arg(long, default_value_t = 128, value_parser = clap::builder::PossibleValuesParser::new(["16", "32", "64", "128"]).map(|s| s.parse::<usize>().expect("listed values are numbers")))]
     dim: usize,
+    /// Pixels with data encoded per window: the inputs held at once are a
+    /// few windows (each pixels x 21 bytes per S2 frame and 4 per S1 frame),
+    /// never the whole tile.
+    #[arg(long, default_value_t = tessera_encoder::encode::WINDOW_PIXELS)]
+    window_pixels: usize,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -364,7 +369,8 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
         _ => bail!("give --tile DIR or --data-root DIR"),
     };
     let (choice, profile) = a.run.resolve()?;
-    let enc = Encoder::load(&ckpt, choice, profile)?;
+    let mut enc = Encoder::load(&ckpt, choice, profile)?;
+    enc.set_window_pixels(a.window_pixels);
     let cancel = Arc::new(AtomicBool::new(false));
     {
         let cancel = cancel.clone();
