@@ -123,6 +123,9 @@ PY
     echo "== the same with TF32 tensor cores (profile dtype tf32)"
     timeout 90 "$dest/tessera-encode" bench --backends cuda --pixels 8192 --threads 1 \
         --batch-pixels 1024 --dtype tf32 || echo "tf32 bench failed or timed out"
+    echo "== the same with bf16 tensor cores (profile dtype bf16: GEMM inputs rounded to bf16, f32 accumulation)"
+    timeout 90 "$dest/tessera-encode" bench --backends cuda --pixels 8192 --threads 1 \
+        --batch-pixels 1024 --dtype bf16 || echo "bf16 bench failed or timed out"
     echo "== tune: chunk sweep, best written to ${OUT:-/tmp}/tessera-profiles.toml"
     timeout 200 "$dest/tessera-encode" tune --backend cuda \
         --profile "${OUT:-/tmp}/tessera-profiles.toml" || echo "tune failed or timed out"

@@ -20,6 +20,8 @@ pub struct GoldenReport {
     pub max_abs_error: f32,
     /// Fraction of int8 codes equal to the reference's.
     pub int8_equal: f64,
+    /// Fraction of int8 codes within one of the reference's.
+    pub int8_within_one: f64,
     /// Largest difference of an int8 code from the reference's.
     pub int8_max_diff: u8,
     /// Largest relative difference of a pixel's int8 scale.
@@ -102,7 +104,8 @@ pub fn compare(fixture: &Path, emb: &TileEmbedding) -> Result<GoldenReport, Stri
         return Err("tile.npy is not int8".into());
     }
     let exp_scales = read(&dir, "tile_scales.npy")?.to_f32();
-    let (mut equal, mut total, mut int8_max_diff, mut scale_max_rel) = (0usize, 0usize, 0u8, 0f32);
+    let (mut equal, mut within_one, mut total) = (0usize, 0usize, 0usize);
+    let (mut int8_max_diff, mut scale_max_rel) = (0u8, 0f32);
     for (p, (c, e)) in codes.chunks(r).zip(exp_codes.data.chunks(r)).enumerate() {
         if nodata[p] {
             if !c.iter().all(|&v| v == 0) || scales[p] != f32::INFINITY {
@@ -115,6 +118,7 @@ pub fn compare(fixture: &Path, emb: &TileEmbedding) -> Result<GoldenReport, Stri
             let b = b as i8;
             int8_max_diff = int8_max_diff.max((a as i32 - b as i32).unsigned_abs().min(255) as u8);
             equal += usize::from(a == b);
+            within_one += usize::from((a as i32 - b as i32).abs() <= 1);
             total += 1;
         }
     }
@@ -122,6 +126,7 @@ pub fn compare(fixture: &Path, emb: &TileEmbedding) -> Result<GoldenReport, Stri
         worst_cosine,
         max_abs_error,
         int8_equal: equal as f64 / total.max(1) as f64,
+        int8_within_one: within_one as f64 / total.max(1) as f64,
         int8_max_diff,
         scale_max_rel,
     })

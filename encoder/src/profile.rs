@@ -28,7 +28,9 @@ use crate::error::{EncodeError, Result};
 pub enum Dtype {
     /// Exact f32: every backend; the fixtures' tolerances hold.
     F32,
-    /// onednn, where the CPU has AMX or AVX-512 bf16 (f32 elsewhere).
+    /// onednn, where the CPU has AMX or AVX-512 bf16 (f32 elsewhere); cuda:
+    /// bf16 tensor cores for the GEMMs (inputs rounded to bf16, f32
+    /// accumulation), everything else in f32.
     Bf16,
     /// cuda: TF32 tensor cores, several times the f32 rate, less exact.
     Tf32,

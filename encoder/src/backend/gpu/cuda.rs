@@ -13,10 +13,14 @@
 
 use std::sync::{Arc, OnceLock};
 
-use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t, cublasStatus_t};
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cublasOperation_t, cublasStatus_t,
+    cudaDataType_t,
+};
 use cudarc::cublas::{CudaBlas, Gemm as _, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
+    PushKernelArg,
 };
 use cudarc::nvrtc::{CompileError, Ptx};
 
@@ -119,9 +123,10 @@ fn err(what: &str, e: impl std::fmt::Debug) -> EncodeError {
 pub(crate) type CudaBackend = GpuBackend<CudaDevice>;
 
 impl CudaBackend {
-    /// On GPU 0, with the SGEMM precision of `profile.dtype` (f32 or tf32).
+    /// On GPU 0, with the GEMM precision of `profile.dtype` (f32, tf32 or
+    /// bf16).
     pub fn new(weights: Arc<StudentWeights>, profile: &DeviceProfile) -> Result<Self> {
-        let math = GemmMath::from_dtype(profile.dtype, NAME)?;
+        let math = GemmMath::from_dtype(profile.dtype);
         GpuBackend::create(NAME, CudaDevice::open(math)?, weights)
     }
 }
@@ -132,15 +137,19 @@ pub(crate) struct CudaDevice {
     blas: CudaBlas,
     /// In [`Kernel::ALL`]'s order, so `kernels[k as usize]` is `k`.
     kernels: Vec<CudaFunction>,
+    /// How every GEMM computes.
+    math: GemmMath,
 }
 
 impl CudaDevice {
     /// The device, its cuBLAS handle set to `math` for every GEMM.
     fn open(math: GemmMath) -> Result<Self> {
         probe().map_err(|why| EncodeError::backend(NAME, format!("no usable GPU: {why}")))?;
-        let dev = Self::build().map_err(|e| EncodeError::backend(NAME, e))?;
+        let mut dev = Self::build().map_err(|e| EncodeError::backend(NAME, e))?;
+        dev.math = math;
         let mode = match math {
-            GemmMath::F32 => cublasMath_t::CUBLAS_DEFAULT_MATH,
+            // bf16 is asked for per GEMM, by its compute type.
+            GemmMath::F32 | GemmMath::Bf16 => cublasMath_t::CUBLAS_DEFAULT_MATH,
             GemmMath::Tf32 => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
         };
         // SAFETY: a live handle; setting its math mode has no other effect.
@@ -172,7 +181,71 @@ impl CudaDevice {
             stream,
             blas,
             kernels,
+            math: GemmMath::F32,
         })
+    }
+}
+
+impl CudaDevice {
+    /// `g` with f32 matrices in and out and bf16 tensor-core products:
+    /// `cublasGemmStridedBatchedEx` with `CUBLAS_COMPUTE_32F_FAST_16BF`,
+    /// which rounds A and B to bf16 as it reads them and accumulates in
+    /// f32 (cudarc's safe GEMMs offer f32 compute only for f32 data).
+    ///
+    /// # Safety
+    /// As [`Device::gemm_unchecked`]: every problem's A, B and C lie in the
+    /// views.
+    unsafe fn gemm_bf16<A, B, C>(
+        &self,
+        g: &Gemm,
+        cfg: &GemmConfig<f32>,
+        a: &A,
+        b: &B,
+        c: &mut C,
+    ) -> Result<()>
+    where
+        A: DevicePtr<f32>,
+        B: DevicePtr<f32>,
+        C: DevicePtrMut<f32>,
+    {
+        let (a, _record_a) = a.device_ptr(&self.stream);
+        let (b, _record_b) = b.device_ptr(&self.stream);
+        let (c, _record_c) = c.device_ptr_mut(&self.stream);
+        let f32_data = cudaDataType_t::CUDA_R_32F;
+        // SAFETY: the handle is live and bound to this stream; the pointers
+        // come from views the caller checked; alpha and beta outlive the
+        // call, which only enqueues work that reads them at once.
+        let status = unsafe {
+            cudarc::cublas::sys::cublasGemmStridedBatchedEx(
+                *self.blas.handle(),
+                cfg.transa,
+                cfg.transb,
+                cfg.m,
+                cfg.n,
+                cfg.k,
+                (&cfg.alpha) as *const f32 as *const _,
+                a as *const _,
+                f32_data,
+                cfg.lda,
+                g.stride_a as i64,
+                b as *const _,
+                f32_data,
+                cfg.ldb,
+                g.stride_b as i64,
+                (&cfg.beta) as *const f32 as *const _,
+                c as *mut _,
+                f32_data,
+                cfg.ldc,
+                g.stride_c as i64,
+                int(g.batch)?,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+            )
+        };
+        if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(err("bf16 gemm", status));
+        }
+        Ok(())
     }
 }
 
@@ -243,6 +316,10 @@ impl Device for CudaDevice {
         };
         let (av, bv) = (a.0.slice(a.1..), b.0.slice(b.1..));
         let mut cv = c.0.slice_mut(c.1..);
+        if self.math == GemmMath::Bf16 {
+            // SAFETY: as below.
+            return unsafe { self.gemm_bf16(g, &cfg, &av, &bv, &mut cv) };
+        }
         // SAFETY: the caller checked every problem's A, B and C inside the
         // views (`Device::gemm`).
         let r = unsafe {

@@ -67,20 +67,24 @@ impl Kernel {
 /// exact f32 (the fixtures' tolerances hold); `Tf32` lets tensor cores
 /// round each input to TF32 (10 mantissa bits, f32 accumulation), several
 /// times the f32 rate on Ampere and later, at a precision the emulated GPU
-/// measures (profile `dtype = "tf32"`).
+/// measures (profile `dtype = "tf32"`); `Bf16` rounds each input to
+/// bfloat16 (7 mantissa bits) for bf16 tensor cores, again with f32
+/// accumulation and f32 in and out, so the residual stream, LayerNorm,
+/// softmax and pooling stay f32 (profile `dtype = "bf16"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GemmMath {
     F32,
     Tf32,
+    Bf16,
 }
 
 impl GemmMath {
-    /// The profile's `dtype` for a GPU backend.
-    pub(crate) fn from_dtype(dtype: Dtype, backend: &str) -> Result<Self> {
+    /// The profile's `dtype` for a GPU backend: every one has a GEMM math.
+    pub(crate) fn from_dtype(dtype: Dtype) -> Self {
         match dtype {
-            Dtype::F32 => Ok(GemmMath::F32),
-            Dtype::Tf32 => Ok(GemmMath::Tf32),
-            other => Err(other.unsupported(backend, &[Dtype::F32, Dtype::Tf32])),
+            Dtype::F32 => GemmMath::F32,
+            Dtype::Tf32 => GemmMath::Tf32,
+            Dtype::Bf16 => GemmMath::Bf16,
         }
     }
 }

@@ -381,6 +381,18 @@ fn tf32(x: f32) -> f32 {
     f32::from_bits(x.to_bits() & !0x1fff)
 }
 
+/// `x` rounded to bfloat16 (8 bits of significand) to nearest, ties to
+/// even, as cuBLAS's `CUBLAS_COMPUTE_32F_FAST_16BF` converts its f32
+/// inputs; NaN stays NaN.
+fn bf16(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let bits = x.to_bits();
+    let round = 0x7fff + ((bits >> 16) & 1);
+    f32::from_bits(bits.wrapping_add(round) & 0xffff_0000)
+}
+
 /// Fill `dst` with vectors of `k` floats from the column-major `src`
 /// (leading dimension `ld`): vector i is column i of `src` when `columns`,
 /// else row i.
@@ -456,10 +468,16 @@ impl Device for EmulatedDevice {
             // column j is B's column j unless transposed.
             gather(&mut ar, &am[ao..], g.k, g.lda, g.trans_a);
             gather(&mut bc, &bm[bo..], g.k, g.ldb, !g.trans_b);
-            if self.math == GemmMath::Tf32 {
-                for x in ar.iter_mut().chain(bc.iter_mut()) {
-                    *x = tf32(*x);
-                }
+            match self.math {
+                GemmMath::F32 => {}
+                GemmMath::Tf32 => ar
+                    .iter_mut()
+                    .chain(bc.iter_mut())
+                    .for_each(|x| *x = tf32(*x)),
+                GemmMath::Bf16 => ar
+                    .iter_mut()
+                    .chain(bc.iter_mut())
+                    .for_each(|x| *x = bf16(*x)),
             }
             for j in 0..g.n {
                 let bj = &bc[j * g.k..(j + 1) * g.k];
@@ -611,6 +629,41 @@ mod tests {
             assert!(r.worst_cosine >= 0.9999, "{name}: {r:?}");
             assert!(r.int8_max_diff <= 1, "{name}: {r:?}");
         }
+    }
+
+    /// bf16 GEMMs (profile `dtype = "bf16"`) on the fixtures, against
+    /// upstream's f32: issue 16's fidelity rule is a worst-pixel cosine of
+    /// at least 0.9999; the int8 codes' agreement is reported (equal,
+    /// within one, largest difference) and bounded loosely, since a bf16
+    /// GEMM moves some codes by more than one (oneDNN's bf16 did too).
+    #[test]
+    fn bf16_precision_on_the_fixtures() {
+        for name in ["small", "long"] {
+            let r = fixture_report(name, 64, GemmMath::Bf16);
+            eprintln!(
+                "{name} bf16: worst cosine {:.7}, int8 codes {:.1} % equal, {:.1} % within one, \
+                 largest difference {}",
+                r.worst_cosine,
+                100.0 * r.int8_equal,
+                100.0 * r.int8_within_one,
+                r.int8_max_diff
+            );
+            assert!(r.worst_cosine >= 0.9999, "{name}: {r:?}");
+            assert!(r.int8_within_one >= 0.95, "{name}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1).
+        assert_eq!(bf16(1.0 + 1.0 / 256.0), 1.0);
+        // 1 + 3·2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: to 1 + 2^-6.
+        assert_eq!(bf16(1.0 + 3.0 / 256.0), 1.0 + 1.0 / 64.0);
+        // Just above halfway rounds up.
+        assert_eq!(bf16(1.0 + 1.0 / 256.0 + 1.0 / 65536.0), 1.0 + 1.0 / 128.0);
+        assert_eq!(bf16(-2.5), -2.5);
+        assert!(bf16(f32::NAN).is_nan());
+        assert_eq!(bf16(f32::INFINITY), f32::INFINITY);
     }
 
     /// `bias_epilogue` on `y` (no bias, no residual) over one block.
@@ -768,18 +821,9 @@ mod tests {
 
     #[test]
     fn profile_dtype_picks_the_gemm_math() {
-        assert_eq!(
-            GemmMath::from_dtype(Dtype::F32, "cuda").unwrap(),
-            GemmMath::F32
-        );
-        assert_eq!(
-            GemmMath::from_dtype(Dtype::Tf32, "cuda").unwrap(),
-            GemmMath::Tf32
-        );
-        let e = GemmMath::from_dtype(Dtype::Bf16, "cuda")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("`bf16`") && e.contains("f32 or tf32"), "{e}");
+        assert_eq!(GemmMath::from_dtype(Dtype::F32), GemmMath::F32);
+        assert_eq!(GemmMath::from_dtype(Dtype::Tf32), GemmMath::Tf32);
+        assert_eq!(GemmMath::from_dtype(Dtype::Bf16), GemmMath::Bf16);
     }
 
     #[test]
