@@ -1,8 +1,8 @@
 //! The host health report: what this machine looks like now, sent with every heartbeat.
 //!
 //! [`HealthCollector`] keeps sysinfo's state between calls and refreshes only
-//! what changes (memory, the work directory's file system, load, open
-//! descriptors); the OS version, CPU model and core count are read once.
+//! what changes (memory, CPU time, the work directory's file system, load,
+//! open descriptors); the OS version, CPU model and core count are read once.
 //! [`collect`] is the one-shot form for callers that report once.
 
 use std::path::{Path, PathBuf};
@@ -23,8 +23,14 @@ pub struct HealthCollector {
     /// The work directory, canonicalized when it exists (so a symlinked work
     /// directory is attributed to the file system it really lives on).
     workdir: PathBuf,
-    /// Memory counters only; refreshed on every `collect`.
+    /// Memory and CPU-time counters; refreshed on every `collect`.
     system: System,
+    /// When the CPU counters were last read: the host's busy fraction is
+    /// the change between two readings, which sysinfo needs at least
+    /// [`sysinfo::MINIMUM_CPU_UPDATE_INTERVAL`] apart to be meaningful.
+    cpu_read_at: Instant,
+    /// The busy fraction of the last interval long enough to measure.
+    cpu_busy: Option<f64>,
     /// The file systems sysinfo knows; `disk` indexes into it.
     disks: Disks,
     /// Index in `disks` of the file system holding `workdir`, if any matched.
@@ -42,7 +48,7 @@ impl HealthCollector {
     /// table. `workdir` need not exist yet; it is resolved as far as it does.
     pub fn new(workdir: &Path) -> Self {
         let workdir = resolve(workdir);
-        let system = System::new_with_specifics(
+        let mut system = System::new_with_specifics(
             RefreshKind::nothing()
                 .with_cpu(CpuRefreshKind::nothing())
                 .with_memory(MemoryRefreshKind::nothing().with_ram()),
@@ -60,6 +66,8 @@ impl HealthCollector {
                 }
             })
             .unwrap_or_default();
+        // The first reading: the next `collect` reports the change since.
+        system.refresh_cpu_usage();
         let cores = match system.cpus().len() {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
@@ -70,6 +78,8 @@ impl HealthCollector {
         Self {
             workdir,
             system,
+            cpu_read_at: Instant::now(),
+            cpu_busy: None,
             disks,
             disk,
             listed_at: Instant::now(),
@@ -89,6 +99,7 @@ impl HealthCollector {
         self.system
             .refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
         self.refresh_disk();
+        self.refresh_cpu();
         let (disk_free_bytes, disk_total_bytes) = self
             .disk
             .and_then(|i| self.disks.list().get(i))
@@ -108,7 +119,23 @@ impl HealthCollector {
             process_cpu_seconds: proc_self::cpu_seconds(),
             process_resident_bytes: proc_self::resident_bytes(),
             load_1m: load_1m(),
+            cpu_busy: self.cpu_busy,
         }
+    }
+
+    /// Reads the CPU counters again if the last reading is far enough back
+    /// to measure against; a `collect` sooner than that (a registration
+    /// right after `new`) keeps the previous figure.
+    fn refresh_cpu(&mut self) {
+        if self.cpu_read_at.elapsed() < sysinfo::MINIMUM_CPU_UPDATE_INTERVAL {
+            return;
+        }
+        self.system.refresh_cpu_usage();
+        self.cpu_read_at = Instant::now();
+        let percent = f64::from(self.system.global_cpu_usage());
+        self.cpu_busy = percent
+            .is_finite()
+            .then(|| (percent / 100.0).clamp(0.0, 1.0));
     }
 
     /// Re-reads the chosen file system's free and total space, and the whole
@@ -269,6 +296,16 @@ mod tests {
             h.process_resident_bytes.is_some_and(|b| b > 1024 * 1024),
             "{h:?}"
         );
+    }
+
+    #[test]
+    #[cfg(any(target_os = "linux", target_os = "macos", target_os = "windows"))]
+    fn cpu_busy_is_measured_between_two_readings() {
+        let mut c = HealthCollector::new(&std::env::temp_dir());
+        assert_eq!(c.collect().cpu_busy, None, "nothing to measure against yet");
+        std::thread::sleep(sysinfo::MINIMUM_CPU_UPDATE_INTERVAL + Duration::from_millis(50));
+        let busy = c.collect().cpu_busy;
+        assert!(busy.is_some_and(|b| (0.0..=1.0).contains(&b)), "{busy:?}");
     }
 
     #[test]

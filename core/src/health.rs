@@ -40,6 +40,11 @@ pub struct HostHealth {
     pub process_resident_bytes: Option<u64>,
     /// 1-minute load average (absent on Windows).
     pub load_1m: Option<f64>,
+    /// Fraction (0–1) of the host's CPU time, over all cores, that was busy
+    /// between this report and the agent's previous reading; absent from a
+    /// first report and from agents older than this field.
+    #[serde(default)]
+    pub cpu_busy: Option<f64>,
 }
 
 /// A work-directory disk fuller than this fraction is flagged.
@@ -77,6 +82,7 @@ mod tests {
         let h: HostHealth = serde_json::from_value(old).expect("an old report parses");
         assert_eq!(h.open_fds, Some(7));
         assert_eq!((h.max_fds, h.process_cpu_seconds), (None, None));
+        assert_eq!(h.cpu_busy, None);
     }
 
     #[test]

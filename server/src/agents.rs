@@ -193,6 +193,18 @@ pub async fn id_of(db: &PgPool, name: &str) -> Result<Option<Uuid>, sqlx::Error>
         .await
 }
 
+/// The agent id behind a name and the version it registered, if
+/// registered (the agent page).
+pub async fn id_and_version(
+    db: &PgPool,
+    name: &str,
+) -> Result<Option<(Uuid, String)>, sqlx::Error> {
+    sqlx::query_as("SELECT id, version FROM agents WHERE name = $1")
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}
+
 /// Leases the server thinks the agent holds.
 async fn held_leases<'e, E: sqlx::PgExecutor<'e>>(
     db: E,

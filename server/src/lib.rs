@@ -22,6 +22,10 @@
 //! - [`coordinator`]: the loop that advances parents when their children
 //!   end.
 //! - [`agents`]: owns the `agents` table.
+//! - [`agent_health`]: owns `agent_health_samples`, each agent's health
+//!   reports over time.
+//! - [`agent_work`]: one agent's finished attempts over a window (tiles per
+//!   hour, durations per kind).
 //! - [`revdeps`]: opam reverse-dependency runs: submit, read; the
 //!   coordinator's shards and merge.
 //! - [`pipelines`]: pipeline runs: submit, cancel, read; the engine that
@@ -37,6 +41,8 @@
 //! - [`metrics`]: Prometheus `/metrics`, computed from the tables.
 //! - [`cli`]: the command line: `up`, `serve` and the client commands.
 
+pub mod agent_health;
+pub mod agent_work;
 pub mod agents;
 pub mod api;
 pub mod auth;

@@ -64,6 +64,28 @@ pub struct Settings {
     /// Pool connections only the agent protocol uses, apart from the main
     /// pool (`serve::run` says why).
     pub agent_pool_size: u32,
+    /// Agents' health history ([`crate::agent_health`]): at most one
+    /// heartbeat's report per agent per `interval` is kept, for `window`.
+    pub health_samples: HealthSampling,
+}
+
+/// How much of agents' health history is kept.
+#[derive(Debug, Clone, Copy)]
+pub struct HealthSampling {
+    pub interval: Duration,
+    pub window: Duration,
+}
+
+impl Default for HealthSampling {
+    fn default() -> Self {
+        HealthSampling {
+            // Three heartbeats at the default 10 s: 120 points an hour,
+            // 2,880 a day, enough to see a leak or a full disk coming.
+            interval: Duration::from_secs(30),
+            // A week, to compare today with the same day last week.
+            window: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
 }
 
 /// Limits on HTTP connections and request bodies, so that clients that
@@ -122,6 +144,7 @@ impl Default for Settings {
             transport: crate::transport::Transport::Plain,
             http: HttpLimits::default(),
             agent_pool_size: 8,
+            health_samples: HealthSampling::default(),
         }
     }
 }

@@ -179,3 +179,35 @@ impl EncoderProfile {
         )
     }
 }
+
+/// One kept health sample of an agent: its heartbeat's report, at most one
+/// per the server's sample interval (`GET /api/v1/agents/{name}/health`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HealthSample {
+    pub at: DateTime<Utc>,
+    /// Host CPU busy fraction (0–1), over all cores.
+    pub cpu_busy: Option<f64>,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+    /// Fraction (0–1) of the work directory's file system in use.
+    pub disk_used: Option<f64>,
+    /// The agent process's open descriptors, and its limit on them.
+    pub open_fds: Option<u64>,
+    pub max_fds: Option<u64>,
+    pub load_1m: Option<f64>,
+    /// The agent process's CPU seconds since it started.
+    pub process_cpu_seconds: Option<f64>,
+    pub process_resident_bytes: Option<u64>,
+}
+
+/// `GET /api/v1/agents/{name}/health?since=…&limit=…`: an agent's samples
+/// after `since`, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HealthHistory {
+    pub agent: String,
+    /// The server keeps at most one sample per this many milliseconds.
+    pub sample_interval_ms: u64,
+    pub samples: Vec<HealthSample>,
+    /// Set when there are more: pass it as `since` for the next page.
+    pub next_since: Option<DateTime<Utc>>,
+}

@@ -197,6 +197,13 @@ pub async fn heartbeat(
 ) -> ApiResult<Json<HeartbeatReply>> {
     let leases = lease::heartbeat(&state.db, agent, &hb.leases, state.settings.lease_ttl).await?;
     let st = agents::touch(&state.db, agent, &hb.health).await?;
+    // History for the agent page; losing a sample must not cost the lease.
+    if let Err(e) =
+        crate::agent_health::record(&state.db, agent, &hb.health, state.settings.health_samples)
+            .await
+    {
+        tracing::warn!(agent = %name, error = %e, "keeping a health sample");
+    }
     if hb.health.disk_nearly_full() {
         tracing::warn!(agent = %name, free = hb.health.disk_free_bytes, "agent disk over 90% full");
     }

@@ -9,6 +9,7 @@
 //! - [`jobs`]: submit, show, list, cancel, retry.
 //! - [`logs`]: a job's log, streamed whole or in pages.
 //! - [`agents`]: list; pause, drain, resume.
+//! - [`agent_health`]: an agent's health samples over time.
 //! - [`tokens`]: make, list and revoke API and agent tokens.
 //! - [`revdeps`]: opam reverse-dependency runs.
 //! - [`rois`]: plan and submit regions of interest, follow them.
@@ -19,6 +20,7 @@
 //! - [`agent_protocol`]: what agents call.
 //! - [`tile_inputs`]: a tile job's checkpoint and inputs, for agents.
 
+pub mod agent_health;
 pub mod agent_protocol;
 pub mod agents;
 pub mod coverage;
@@ -74,6 +76,7 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/api/v1/jobs/{id}/retry", post(jobs::retry))
         .route("/api/v1/agents", get(agents::list))
         .route("/api/v1/agents/{name}/{action}", post(agents::steer))
+        .route("/api/v1/agents/{name}/health", get(agent_health::history))
         .route("/api/v1/tokens", post(tokens::create).get(tokens::list))
         .route("/api/v1/tokens/{id}/revoke", post(tokens::revoke))
         .route("/api/v1/openapi.json", get(openapi::document))
@@ -131,6 +134,7 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/ui/jobs/{id}/retry", post(dashboard::job::retry))
         .route("/ui/jobs/{id}/outputs/{*name}", get(dashboard::job::output))
         .route("/ui/agents", get(dashboard::agents::page))
+        .route("/ui/agents/{name}", get(dashboard::agent::page))
         .route("/ui/agents/{name}/{action}", post(dashboard::agents::steer))
         .route("/ui/pipelines", get(dashboard::pipeline::list))
         .route("/ui/pipelines/{id}", get(dashboard::pipeline::page))

@@ -9,7 +9,7 @@ use anyhow::Context;
 use flotilla_core::api::TokenRole;
 use sqlx::postgres::PgConnectOptions;
 
-use crate::state::{HttpLimits, Settings};
+use crate::state::{HealthSampling, HttpLimits, Settings};
 use crate::transport::{ExposureError, Transport};
 
 #[derive(clap::Args)]
@@ -88,6 +88,10 @@ pub struct ServeArgs {
     /// heartbeats get through whatever clients do.
     #[arg(long, env = "FLOTILLA_AGENT_POOL_SIZE", default_value_t = Settings::default().agent_pool_size)]
     pub agent_pool_size: u32,
+    /// Keep at most one health report per agent per this many
+    /// milliseconds, for the agent page's charts (kept 7 days).
+    #[arg(long, env = "FLOTILLA_HEALTH_SAMPLE_INTERVAL_MS", default_value_t = ms(Some(HealthSampling::default().interval)))]
+    pub health_sample_interval_ms: u64,
 }
 
 /// A timeout in milliseconds as the flags take it (0: none).
@@ -124,6 +128,7 @@ impl ServeArgs {
             body_stall_timeout: timeout(self.body_stall_timeout_ms),
         };
         s.agent_pool_size = self.agent_pool_size.max(1);
+        s.health_samples.interval = Duration::from_millis(self.health_sample_interval_ms.max(1));
         s
     }
 }

@@ -3,7 +3,7 @@
 
 use askama::Template;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::Utc;
@@ -44,7 +44,7 @@ struct AgentsPage {
 }
 
 /// How long ago `secs` seconds was, roughly.
-fn ago(secs: i64) -> String {
+pub(super) fn ago(secs: i64) -> String {
     match secs.max(0) {
         s if s < 120 => format!("{s} s ago"),
         s if s < 7_200 => format!("{} min ago", s / 60),
@@ -124,11 +124,13 @@ pub async fn page(State(state): State<AppState>, headers: HeaderMap) -> ApiResul
 
 /// `POST /ui/agents/{name}/{pause,drain,resume}` (a form with the
 /// session's token; admins only): steers the agent as
-/// `POST /api/v1/agents/{name}/{action}` does, then back to the page.
+/// `POST /api/v1/agents/{name}/{action}` does, then back to the page
+/// (the agent's own with `?to=agent`).
 pub async fn steer(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path((name, action)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
     body: Bytes,
 ) -> ApiResult<Response> {
     let who = match csrf::check_post(&state, &headers, &body).await? {
@@ -154,5 +156,9 @@ pub async fn steer(
         state.job_signal.notify_waiters();
     }
     tracing::info!(agent = %name, action = %action, "agent steered from the dashboard");
+    if query.as_deref() == Some("to=agent") {
+        // A registered name (steer found it): letters, digits, `-_.` only.
+        return Ok(Redirect::to(&format!("/ui/agents/{name}")).into_response());
+    }
     Ok(Redirect::to("/ui/agents").into_response())
 }

@@ -11,6 +11,8 @@
 //! - [`job`]: `/ui/jobs/{id}`, one job with its attempts, outputs and log
 //!   (streamed as it grows); cancel and retry.
 //! - [`agents`]: `/ui/agents`, the fleet; pause, drain and resume.
+//! - [`agent`]: `/ui/agents/{name}`, one agent and its health over time.
+//! - [`chart`]: the SVG line charts the agent page draws.
 //! - [`csrf`]: the token every form that changes something carries.
 //! - [`pipeline`]: `/ui/pipelines`, runs, and a run's item × step matrix,
 //!   its cells patched live from SSE.
@@ -22,7 +24,9 @@
 //!   number of open tabs.
 //! - here: what every page shares (rendering, the login check).
 
+pub mod agent;
 pub mod agents;
+pub mod chart;
 pub mod csrf;
 pub mod job;
 pub mod jobs;

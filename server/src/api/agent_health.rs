@@ -1,0 +1,84 @@
+//! `GET /api/v1/agents/{name}/health?since=…&limit=…`: an agent's kept
+//! health samples, oldest first, paged by time.
+
+use axum::extract::{Path, State};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use flotilla_core::api::HealthHistory;
+use serde::Deserialize;
+
+use crate::agent_health;
+use crate::agents;
+use crate::auth::ClientAuth;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::QueryParams;
+use crate::state::AppState;
+
+/// Most samples one answer holds: a week at 60 s, a third of one at the
+/// default 30 s; `next_since` pages on.
+pub const MAX_SAMPLES: u32 = 10_000;
+
+#[derive(Debug, Default, Deserialize)]
+pub struct HealthQuery {
+    /// RFC 3339; samples strictly after it. Default: an hour ago.
+    pub since: Option<String>,
+    /// Samples per answer, 1 to [`MAX_SAMPLES`] (the default).
+    pub limit: Option<i64>,
+}
+
+impl HealthQuery {
+    fn parse(&self) -> ApiResult<(DateTime<Utc>, u32)> {
+        let since = match self
+            .since
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            None => Utc::now() - chrono::Duration::hours(1),
+            Some(s) => DateTime::parse_from_rfc3339(s)
+                .map_err(|e| {
+                    ApiError::BadRequest(format!(
+                        "`since` must be an RFC 3339 time such as 2026-12-01T09:00:00Z: {e}"
+                    ))
+                })?
+                .with_timezone(&Utc),
+        };
+        let limit = match self.limit {
+            None => MAX_SAMPLES,
+            Some(n) if (1..=i64::from(MAX_SAMPLES)).contains(&n) => n as u32,
+            Some(n) => {
+                return Err(ApiError::BadRequest(format!(
+                    "`limit` must be 1 to {MAX_SAMPLES}, not {n}"
+                )))
+            }
+        };
+        Ok((since, limit))
+    }
+}
+
+pub async fn history(
+    State(state): State<AppState>,
+    ClientAuth(_): ClientAuth,
+    Path(name): Path<String>,
+    QueryParams(q): QueryParams<HealthQuery>,
+) -> ApiResult<Json<HealthHistory>> {
+    let (since, limit) = q.parse()?;
+    let agent = agents::id_of(&state.db, &name)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no agent named `{name}`")))?;
+    // One more than asked says whether there is a next page.
+    let mut samples = agent_health::since(&state.db, agent, since, limit + 1).await?;
+    let next_since = if samples.len() > limit as usize {
+        samples.truncate(limit as usize);
+        samples.last().map(|s| s.at)
+    } else {
+        None
+    };
+    Ok(Json(HealthHistory {
+        agent: name,
+        sample_interval_ms: u64::try_from(state.settings.health_samples.interval.as_millis())
+            .unwrap_or(u64::MAX),
+        samples,
+        next_since,
+    }))
+}
