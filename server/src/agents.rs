@@ -20,12 +20,14 @@ pub async fn register<'e, E: sqlx::PgExecutor<'e>>(
 ) -> Result<(Uuid, AgentState), sqlx::Error> {
     let (id, state): (Uuid, String) = sqlx::query_as(
         "INSERT INTO agents (id, name, labels, kinds, capacity, version, devices, health,
-                             last_seen_at, instance)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9)
+                             last_seen_at, instance, disk_full_since)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9, CASE WHEN $10 THEN now() END)
          ON CONFLICT (name) DO UPDATE SET
              labels = EXCLUDED.labels, kinds = EXCLUDED.kinds, capacity = EXCLUDED.capacity,
              version = EXCLUDED.version, devices = EXCLUDED.devices, health = EXCLUDED.health,
-             last_seen_at = now(), registered_at = now(), instance = EXCLUDED.instance
+             last_seen_at = now(), registered_at = now(), instance = EXCLUDED.instance,
+             disk_full_since = CASE WHEN $10
+                                    THEN COALESCE(agents.disk_full_since, now()) END
          RETURNING id, state",
     )
     .bind(Uuid::new_v4())
@@ -37,6 +39,7 @@ pub async fn register<'e, E: sqlx::PgExecutor<'e>>(
     .bind(serde_json::to_value(&reg.devices).expect("devices serialise"))
     .bind(serde_json::to_value(&reg.health).expect("health serialises"))
     .bind(reg.instance)
+    .bind(reg.health.disk_nearly_full())
     .fetch_one(db)
     .await?;
     Ok((id, parse_state(&state)))
@@ -226,25 +229,34 @@ async fn held_leases<'e, E: sqlx::PgExecutor<'e>>(
 }
 
 /// Records a heartbeat's health; moves a draining agent with no work left
-/// to drained. Returns the agent's state.
+/// to drained. Returns the agent's state. A disk over
+/// [`flotilla_core::health::DISK_FULL_FRACTION`] full sets
+/// `disk_full_since` (kept from the first such report), which stops the
+/// claim from leasing to the agent; a report with room clears it, and then
+/// the second value is true: the caller wakes the agent's waiting lease
+/// request rather than leave it to the next poll.
 pub async fn touch(
     db: &PgPool,
     agent: Uuid,
     health: &HostHealth,
-) -> Result<AgentState, sqlx::Error> {
-    let state: String = sqlx::query_scalar(
-        "UPDATE agents SET health = $2, last_seen_at = now(),
-             state = CASE WHEN state = 'draining' AND NOT EXISTS (
+) -> Result<(AgentState, bool), sqlx::Error> {
+    let (state, disk_freed): (String, bool) = sqlx::query_as(
+        "UPDATE agents a SET health = $2, last_seen_at = now(),
+             disk_full_since = CASE WHEN $3 THEN COALESCE(a.disk_full_since, now()) END,
+             state = CASE WHEN a.state = 'draining' AND NOT EXISTS (
                                SELECT 1 FROM jobs WHERE agent_id = $1
                                  AND state IN ('leased', 'running'))
-                          THEN 'drained' ELSE state END
-         WHERE id = $1 RETURNING state",
+                          THEN 'drained' ELSE a.state END
+         FROM (SELECT disk_full_since FROM agents WHERE id = $1) old
+         WHERE a.id = $1
+         RETURNING a.state, old.disk_full_since IS NOT NULL AND NOT $3",
     )
     .bind(agent)
     .bind(serde_json::to_value(health).expect("health serialises"))
+    .bind(health.disk_nearly_full())
     .fetch_one(db)
     .await?;
-    Ok(parse_state(&state))
+    Ok((parse_state(&state), disk_freed))
 }
 
 pub async fn state_of(db: &PgPool, agent: Uuid) -> Result<AgentState, sqlx::Error> {
@@ -300,6 +312,7 @@ struct AgentRow {
     slots: i64,
     running: i64,
     online: bool,
+    disk_full_since: Option<DateTime<Utc>>,
 }
 
 /// Every agent, by name. Online = seen within three heartbeat intervals.
@@ -319,7 +332,8 @@ pub async fn page(
         "SELECT a.name, a.state, a.labels, a.kinds, a.capacity, a.registered_at, a.last_seen_at,
                 a.health, a.devices,
                 COALESCE(sum(j.cost), 0)::bigint AS slots, count(j.id) AS running,
-                COALESCE(a.last_seen_at > now() - $1 * interval '1 millisecond', false) AS online
+                COALESCE(a.last_seen_at > now() - $1 * interval '1 millisecond', false) AS online,
+                a.disk_full_since
          FROM agents a
          LEFT JOIN jobs j ON j.agent_id = a.id AND j.state IN ('leased', 'running')
          WHERE $2::text IS NULL OR a.name > $2
@@ -334,10 +348,12 @@ pub async fn page(
         .into_iter()
         .map(|r| {
             let health: Option<HostHealth> = r.health.and_then(|h| serde_json::from_value(h).ok());
+            let state = parse_state(&r.state);
             AgentView {
                 disk_nearly_full: health.as_ref().is_some_and(|h| h.disk_nearly_full()),
+                lease_refused: lease_refused(state, r.disk_full_since, health.as_ref()),
                 name: r.name,
-                state: parse_state(&r.state),
+                state,
                 online: r.online,
                 labels: {
                     let mut labels = serde_json::from_value::<BTreeMap<String, String>>(r.labels)
@@ -357,4 +373,36 @@ pub async fn page(
             }
         })
         .collect())
+}
+
+/// Why the claim gives an agent no new jobs, if it does not: its operator
+/// state, or a full disk (`disk_full_since`, what the claim checks).
+fn lease_refused(
+    state: AgentState,
+    disk_full_since: Option<DateTime<Utc>>,
+    health: Option<&HostHealth>,
+) -> Option<String> {
+    if let Some(since) = disk_full_since {
+        let free = health.map_or(String::new(), |h| {
+            format!(
+                " ({:.1} MiB free of {:.1} MiB)",
+                h.disk_free_bytes as f64 / (1u64 << 20) as f64,
+                h.disk_total_bytes as f64 / (1u64 << 20) as f64
+            )
+        });
+        return Some(format!(
+            "its work-directory disk is over {:.0} % full{free} since {} UTC: no new jobs \
+             until a heartbeat reports room again",
+            flotilla_core::health::DISK_FULL_FRACTION * 100.0,
+            since.format("%Y-%m-%d %H:%M:%S")
+        ));
+    }
+    match state {
+        AgentState::Active => None,
+        AgentState::Paused => Some("paused by an operator: no new jobs until resumed".into()),
+        AgentState::Draining => {
+            Some("draining: finishes its running jobs and takes no new ones".into())
+        }
+        AgentState::Drained => Some("drained by an operator: no new jobs until resumed".into()),
+    }
 }

@@ -26,6 +26,9 @@
 //!   reports over time.
 //! - [`agent_work`]: one agent's finished attempts over a window (tiles per
 //!   hour, durations per kind).
+//! - [`alerts`]: what an operator must act on (a full disk, a lost agent, a
+//!   stalled queue, job-time drift, open files near the limit), evaluated
+//!   from the tables for the dashboard, the API and `/metrics`.
 //! - [`revdeps`]: opam reverse-dependency runs: submit, read; the
 //!   coordinator's shards and merge.
 //! - [`pipelines`]: pipeline runs: submit, cancel, read; the engine that
@@ -44,6 +47,7 @@
 pub mod agent_health;
 pub mod agent_work;
 pub mod agents;
+pub mod alerts;
 pub mod api;
 pub mod auth;
 pub mod cli;

@@ -64,6 +64,8 @@ pub struct Settings {
     /// Pool connections only the agent protocol uses, apart from the main
     /// pool (`serve::run` says why).
     pub agent_pool_size: u32,
+    /// When alerts fire ([`crate::alerts`]).
+    pub alerts: crate::alerts::AlertSettings,
     /// Agents' health history ([`crate::agent_health`]): at most one
     /// heartbeat's report per agent per `interval` is kept, for `window`.
     pub health_samples: HealthSampling,
@@ -144,6 +146,7 @@ impl Default for Settings {
             transport: crate::transport::Transport::Plain,
             http: HttpLimits::default(),
             agent_pool_size: 8,
+            alerts: crate::alerts::AlertSettings::default(),
             health_samples: HealthSampling::default(),
         }
     }

@@ -63,6 +63,11 @@ pub struct AgentView {
     pub health: Option<HostHealth>,
     /// The work-directory disk is over 90 % full.
     pub disk_nearly_full: bool,
+    /// Why the server hands this agent no new jobs, when it does not: its
+    /// disk is over 90 % full (cleared by the first heartbeat that reports
+    /// room again), or an operator paused or drained it. `None`: it leases.
+    #[serde(default)]
+    pub lease_refused: Option<String>,
     pub devices: Devices,
 }
 

@@ -13,8 +13,10 @@
 //! - [`pipelines`]: `/api/v1/pipelines` — pipeline runs and their item ×
 //!   step matrix.
 //! - [`datasets`]: `/api/v1/datasets` and `/api/v1/coverage/import`.
+//! - [`alerts`]: `/api/v1/alerts` — what needs an operator now.
 
 pub mod agents;
+pub mod alerts;
 pub mod datasets;
 pub mod jobs;
 pub mod logs;

@@ -196,7 +196,11 @@ pub async fn heartbeat(
     JsonBody(hb): JsonBody<Heartbeat>,
 ) -> ApiResult<Json<HeartbeatReply>> {
     let leases = lease::heartbeat(&state.db, agent, &hb.leases, state.settings.lease_ttl).await?;
-    let st = agents::touch(&state.db, agent, &hb.health).await?;
+    let (st, disk_freed) = agents::touch(&state.db, agent, &hb.health).await?;
+    if disk_freed {
+        // Its lease request may be waiting: the claim refused it until now.
+        state.job_signal.notify_waiters();
+    }
     // History for the agent page; losing a sample must not cost the lease.
     if let Err(e) =
         crate::agent_health::record(&state.db, agent, &hb.health, state.settings.health_samples)

@@ -10,6 +10,7 @@
 //! - [`logs`]: a job's log, streamed whole or in pages.
 //! - [`agents`]: list; pause, drain, resume.
 //! - [`agent_health`]: an agent's health samples over time.
+//! - [`alerts`]: the active alerts.
 //! - [`tokens`]: make, list and revoke API and agent tokens.
 //! - [`revdeps`]: opam reverse-dependency runs.
 //! - [`rois`]: plan and submit regions of interest, follow them.
@@ -23,6 +24,7 @@
 pub mod agent_health;
 pub mod agent_protocol;
 pub mod agents;
+pub mod alerts;
 pub mod coverage;
 pub mod datasets;
 pub mod jobs;
@@ -77,6 +79,7 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/api/v1/agents", get(agents::list))
         .route("/api/v1/agents/{name}/{action}", post(agents::steer))
         .route("/api/v1/agents/{name}/health", get(agent_health::history))
+        .route("/api/v1/alerts", get(alerts::list))
         .route("/api/v1/tokens", post(tokens::create).get(tokens::list))
         .route("/api/v1/tokens/{id}/revoke", post(tokens::revoke))
         .route("/api/v1/openapi.json", get(openapi::document))
@@ -136,6 +139,8 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/ui/agents", get(dashboard::agents::page))
         .route("/ui/agents/{name}", get(dashboard::agent::page))
         .route("/ui/agents/{name}/{action}", post(dashboard::agents::steer))
+        .route("/ui/alerts", get(dashboard::alerts::page))
+        .route("/ui/alerts.json", get(dashboard::alerts::json))
         .route("/ui/pipelines", get(dashboard::pipeline::list))
         .route("/ui/pipelines/{id}", get(dashboard::pipeline::page))
         .route(

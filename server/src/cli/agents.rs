@@ -120,5 +120,9 @@ fn notes(a: &flotilla_core::api::AgentView) -> Vec<String> {
     if a.disk_nearly_full {
         notes.push("DISK OVER 90% FULL".to_string());
     }
+    // Paused, draining and drained say so in STATE; this is the rest.
+    if let (flotilla_core::api::AgentState::Active, Some(why)) = (a.state, &a.lease_refused) {
+        notes.push(format!("NOT LEASING: {why}"));
+    }
     notes
 }

@@ -92,6 +92,8 @@ pub struct ServeArgs {
     /// milliseconds, for the agent page's charts (kept 7 days).
     #[arg(long, env = "FLOTILLA_HEALTH_SAMPLE_INTERVAL_MS", default_value_t = ms(Some(HealthSampling::default().interval)))]
     pub health_sample_interval_ms: u64,
+    #[command(flatten)]
+    pub alerts: crate::alerts::AlertArgs,
 }
 
 /// A timeout in milliseconds as the flags take it (0: none).
@@ -128,6 +130,7 @@ impl ServeArgs {
             body_stall_timeout: timeout(self.body_stall_timeout_ms),
         };
         s.agent_pool_size = self.agent_pool_size.max(1);
+        s.alerts = self.alerts.settings();
         s.health_samples.interval = Duration::from_millis(self.health_sample_interval_ms.max(1));
         s
     }

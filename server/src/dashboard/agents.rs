@@ -22,6 +22,9 @@ struct AgentLine {
     /// "not answering since …" for a stale agent, empty otherwise.
     silence: String,
     seen: String,
+    /// Why the server leases it no new jobs (a full disk), empty if it does
+    /// or if its state already says so.
+    refused: String,
     slots: String,
     running: u32,
     cpu: String,
@@ -81,6 +84,10 @@ fn line(a: AgentView) -> AgentLine {
         state: a.state.as_str(),
         stale: !a.online,
         silence,
+        refused: match a.state {
+            AgentState::Active => a.lease_refused.clone().unwrap_or_default(),
+            _ => String::new(),
+        },
         seen,
         slots: format!("{}/{}", a.slots_in_use, a.capacity),
         running: a.running_jobs,

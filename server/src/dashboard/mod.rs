@@ -20,6 +20,8 @@
 //!   counts, ETA and the agents' rates, patched live from SSE.
 //! - [`revdeps`]: `/ui/revdeps`, opam reverse-dependency runs, and a run's
 //!   steps, answer (downloadable) and its difference from an earlier one.
+//! - [`alerts`]: `/ui/alerts` and the JSON every page's alert banner
+//!   polls.
 //! - [`shared`]: live page data computed once per interval, whatever the
 //!   number of open tabs.
 //! - here: what every page shares (rendering, the login check).
@@ -27,6 +29,7 @@
 pub mod agent;
 pub mod agents;
 pub mod chart;
+pub mod alerts;
 pub mod csrf;
 pub mod job;
 pub mod jobs;
@@ -75,7 +78,8 @@ pub fn not_found_page() -> Response {
 
 /// The pages' scripts, served from the binary: pages carry no inline
 /// script, so the Content-Security-Policy can forbid it.
-const SCRIPTS: [(&str, &str); 4] = [
+const SCRIPTS: [(&str, &str); 5] = [
+    ("alerts.js", include_str!("../../../web/static/alerts.js")),
     ("job.js", include_str!("../../../web/static/job.js")),
     (
         "overview.js",

@@ -86,6 +86,9 @@ pub struct LivePages {
     pub sessions: Shared<Vec<u8>, bool>,
     /// An ROI page's state, by ROI.
     pub rois: Shared<uuid::Uuid, Option<RoiPageState>>,
+    /// The active alerts, for every page's banner, the API and `/metrics`
+    /// (evaluated once per `--alert-interval-ms`).
+    pub alerts: crate::alerts::Latest,
 }
 
 impl LivePages {
@@ -97,6 +100,7 @@ impl LivePages {
             pipelines: Shared::new(Duration::from_millis(900)),
             sessions: Shared::new(Duration::from_millis(4900)),
             rois: Shared::new(Duration::from_millis(1900)),
+            alerts: crate::alerts::Latest::default(),
         }
     }
 }

@@ -7,6 +7,8 @@
 //!   outcome, run time, lease wait), kept by triggers.
 //! - [`process`]: open descriptors, memory, CPU of this server process.
 //! - [`http`]: the request-latency middleware.
+//! - alerts: `flotilla_alert{alert,severity,subject}` per active alert
+//!   ([`crate::alerts::export`]), the list the dashboard shows.
 //!
 //! Agents' series carry `{agent}` alone (their operator state is its own
 //! gauge, `flotilla_agent_state{agent,state}`), so pausing an agent does not
@@ -76,6 +78,7 @@ pub async fn metrics(
             .map(|r| (r.agent.clone(), r))
             .collect(),
         process: process::Process::read(),
+        alerts: crate::alerts::current(&state).await?,
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(scrape));
@@ -103,6 +106,7 @@ struct Scrape {
     /// By agent name.
     tiles: BTreeMap<String, AgentTileRate>,
     process: process::Process,
+    alerts: std::sync::Arc<flotilla_core::api::alerts::AlertList>,
 }
 
 /// A gauge read from an agent's latest health report: name, help, unit and
@@ -188,6 +192,7 @@ impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> Fmt {
         self.encode_jobs(&mut enc)?;
         self.encode_agents(&mut enc)?;
+        crate::alerts::export::encode(&self.alerts, &mut enc)?;
         self.encode_process(&mut enc)
     }
 }

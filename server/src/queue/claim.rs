@@ -15,9 +15,11 @@ use uuid::Uuid;
 /// (`unmatchable IS NULL`), those this agent can (a kind it runs, labels it
 /// carries, a cost within its free slots); then the head of each class in
 /// claim order from `jobs_ready_by_class`, locked with `SKIP LOCKED`; then
-/// the best head. Its cost grows with the classes this agent can take, not
-/// with the ready jobs it cannot (the dispatch bench runs with 100,000 of
-/// those ahead; BENCHMARKS.md has the figure). Each head
+/// the best head. An agent whose disk is nearly full (`disk_full_since`,
+/// kept by its heartbeats in `agents.rs`) takes nothing: one more column of
+/// the one row `me` reads already. Its cost grows with the classes this
+/// agent can take, not with the ready jobs it cannot (the dispatch bench
+/// runs with 100,000 of those ahead; BENCHMARKS.md has the figure). Each head
 /// not chosen stays locked until the statement ends, so a concurrent claim
 /// takes the next job of that class instead.
 pub const CLAIM_SQL: &str = "WITH me AS (
@@ -26,7 +28,7 @@ pub const CLAIM_SQL: &str = "WITH me AS (
                                        WHERE agent_id = a.id
                                          AND state IN ('leased', 'running')), 0) AS free
          FROM agents a
-         WHERE a.id = $1 AND a.state = 'active'
+         WHERE a.id = $1 AND a.state = 'active' AND a.disk_full_since IS NULL
      ),
      pick AS (
          SELECT head.id
@@ -60,7 +62,8 @@ pub const CLAIM_SQL: &str = "WITH me AS (
      SELECT id, attempt, spec, cost FROM leased";
 
 /// Claims the best job for `agent_id`, if any fits: a kind it runs, labels it
-/// carries, a cost within its free slots, and the agent active. Order:
+/// carries, a cost within its free slots, the agent active and its disk not
+/// nearly full. Order:
 /// priority, then the fair-share tag, then age.
 pub async fn claim(
     db: &PgPool,
