@@ -251,12 +251,8 @@ fn facts(a: AgentView) -> AgentPage {
             .unwrap_or_default(),
         encoder_profile: encoder
             .and_then(|e| e.profile.as_ref())
-            .map(|p| {
-                format!(
-                    "{} on {}: {} px per chunk, {} px per block, {} threads, {}",
-                    p.backend, p.device, p.chunk_pixels, p.block_pixels, p.threads, p.dtype
-                )
-            })
+            // Settings, and whether tuned here (which file) or the defaults.
+            .map(|p| p.summary())
             .unwrap_or_default(),
         refused: match a.state {
             AgentState::Active => String::new(),
