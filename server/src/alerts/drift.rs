@@ -38,17 +38,23 @@ const RECENT_SQL: &str = "
     WHERE a.last_seen_at > now() - $1 * interval '1 millisecond'
     ORDER BY a.name, j.kind, t.leased_at DESC";
 
+/// (agent, kind, seconds, finished at): one row of [`RECENT_SQL`].
+type Run = (String, String, f64, DateTime<Utc>);
+/// One run's seconds and when it finished.
+type Timed = (f64, DateTime<Utc>);
+
 pub async fn drift(
     db: &PgPool,
     online_within: Duration,
     settings: &AlertSettings,
 ) -> Result<Vec<AlertView>, sqlx::Error> {
-    let rows: Vec<(String, String, f64, DateTime<Utc>)> = sqlx::query_as(RECENT_SQL)
+    let rows: Vec<Run> = sqlx::query_as(RECENT_SQL)
         .bind(online_within.as_millis() as i64)
         .bind(LOOKBACK.max(settings.drift_recent + settings.drift_history) as i64)
         .fetch_all(db)
         .await?;
-    let mut runs: BTreeMap<(String, String), Vec<(f64, DateTime<Utc>)>> = BTreeMap::new();
+    // (agent, kind) → (seconds, finished at), newest first.
+    let mut runs: BTreeMap<(String, String), Vec<Timed>> = BTreeMap::new();
     for (agent, kind, secs, at) in rows {
         runs.entry((agent, kind)).or_default().push((secs, at));
     }
