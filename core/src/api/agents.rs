@@ -188,6 +188,7 @@ impl EncoderProfile {
 /// One kept health sample of an agent: its heartbeat's report, at most one
 /// per the server's sample interval (`GET /api/v1/agents/{name}/health`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HealthSample {
     pub at: DateTime<Utc>,
     /// Host CPU busy fraction (0–1), over all cores.
@@ -208,6 +209,7 @@ pub struct HealthSample {
 /// `GET /api/v1/agents/{name}/health?since=…&limit=…`: an agent's samples
 /// after `since`, oldest first.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HealthHistory {
     pub agent: String,
     /// The server keeps at most one sample per this many milliseconds.

@@ -14,15 +14,20 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::QueryParams;
 use crate::state::AppState;
 
+use super::openapi::Errors;
+
 /// Most samples one answer holds: a week at 60 s, a third of one at the
 /// default 30 s; `next_since` pages on.
 pub const MAX_SAMPLES: u32 = 10_000;
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct HealthQuery {
     /// RFC 3339; samples strictly after it. Default: an hour ago.
+    #[param(format = DateTime)]
     pub since: Option<String>,
-    /// Samples per answer, 1 to [`MAX_SAMPLES`] (the default).
+    /// Samples per answer, 1 to 10,000 (the default); others are refused.
+    #[param(minimum = 1, maximum = 10000)]
     pub limit: Option<i64>,
 }
 
@@ -56,6 +61,15 @@ impl HealthQuery {
     }
 }
 
+/// An agent's kept health samples (at most one per the server's sample
+/// interval, a week kept), oldest first; `next_since` pages on.
+#[utoipa::path(
+    get,
+    path = "/api/v1/agents/{name}/health",
+    tag = "agents",
+    params(("name" = String, Path, description = "The agent's name"), HealthQuery),
+    responses((status = 200, description = "The agent's samples", body = HealthHistory), Errors)
+)]
 pub async fn history(
     State(state): State<AppState>,
     ClientAuth(_): ClientAuth,

@@ -38,6 +38,7 @@ use flotilla_core::api::ErrorBody;
         super::jobs::retry,
         super::agents::list,
         super::agents::steer,
+        super::agent_health::history,
         super::tokens::create,
         super::tokens::list,
         super::tokens::revoke,
