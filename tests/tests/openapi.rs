@@ -23,6 +23,7 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("post", "/api/v1/jobs/{id}/retry"),
     ("get", "/api/v1/agents"),
     ("post", "/api/v1/agents/{name}/{action}"),
+    ("get", "/api/v1/agents/{name}/health"),
     ("post", "/api/v1/tokens"),
     ("get", "/api/v1/tokens"),
     ("post", "/api/v1/tokens/{id}/revoke"),
@@ -43,6 +44,7 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("get", "/api/v1/datasets"),
     ("put", "/api/v1/datasets/{name}/checkpoint"),
     ("post", "/api/v1/coverage/import"),
+    ("get", "/api/v1/alerts"),
     ("get", "/api/v1/openapi.json"),
 ];
 

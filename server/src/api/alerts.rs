@@ -10,6 +10,13 @@ use crate::auth::MetricsAuth;
 use crate::error::ApiResult;
 use crate::state::AppState;
 
+/// The active alerts, critical first. Any token that may read `/metrics`.
+#[utoipa::path(
+    get,
+    path = "/api/v1/alerts",
+    tag = "alerts",
+    responses((status = 200, description = "The active alerts", body = AlertList), super::openapi::Errors)
+)]
 pub async fn list(
     State(state): State<AppState>,
     MetricsAuth(_): MetricsAuth,

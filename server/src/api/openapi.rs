@@ -59,6 +59,7 @@ use flotilla_core::api::ErrorBody;
         super::datasets::list,
         super::datasets::put_checkpoint,
         super::coverage::import,
+        super::alerts::list,
         document,
     ),
     components(schemas(ErrorBody)),
@@ -72,6 +73,7 @@ use flotilla_core::api::ErrorBody;
         (name = "pipelines", description = "Multi-host pipeline runs"),
         (name = "rois", description = "Regions of interest: TESSERA tiles for a year"),
         (name = "datasets", description = "Datasets, checkpoints and coverage"),
+        (name = "alerts", description = "What needs an operator now"),
         (name = "meta", description = "This document"),
     )
 )]
