@@ -3,7 +3,8 @@
 // agents and are never parsed as HTML). Quiet when signed out or offline.
 (function () {
   const box = document.getElementById("alerts");
-  if (!box) return;
+  // The login page has no session to ask with (the poll would be a 401).
+  if (!box || location.pathname === "/ui/login") return;
   let shown = "";
   function render(list) {
     const key = JSON.stringify(list.alerts);

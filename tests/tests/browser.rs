@@ -1,0 +1,829 @@
+//! The dashboard in a real browser: Debian's Chromium, headless, driven
+//! through chromedriver (fantoccini) against a real server and a real agent
+//! that ran real command and tile jobs. One server, one agent and one
+//! browser serve every case, in order: log in through the form, the
+//! overview updating without a reload, a job page that turns `succeeded` by
+//! itself, cancel and drain from the pages, the ROI map's cells per state
+//! against the API, no horizontal overflow at 390 px, keyboard reach, and
+//! no console error or CSP violation on any page. Every page is
+//! screenshotted under `target/browser-screenshots/`.
+//!
+//! `readme_screenshots` (ignored; run it with `cargo test -p flotilla-e2e
+//! --test browser -- --ignored readme_screenshots`) remakes the README's
+//! pictures in `docs/screenshots/`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use fantoccini::actions::{InputSource, KeyAction, KeyActions};
+use fantoccini::{Client, ClientBuilder, Locator};
+use flotilla_e2e::procs::{free_addr, server_on_shared, Agent, Server};
+use flotilla_e2e::{eventually, scratch, tiles};
+use serde_json::{json, Value};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const AGENT: &str = "browser-agent";
+const DATASET: &str = "synth";
+const YEAR: i32 = 2024;
+/// A desktop window, and a phone's width (an iPhone 12–15 is 390 CSS px).
+const DESKTOP: (u32, u32) = (1280, 800);
+const PHONE: (u32, u32) = (390, 844);
+/// The WebDriver code of the Tab key.
+const TAB: char = '\u{e004}';
+
+/// Chromium under chromedriver, in a process group of its own that is
+/// killed when this is dropped (chromedriver's browser would outlive it).
+struct Browser {
+    client: Client,
+    driver_url: String,
+    driver: tokio::process::Child,
+    base: String,
+    shots: PathBuf,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if let Some(pid) = self.driver.id() {
+            // The group holds chromedriver and the browser it started.
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+impl Browser {
+    async fn start(base: &str, shots: PathBuf) -> Browser {
+        for bin in [CHROMIUM, CHROMEDRIVER] {
+            assert!(
+                Path::new(bin).is_file(),
+                "{bin} is missing: the browser tests drive Debian's Chromium through \
+                 chromedriver; run scripts/setup-debian.sh --test (it installs the \
+                 chromium and chromium-driver packages)"
+            );
+        }
+        std::fs::create_dir_all(&shots).expect("making the screenshot directory");
+        let port = free_addr().port();
+        let driver = tokio::process::Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawning chromedriver");
+        let driver_url = format!("http://127.0.0.1:{port}");
+        let caps = json!({
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": CHROMIUM,
+                // Root in a container: no sandbox; a small /dev/shm.
+                "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                         "--disable-gpu", "--hide-scrollbars",
+                         format!("--window-size={},{}", DESKTOP.0, DESKTOP.1)],
+            },
+            "goog:loggingPrefs": { "browser": "ALL" },
+        });
+        let caps = caps.as_object().expect("an object").clone();
+        let start = Instant::now();
+        let client = loop {
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            match ClientBuilder::new(connector)
+                .capabilities(caps.clone())
+                .connect(&driver_url)
+                .await
+            {
+                Ok(c) => break c,
+                Err(_) if start.elapsed() < Duration::from_secs(60) => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => panic!("chromedriver did not start Chromium within 60 s: {e}"),
+            }
+        };
+        Browser {
+            client,
+            driver_url,
+            driver,
+            base: base.to_string(),
+            shots,
+        }
+    }
+
+    /// Opens `path` and waits for the document to load.
+    async fn open(&self, path: &str) {
+        self.client
+            .goto(&format!("{}{path}", self.base))
+            .await
+            .unwrap_or_else(|e| panic!("opening {path}: {e}"));
+        self.wait_js(
+            &format!("{path} to load"),
+            "return document.readyState === 'complete'",
+        )
+        .await;
+    }
+
+    async fn js(&self, script: &str) -> Value {
+        self.client
+            .execute(script, Vec::new())
+            .await
+            .unwrap_or_else(|e| panic!("running {script}: {e}"))
+    }
+
+    /// Waits until `script` returns true.
+    async fn wait_js(&self, what: &str, script: &str) {
+        let start = Instant::now();
+        loop {
+            if self.js(script).await == Value::Bool(true) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "timed out after 30 s waiting for {what} ({script})"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn text(&self, css: &str) -> String {
+        let script = format!(
+            "const e = document.querySelector({}); return e ? e.textContent.trim() : null",
+            json!(css)
+        );
+        match self.js(&script).await {
+            Value::String(s) => s,
+            v => panic!("no {css} on the page ({v})"),
+        }
+    }
+
+    async fn path(&self) -> String {
+        self.client
+            .current_url()
+            .await
+            .expect("the URL")
+            .path()
+            .to_string()
+    }
+
+    async fn click(&self, css: &str) {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css}: {e}"))
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("clicking {css}: {e}"));
+    }
+
+    async fn resize(&self, (w, h): (u32, u32)) {
+        self.client
+            .set_window_size(w, h)
+            .await
+            .expect("resizing the window");
+    }
+
+    /// Saves the page as `NAME.png`; returns its path.
+    async fn shot(&self, name: &str) -> PathBuf {
+        let png = self.client.screenshot().await.expect("a screenshot");
+        let path = self.shots.join(format!("{name}.png"));
+        std::fs::write(&path, png).expect("writing a screenshot");
+        path
+    }
+
+    /// The browser's console since the last call (chromedriver's log,
+    /// which holds CSP violations, script errors and failed loads): the
+    /// errors, with `context` in the panic.
+    async fn console_errors(&self, context: &str) -> Vec<String> {
+        let session = self
+            .client
+            .session_id()
+            .await
+            .expect("a session")
+            .expect("a session id");
+        let r = reqwest::Client::new()
+            .post(format!("{}/session/{session}/se/log", self.driver_url))
+            .json(&json!({"type": "browser"}))
+            .send()
+            .await
+            .expect("reading the browser log");
+        let v: Value = r.json().await.expect("the browser log is JSON");
+        let entries = v["value"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{context}: no browser log: {v}"));
+        entries
+            .iter()
+            .filter(|e| {
+                e["level"] == "SEVERE"
+                    || e["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("Content Security Policy"))
+            })
+            .map(|e| format!("{context}: {}", e["message"]))
+            .collect()
+    }
+
+    async fn assert_clean_console(&self, context: &str) {
+        let errors = self.console_errors(context).await;
+        assert!(errors.is_empty(), "console errors: {errors:#?}");
+    }
+
+    /// Presses Tab `n` times from the top of the page; what each stop is
+    /// (`TAG href-or-text`).
+    async fn tab_stops(&self, n: usize) -> Vec<String> {
+        self.js("document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0)")
+            .await;
+        let mut stops = Vec::new();
+        for _ in 0..n {
+            let keys = KeyActions::new("keyboard".into())
+                .then(KeyAction::Down { value: TAB })
+                .then(KeyAction::Up { value: TAB });
+            self.client
+                .perform_actions(keys)
+                .await
+                .expect("pressing Tab");
+            let v = self
+                .js("const e = document.activeElement; \
+                     return e.tagName + ' ' + (e.getAttribute('href') || e.textContent.trim())")
+                .await;
+            stops.push(v.as_str().unwrap_or_default().to_string());
+        }
+        stops
+    }
+}
+
+/// The screenshots' directory: `target/browser-screenshots`.
+fn screenshot_dir() -> PathBuf {
+    flotilla_e2e::bin_dir()
+        .parent()
+        .expect("target/debug has a parent")
+        .join("browser-screenshots")
+}
+
+/// The server with one agent, a dataset and a first ROI under way, some
+/// finished jobs, and a browser.
+struct Fleet {
+    _dir: tempfile::TempDir,
+    server: Server,
+    _agent: Agent,
+    browser: Browser,
+    /// The first ROI (6 tiles, one without inputs).
+    roi: String,
+    /// A job that wrote an output (its page has an outputs table).
+    with_output: String,
+}
+
+async fn fleet(shots: PathBuf) -> Fleet {
+    let dir = scratch("e2e-browser-");
+    let server = server_on_shared(dir.path(), 3_000).await;
+    let browser = Browser::start(&server.url(), shots).await;
+    let api = server.api();
+    let ckpt = tiles::synth_ckpt(dir.path(), tiles::TINY, 11);
+    tiles::register_dataset(&server, DATASET, &ckpt).await;
+    // A 3 × 2 block at 0–0.3°E, 52.0–52.2°N; every tile has inputs but
+    // the last, which fails.
+    for (i, t) in [
+        "grid_0.05_52.05",
+        "grid_0.15_52.05",
+        "grid_0.25_52.05",
+        "grid_0.05_52.15",
+        "grid_0.15_52.15",
+    ]
+    .iter()
+    .enumerate()
+    {
+        tiles::synth_inputs(&server, t, 32, i as u64, &[YEAR]);
+    }
+    let agent = Agent::start(&server, AGENT, 2, &[]).await;
+    let roi = api
+        .post(
+            "/api/v1/rois",
+            json!({"name": "fens", "year": YEAR, "dataset": DATASET,
+                   "bbox": [0.01, 52.01, 0.29, 52.19]}),
+        )
+        .await["id"]
+        .as_str()
+        .expect("an ROI id")
+        .to_string();
+    api.submit(json!({"kind": "command", "command": "echo hello from flotilla"}))
+        .await;
+    api.submit(
+        json!({"kind": "command", "command": "echo about to fail; exit 3",
+                      "max_attempts": 1}),
+    )
+    .await;
+    let with_output = api
+        .submit(json!({"kind": "command", "outputs": ["out/primes.txt"],
+                       "command": "mkdir -p out && seq 2 100 | factor | awk 'NF == 2 {print $2}' > out/primes.txt"}))
+        .await;
+    Fleet {
+        _dir: dir,
+        server,
+        _agent: agent,
+        browser,
+        roi,
+        with_output,
+    }
+}
+
+/// The API's state of job `id`.
+async fn job_state(server: &Server, id: &str) -> String {
+    server.api().job(id).await.state.to_string()
+}
+
+async fn wait_job_state(server: &Server, id: &str, state: &str) {
+    eventually(
+        &format!("job {id} to be {state}"),
+        Duration::from_secs(60),
+        || async move { job_state(server, id).await == state },
+    )
+    .await;
+}
+
+async fn agent_state(server: &Server) -> String {
+    let v = server.api().get("/api/v1/agents").await;
+    v["agents"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["name"] == AGENT))
+        .and_then(|a| a["state"].as_str())
+        .unwrap_or_else(|| panic!("no agent {AGENT}: {v}"))
+        .to_string()
+}
+
+/// 1. The login form: a labelled input, a wrong token refused, the admin
+/// token typed in leads to the overview.
+async fn log_in(f: &Fleet) {
+    let b = &f.browser;
+    b.open("/ui").await;
+    assert_eq!(b.path().await, "/ui/login", "no session: the login page");
+    let label = b
+        .js("const i = document.querySelector('input[name=token]'); \
+             return i.labels.length ? i.labels[0].textContent.trim() : ''")
+        .await;
+    assert!(
+        label.as_str().is_some_and(|l| !l.is_empty()),
+        "the token input has no <label>: {label}"
+    );
+    b.shot("login").await;
+    let input = b
+        .client
+        .find(Locator::Css("input[name=token]"))
+        .await
+        .expect("the token input");
+    input.send_keys("flt_wrong").await.expect("typing");
+    b.click("form[action='/ui/login'] button").await;
+    b.wait_js("the refusal", "return !!document.querySelector('.warn')")
+        .await;
+    // A refused login answers 401, which the console reports as a failed
+    // load: that one is expected.
+    let errors = b.console_errors("wrong token").await;
+    assert!(
+        errors.iter().all(|e| e.contains("401")),
+        "console errors: {errors:#?}"
+    );
+    let input = b
+        .client
+        .find(Locator::Css("input[name=token]"))
+        .await
+        .expect("the token input");
+    input
+        .send_keys(&f.server.admin_token)
+        .await
+        .expect("typing the token");
+    b.click("form[action='/ui/login'] button").await;
+    b.wait_js(
+        "the overview after login",
+        "return location.pathname === '/ui' && !!document.getElementById('live')",
+    )
+    .await;
+    b.assert_clean_console("login").await;
+}
+
+/// 2. The overview shows a job submitted after it was opened, without a
+/// navigation (a marker set on `window` survives).
+async fn overview_is_live(f: &Fleet) {
+    let b = &f.browser;
+    b.open("/ui").await;
+    b.js("window.flotillaMarker = 'kept'").await;
+    let heading = b.text("#live h2").await;
+    let before: u64 = heading
+        .trim_start_matches("Jobs (")
+        .trim_end_matches(')')
+        .parse()
+        .unwrap_or_else(|e| panic!("the jobs heading {heading:?}: {e}"));
+    let id = f
+        .server
+        .api()
+        .submit(json!({"kind": "command", "command": "echo submitted while watched"}))
+        .await;
+    let tail = &id[id.len() - 8..];
+    b.wait_js(
+        "the new job on the overview",
+        &format!(
+            "const l = document.getElementById('live'); \
+             return l.textContent.includes('{tail}') && \
+                    l.querySelector('h2').textContent.trim() === 'Jobs ({})'",
+            before + 1
+        ),
+    )
+    .await;
+    assert_eq!(
+        b.js("return window.flotillaMarker").await,
+        "kept",
+        "the overview reloaded instead of updating"
+    );
+    b.assert_clean_console("overview").await;
+}
+
+/// 3. A job page opened while the job runs turns `succeeded` by itself,
+/// with its whole log once.
+async fn job_page_follows_the_job(f: &Fleet) -> String {
+    let b = &f.browser;
+    let id = f
+        .server
+        .api()
+        .submit(json!({"kind": "command",
+                       "command": "for i in 1 2 3 4; do echo tick-$i; sleep 1; done"}))
+        .await;
+    wait_job_state(&f.server, &id, "running").await;
+    b.open(&format!("/ui/jobs/{id}")).await;
+    assert_eq!(b.text("h2 .state").await, "running");
+    b.shot("job-running").await;
+    b.wait_js(
+        "the job page to say succeeded",
+        "const s = document.querySelector('h2 .state'); \
+         return !!s && s.textContent.trim() === 'succeeded'",
+    )
+    .await;
+    assert_eq!(job_state(&f.server, &id).await, "succeeded");
+    let log = b.text("#log").await;
+    for i in 1..=4 {
+        assert_eq!(
+            log.matches(&format!("tick-{i}")).count(),
+            1,
+            "each line once: {log:?}"
+        );
+    }
+    b.assert_clean_console("job page").await;
+    id
+}
+
+/// 4. Cancel from a running job's page.
+async fn cancel_from_the_page(f: &Fleet) -> String {
+    let b = &f.browser;
+    let id = f
+        .server
+        .api()
+        .submit(json!({"kind": "command", "command": "sleep 300"}))
+        .await;
+    wait_job_state(&f.server, &id, "running").await;
+    b.open(&format!("/ui/jobs/{id}")).await;
+    b.click("form[action$='/cancel'] button").await;
+    wait_job_state(&f.server, &id, "cancelled").await;
+    b.wait_js(
+        "the job page to say cancelled",
+        "const s = document.querySelector('h2 .state'); \
+         return !!s && s.textContent.trim() === 'cancelled'",
+    )
+    .await;
+    b.assert_clean_console("cancel").await;
+    id
+}
+
+/// 5. Drain the agent from `/ui/agents`.
+async fn drain_from_the_page(f: &Fleet) {
+    let b = &f.browser;
+    b.open("/ui/agents").await;
+    b.shot("agents-active").await;
+    b.click(&format!("#agent-{AGENT} form[action$='/drain'] button"))
+        .await;
+    // The form posts, then the page comes back: the API follows the click.
+    eventually(
+        "the API to say draining or drained",
+        Duration::from_secs(10),
+        || async {
+            let now = agent_state(&f.server).await;
+            now == "draining" || now == "drained"
+        },
+    )
+    .await;
+    eventually(
+        "the agent to be drained",
+        Duration::from_secs(30),
+        || async { agent_state(&f.server).await == "drained" },
+    )
+    .await;
+    b.open("/ui/agents").await;
+    assert_eq!(
+        b.text(&format!("#agent-{AGENT} .agent-state")).await,
+        "drained"
+    );
+    b.assert_clean_console("drain").await;
+}
+
+/// 6. An ROI page's map: as many cells per state, counted in the DOM, as
+/// the API counts. Returns the counts.
+async fn map_matches_the_api(f: &Fleet, roi: &str) -> Value {
+    let b = &f.browser;
+    b.open(&format!("/ui/rois/{roi}")).await;
+    let api = f.server.api();
+    let start = Instant::now();
+    loop {
+        let view = api.get(&format!("/api/v1/rois/{roi}")).await;
+        let dom = b
+            .js("const n = {}; \
+                 for (const s of ['missing', 'queued', 'running', 'done', 'failed']) \
+                   n[s] = document.querySelectorAll('#tilemap rect.t-' + s).length; \
+                 n.all = document.querySelectorAll('#tilemap rect').length; \
+                 return n")
+            .await;
+        let total: i64 = ["missing", "queued", "running", "done", "failed"]
+            .iter()
+            .map(|s| view["tiles"][s].as_i64().unwrap_or(-1))
+            .sum();
+        let same = ["missing", "queued", "running", "done", "failed"]
+            .iter()
+            .all(|s| dom[s] == view["tiles"][s])
+            && dom["all"] == total;
+        if same {
+            b.assert_clean_console("ROI map").await;
+            return view["tiles"].clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the map's cells {dom} against the API's {}",
+            view["tiles"]
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// 7. At 390 px no page is wider than the window (wide tables scroll in
+/// their own box). Screenshots each as `NAME-390`.
+async fn fits_a_phone(f: &Fleet, pages: &[(&str, String)]) {
+    let b = &f.browser;
+    b.resize(PHONE).await;
+    let mut wide = Vec::new();
+    for (name, path) in pages {
+        b.open(path).await;
+        let v = b
+            .js("return [document.documentElement.scrollWidth, window.innerWidth]")
+            .await;
+        let (scroll, inner) = (v[0].as_u64().unwrap_or(0), v[1].as_u64().unwrap_or(0));
+        assert!(
+            (300..=PHONE.0 as u64).contains(&inner),
+            "the window is {inner} px wide, not a phone's"
+        );
+        if scroll > inner {
+            wide.push(format!("{name} ({path}): {scroll} px in {inner}"));
+        }
+        b.shot(&format!("{name}-390")).await;
+        b.assert_clean_console(&format!("{name} at 390 px")).await;
+    }
+    b.resize(DESKTOP).await;
+    assert!(wide.is_empty(), "pages wider than a phone: {wide:#?}");
+}
+
+/// 8. Tab walks the header's links in order, then Log out (nothing before
+/// them, nothing skipped); on a waiting job's page it reaches Cancel, on
+/// the agents page the steer buttons.
+async fn keyboard_reaches_the_controls(f: &Fleet, waiting_job: &str) {
+    let b = &f.browser;
+    b.open("/ui").await;
+    // The header's controls in document order: the nav links, Log out.
+    let header = b
+        .js(
+            "return Array.from(document.querySelectorAll('header a, header button')) \
+               .map(e => e.tagName + ' ' + (e.getAttribute('href') || e.textContent.trim()))",
+        )
+        .await;
+    let header: Vec<String> = serde_json::from_value(header).expect("a list of strings");
+    assert!(
+        header.len() >= 6,
+        "the header's links and Log out: {header:?}"
+    );
+    assert_eq!(header[0], "A /ui");
+    assert_eq!(header[header.len() - 1], "BUTTON Log out");
+    let stops = b.tab_stops(header.len()).await;
+    assert_eq!(stops, header, "the overview's first tab stops");
+    b.open(&format!("/ui/jobs/{waiting_job}")).await;
+    let stops = b.tab_stops(8).await;
+    assert!(
+        stops.iter().any(|s| s == "BUTTON Cancel"),
+        "Tab does not reach Cancel: {stops:?}"
+    );
+    b.open("/ui/agents").await;
+    let stops = b.tab_stops(16).await;
+    assert!(
+        stops.iter().any(|s| s == "BUTTON resume"),
+        "Tab does not reach the drained agent's resume: {stops:?}"
+    );
+    b.assert_clean_console("keyboard").await;
+}
+
+/// The agent's own page when the server has one (`/ui/agents/{name}`).
+async fn agent_page(server: &Server) -> Option<String> {
+    let path = format!("/ui/agents/{AGENT}");
+    let r = reqwest::Client::new()
+        .get(format!("{}{path}", server.url()))
+        .header("authorization", format!("Bearer {}", server.admin_token))
+        .send()
+        .await
+        .expect("asking for the agent page");
+    // Without a session a page redirects to login (303); a route that does
+    // not exist answers 404 or 405.
+    (r.status().as_u16() != 404 && r.status().as_u16() != 405).then_some(path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_works_in_chromium() {
+    let started = Instant::now();
+    let f = fleet(screenshot_dir()).await;
+    let step = |n: &str| {
+        println!(
+            "browser: {n} ok at {:.1} s",
+            started.elapsed().as_secs_f64()
+        )
+    };
+    log_in(&f).await;
+    step("1 login");
+    overview_is_live(&f).await;
+    f.browser.shot("overview").await;
+    step("2 overview live");
+    let done = job_page_follows_the_job(&f).await;
+    f.browser.shot("job").await;
+    step("3 job page turns succeeded");
+    let cancelled = cancel_from_the_page(&f).await;
+    step("4 cancel");
+    tiles::wait_roi(
+        &f.server,
+        &f.roi,
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+    )
+    .await;
+    drain_from_the_page(&f).await;
+    f.browser.shot("agents").await;
+    step("5 drain");
+
+    let first = map_matches_the_api(&f, &f.roi).await;
+    assert_eq!(first["done"], 5, "{first}");
+    assert_eq!(first["failed"], 1, "{first}");
+    // A second ROI over the first and three tiles more, submitted to a
+    // drained fleet: the first's done cells, and queued ones (the three new
+    // tiles and the failed one again).
+    let second = f
+        .server
+        .api()
+        .post(
+            "/api/v1/rois",
+            json!({"name": "fens-north", "year": YEAR, "dataset": DATASET,
+                   "bbox": [0.01, 52.01, 0.29, 52.29]}),
+        )
+        .await["id"]
+        .as_str()
+        .expect("an ROI id")
+        .to_string();
+    let counts = map_matches_the_api(&f, &second).await;
+    f.browser.shot("roi-map").await;
+    assert_eq!(counts["done"], 5, "{counts}");
+    assert!(counts["queued"].as_i64() >= Some(3), "{counts}");
+    f.browser.open("/ui/rois").await;
+    f.browser.shot("rois").await;
+    step("6 ROI map");
+
+    let mut pages = vec![
+        ("overview", "/ui".to_string()),
+        ("jobs", "/ui/jobs".to_string()),
+        ("job", format!("/ui/jobs/{done}")),
+        ("job-outputs", format!("/ui/jobs/{}", f.with_output)),
+        ("job-cancelled", format!("/ui/jobs/{cancelled}")),
+        ("agents", "/ui/agents".to_string()),
+        ("rois", "/ui/rois".to_string()),
+        ("roi-map", format!("/ui/rois/{second}")),
+        ("pipelines", "/ui/pipelines".to_string()),
+    ];
+    match agent_page(&f.server).await {
+        Some(path) => pages.push(("agent", path)),
+        None => println!("browser: no /ui/agents/{{name}} page yet; skipped"),
+    }
+    for (name, path) in &pages {
+        f.browser.open(path).await;
+        f.browser.shot(name).await;
+        f.browser.assert_clean_console(name).await;
+    }
+    fits_a_phone(&f, &pages).await;
+    step("7 390 px");
+    // The fleet is drained: a new job waits, and its page offers Cancel.
+    let waiting = f
+        .server
+        .api()
+        .submit(json!({"kind": "command", "command": "sleep 300"}))
+        .await;
+    keyboard_reaches_the_controls(&f, &waiting).await;
+    step("8 keyboard, 9 console");
+    println!(
+        "browser: screenshots in {} ({:.1} s in all)",
+        f.browser.shots.display(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The README's pictures, at a desktop size, after realistic work: jobs
+/// done, failed and running (one printing a log), an agent paused with
+/// work in hand, and an ROI partly done. Written to `docs/screenshots/`,
+/// made smaller with `pngquant` when it is installed. Ignored: run it on
+/// purpose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "remakes docs/screenshots; run with --ignored readme_screenshots"]
+async fn readme_screenshots() {
+    let f = fleet(screenshot_dir().join("readme")).await;
+    let api = f.server.api();
+    log_in(&f).await;
+    for t in ["grid_0.05_52.25", "grid_0.15_52.25", "grid_0.25_52.25"] {
+        tiles::synth_inputs(&f.server, t, 32, 7, &[YEAR]);
+    }
+    let north = api
+        .post(
+            "/api/v1/rois",
+            json!({"name": "fens-north", "year": YEAR, "dataset": DATASET,
+                   "bbox": [0.01, 52.21, 0.29, 52.29]}),
+        )
+        .await["id"]
+        .as_str()
+        .expect("an ROI id")
+        .to_string();
+    for roi in [&f.roi, &north] {
+        tiles::wait_roi(
+            &f.server,
+            roi,
+            Duration::from_secs(120),
+            Duration::from_millis(200),
+        )
+        .await;
+    }
+    for cmd in [
+        "make -C docs html",
+        "python3 train.py --epochs 3",
+        "echo ok",
+    ] {
+        api.submit(json!({"kind": "command", "command": format!("echo '$ {cmd}'; sleep 1")}))
+            .await;
+    }
+    let ticking = api
+        .submit(json!({"kind": "command", "command":
+            "for i in $(seq 1 120); do echo \"epoch $i/120: loss $((1000 / i))e-3\"; sleep 1; done"}))
+        .await;
+    api.submit(json!({"kind": "command", "command": "sleep 600"}))
+        .await;
+    wait_job_state(&f.server, &ticking, "running").await;
+    // Paused with two jobs running: the next ROI's new tiles wait.
+    api.post(&format!("/api/v1/agents/{AGENT}/pause"), json!({}))
+        .await;
+    let wide = api
+        .post(
+            "/api/v1/rois",
+            json!({"name": "fenland", "year": YEAR, "dataset": DATASET,
+                   "bbox": [0.01, 52.01, 0.59, 52.39]}),
+        )
+        .await["id"]
+        .as_str()
+        .expect("an ROI id")
+        .to_string();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let b = &f.browser;
+    b.resize(DESKTOP).await;
+    let agent = agent_page(&f.server)
+        .await
+        .unwrap_or_else(|| "/ui/agents".to_string());
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/screenshots");
+    std::fs::create_dir_all(&out).expect("making docs/screenshots");
+    for (name, path) in [
+        ("overview", "/ui".to_string()),
+        ("job", format!("/ui/jobs/{ticking}")),
+        ("roi-map", format!("/ui/rois/{wide}")),
+        ("agent", agent),
+    ] {
+        b.open(&path).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let shot = b.shot(name).await;
+        let dest = out.join(format!("{name}.png"));
+        std::fs::copy(&shot, &dest).expect("copying a screenshot");
+        // Best effort: 256 colours are plenty for a flat page.
+        let _ = std::process::Command::new("pngquant")
+            .args([
+                "--force",
+                "--skip-if-larger",
+                "--ext",
+                ".png",
+                "--speed",
+                "1",
+            ])
+            .arg(&dest)
+            .status();
+        let size = std::fs::metadata(&dest).expect("the screenshot").len();
+        println!("browser: {} ({} KB)", dest.display(), size / 1024);
+    }
+}
