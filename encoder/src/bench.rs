@@ -222,6 +222,22 @@ pub fn bench_encoder(
     })
 }
 
+/// `/proc/loadavg`'s 1, 5 and 15 minute figures: benchmark numbers on a
+/// shared machine mean little without them.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// This process's peak resident set (`VmHWM` of `/proc/self/status`, KiB):
+/// what an encode costs a shared box; `None` off Linux.
+pub fn peak_resident_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// `tune`'s chunk sizes on a CPU backend: a chunk only bounds memory there
 /// (threads take blocks of it), so the sweep stays small.
 pub const CPU_CHUNKS: &[usize] = &[32, 64, 128, 256, 512];

@@ -419,18 +419,10 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
             eprintln!("wrote {}", f.display());
         }
     }
-    if let Some(kib) = peak_resident_kib() {
+    if let Some(kib) = bench::peak_resident_kib() {
         eprintln!("peak resident memory: {} MiB", kib / 1024);
     }
     Ok(())
-}
-
-/// This process's peak resident set (`VmHWM` of `/proc/self/status`, KiB):
-/// what an encode costs a shared box; `None` off Linux.
-fn peak_resident_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn tile_name(dir: &Path) -> Result<String> {
@@ -484,7 +476,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         "dnnl GF/s",
         "of dnnl"
     );
-    println!("load average before: {}", load_average());
+    println!("load average before: {}", bench::load_average());
     let mut dedup = threads.clone();
     dedup.dedup();
     for t in dedup {
@@ -521,16 +513,8 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             );
         }
     }
-    println!("load average after: {}", load_average());
+    println!("load average after: {}", bench::load_average());
     Ok(())
-}
-
-/// `/proc/loadavg`'s 1, 5 and 15 minute figures: benchmark numbers on a
-/// shared machine mean little without them.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn run_tune(a: TuneArgs) -> Result<()> {
