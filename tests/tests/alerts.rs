@@ -243,6 +243,25 @@ async fn each_alert_is_raised_by_making_its_condition_real() {
         .collect();
     let views = Views::new(Server::start(dir.path(), opts).await).await;
     assert!(views.api().await.is_empty(), "a fresh fleet has no alerts");
+    // Every page carries the banner and its script (no inline script);
+    // the JSON needs a session and refuses in the API's error shape.
+    let overview = views.text("/ui", true).await;
+    assert!(overview.contains(r#"<div id="alerts" role="status""#));
+    assert!(overview.contains(r#"<script src="/ui/static/alerts.js""#));
+    assert!(views
+        .text("/ui/static/alerts.js", true)
+        .await
+        .contains("/ui/alerts.json"));
+    let r = views
+        .http
+        .get(format!("{}/ui/alerts.json", views.server.url()))
+        .send()
+        .await
+        .expect("alerts.json");
+    assert_eq!(r.status(), 401);
+    let body: Value = r.json().await.expect("a JSON error");
+    assert_eq!(body["error"]["code"], "unauthorized", "{body}");
+    assert!(views.text("/ui/alerts", true).await.contains("No alerts"));
 
     tokio::join!(
         disk_full(&views),
