@@ -800,12 +800,14 @@ async fn readme_screenshots() {
         .unwrap_or_else(|| "/ui/agents".to_string());
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/screenshots");
     std::fs::create_dir_all(&out).expect("making docs/screenshots");
-    for (name, path) in [
-        ("overview", "/ui".to_string()),
-        ("job", format!("/ui/jobs/{ticking}")),
-        ("roi-map", format!("/ui/rois/{wide}")),
-        ("agent", agent),
+    // Tall enough for the job page's log and the agent page's charts.
+    for (name, path, height) in [
+        ("overview", "/ui".to_string(), 800),
+        ("job", format!("/ui/jobs/{ticking}"), 1350),
+        ("roi-map", format!("/ui/rois/{wide}"), 800),
+        ("agent", agent, 1100),
     ] {
+        b.resize((DESKTOP.0, height)).await;
         b.open(&path).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let shot = b.shot(name).await;
