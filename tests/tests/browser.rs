@@ -352,7 +352,7 @@ async fn agent_state(server: &Server) -> String {
         .to_string()
 }
 
-/// 1. The login form: a labelled input, a wrong token refused, the admin
+/// Case 1: The login form: a labelled input, a wrong token refused, the admin
 /// token typed in leads to the overview.
 async fn log_in(f: &Fleet) {
     let b = &f.browser;
@@ -367,6 +367,17 @@ async fn log_in(f: &Fleet) {
         "the token input has no <label>: {label}"
     );
     b.shot("login").await;
+    // The login page at a phone's width, as case 7 checks the others.
+    b.resize(PHONE).await;
+    let v = b
+        .js("return [document.documentElement.scrollWidth, window.innerWidth]")
+        .await;
+    assert!(
+        v[0].as_u64() <= v[1].as_u64(),
+        "the login page at 390 px: {v}"
+    );
+    b.shot("login-390").await;
+    b.resize(DESKTOP).await;
     let input = b
         .client
         .find(Locator::Css("input[name=token]"))
@@ -401,7 +412,7 @@ async fn log_in(f: &Fleet) {
     b.assert_clean_console("login").await;
 }
 
-/// 2. The overview shows a job submitted after it was opened, without a
+/// Case 2: The overview shows a job submitted after it was opened, without a
 /// navigation (a marker set on `window` survives).
 async fn overview_is_live(f: &Fleet) {
     let b = &f.browser;
@@ -437,7 +448,7 @@ async fn overview_is_live(f: &Fleet) {
     b.assert_clean_console("overview").await;
 }
 
-/// 3. A job page opened while the job runs turns `succeeded` by itself,
+/// Case 3: A job page opened while the job runs turns `succeeded` by itself,
 /// with its whole log once.
 async fn job_page_follows_the_job(f: &Fleet) -> String {
     let b = &f.browser;
@@ -470,7 +481,7 @@ async fn job_page_follows_the_job(f: &Fleet) -> String {
     id
 }
 
-/// 4. Cancel from a running job's page.
+/// Case 4: Cancel from a running job's page.
 async fn cancel_from_the_page(f: &Fleet) -> String {
     let b = &f.browser;
     let id = f
@@ -492,7 +503,7 @@ async fn cancel_from_the_page(f: &Fleet) -> String {
     id
 }
 
-/// 5. Drain the agent from `/ui/agents`.
+/// Case 5: Drain the agent from `/ui/agents`.
 async fn drain_from_the_page(f: &Fleet) {
     let b = &f.browser;
     b.open("/ui/agents").await;
@@ -523,7 +534,7 @@ async fn drain_from_the_page(f: &Fleet) {
     b.assert_clean_console("drain").await;
 }
 
-/// 6. An ROI page's map: as many cells per state, counted in the DOM, as
+/// Case 6: An ROI page's map: as many cells per state, counted in the DOM, as
 /// the API counts. Returns the counts.
 async fn map_matches_the_api(f: &Fleet, roi: &str) -> Value {
     let b = &f.browser;
@@ -560,7 +571,7 @@ async fn map_matches_the_api(f: &Fleet, roi: &str) -> Value {
     }
 }
 
-/// 7. At 390 px no page is wider than the window (wide tables scroll in
+/// Case 7: At 390 px no page is wider than the window (wide tables scroll in
 /// their own box). Screenshots each as `NAME-390`.
 async fn fits_a_phone(f: &Fleet, pages: &[(&str, String)]) {
     let b = &f.browser;
@@ -586,7 +597,7 @@ async fn fits_a_phone(f: &Fleet, pages: &[(&str, String)]) {
     assert!(wide.is_empty(), "pages wider than a phone: {wide:#?}");
 }
 
-/// 8. Tab walks the header's links in order, then Log out (nothing before
+/// Case 8: Tab walks the header's links in order, then Log out (nothing before
 /// them, nothing skipped); on a waiting job's page it reaches Cancel, on
 /// the agents page the steer buttons.
 async fn keyboard_reaches_the_controls(f: &Fleet, waiting_job: &str) {
@@ -704,6 +715,7 @@ async fn the_dashboard_works_in_chromium() {
         ("rois", "/ui/rois".to_string()),
         ("roi-map", format!("/ui/rois/{second}")),
         ("pipelines", "/ui/pipelines".to_string()),
+        ("revdeps", "/ui/revdeps".to_string()),
     ];
     match agent_page(&f.server).await {
         Some(path) => pages.push(("agent", path)),
