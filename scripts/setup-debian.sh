@@ -7,7 +7,7 @@
 # on ssh hosts), poppler-utils and tesseract (the pipeline tests' PDF pages
 # and OCR), prometheus (its server and promtool, which the metrics tests
 # start), chromium and chromium-driver (the browser tests drive it
-# headless), from apt.
+# headless), nftables (the chaos test cuts an agent off with nft), from apt.
 set -euo pipefail
 
 want_test=0
@@ -21,7 +21,7 @@ fi
 
 pkgs=(postgresql libdnnl-dev build-essential pkg-config git ca-certificates curl python3 python3-pip)
 if [ "$want_test" = 1 ]; then
-    pkgs+=(openssh-server openssh-client poppler-utils tesseract-ocr tesseract-ocr-eng prometheus chromium chromium-driver)
+    pkgs+=(openssh-server openssh-client poppler-utils tesseract-ocr tesseract-ocr-eng prometheus chromium chromium-driver nftables)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
