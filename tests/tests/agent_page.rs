@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use flotilla_core::job::JobState;
 use flotilla_e2e::procs::{opts_on_shared, Agent, Server};
+use flotilla_e2e::ui::Dashboard;
 use flotilla_e2e::{eventually, scratch, tiles};
 use serde_json::{json, Value};
 
@@ -21,40 +22,9 @@ const AGENT: &str = "page-agent";
 /// (a third of the 1.5 s lease TTL), so about every other one is kept.
 const SAMPLE_MS: i64 = 700;
 
-/// A logged-in dashboard client: (client without redirects, cookie).
-async fn login(server: &Server) -> (reqwest::Client, String) {
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let r = http
-        .post(format!("{}/ui/login", server.url()))
-        .form(&[("token", server.admin_token.as_str())])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303, "login");
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
-    (http, cookie)
-}
-
 /// A page's status and HTML; pages carry no inline script.
-async fn page(server: &Server, ui: &(reqwest::Client, String), path: &str) -> (u16, String) {
-    let r =
-        ui.0.get(format!("{}{path}", server.url()))
-            .header("cookie", &ui.1)
-            .send()
-            .await
-            .unwrap();
-    let status = r.status().as_u16();
-    let html = r.text().await.unwrap();
+async fn page(ui: &Dashboard, path: &str) -> (u16, String) {
+    let (status, html) = ui.get(path).await;
     assert!(!html.contains("<script>"), "{path}: inline script");
     (status, html)
 }
@@ -240,12 +210,12 @@ async fn agent_page_charts_its_health_work_and_silence() {
 
     // The page: one point per sample. A sample may land between the page
     // and the API call; read until both agree.
-    let ui = login(&server).await;
+    let ui = Dashboard::login(&server).await;
     let mut agreed = false;
     let mut html = String::new();
     for _ in 0..10 {
         let before = samples(&server, "").await;
-        let (status, h) = page(&server, &ui, &format!("/ui/agents/{AGENT}")).await;
+        let (status, h) = page(&ui, &format!("/ui/agents/{AGENT}")).await;
         assert_eq!(status, 200, "{h}");
         let after = samples(&server, "").await;
         html = h;
@@ -308,16 +278,16 @@ async fn agent_page_charts_its_health_work_and_silence() {
     assert!(html.contains("id=\"encoder-backend\""), "{html}");
     assert!(!html.contains("id=\"silence\""), "a live agent: {html}");
     // The day: 24 hourly buckets, the same samples.
-    let (status, day) = page(&server, &ui, &format!("/ui/agents/{AGENT}?window=day")).await;
+    let (status, day) = page(&ui, &format!("/ui/agents/{AGENT}?window=day")).await;
     assert_eq!(status, 200);
     assert_eq!(series_values(chart(&day, "tiles"), "tiles").len(), 24);
     assert!(day.contains("last day"), "{day}");
     // Linked from the fleet and the overview.
     let link = format!("href=\"/ui/agents/{AGENT}\"");
-    assert!(page(&server, &ui, "/ui/agents").await.1.contains(&link));
-    assert!(page(&server, &ui, "/ui").await.1.contains(&link));
+    assert!(page(&ui, "/ui/agents").await.1.contains(&link));
+    assert!(page(&ui, "/ui").await.1.contains(&link));
     // An unknown agent: the dashboard's 404 page.
-    let (status, missing) = page(&server, &ui, "/ui/agents/nobody").await;
+    let (status, missing) = page(&ui, "/ui/agents/nobody").await;
     assert_eq!(status, 404);
     assert!(missing.contains("No such page"), "{missing}");
 
@@ -327,7 +297,7 @@ async fn agent_page_charts_its_health_work_and_silence() {
     agent.kill().await;
     let start = Instant::now();
     let silent = loop {
-        let (_, h) = page(&server, &ui, &format!("/ui/agents/{AGENT}")).await;
+        let (_, h) = page(&ui, &format!("/ui/agents/{AGENT}")).await;
         if h.contains("id=\"silence\"") {
             break h;
         }

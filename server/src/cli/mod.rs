@@ -131,3 +131,14 @@ fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
+
+/// `path?limit=…&before=…`: one page of a list newest first, older than the
+/// cursor `before` (what the previous page printed) when given.
+fn page_path(path: &str, limit: u32, before: Option<&str>) -> String {
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    query.append_pair("limit", &limit.to_string());
+    if let Some(before) = before {
+        query.append_pair("before", before);
+    }
+    format!("{path}?{}", query.finish())
+}

@@ -175,14 +175,13 @@ pub async fn pipeline(cmd: PipelineCommand) -> anyhow::Result<()> {
             json,
             conn,
         } => {
-            let mut query = url::form_urlencoded::Serializer::new(String::new());
-            query.append_pair("limit", &limit.to_string());
-            if let Some(before) = &before {
-                query.append_pair("before", before);
-            }
             let list: PipelineList = conn
                 .client()?
-                .get(&format!("/api/v1/pipelines?{}", query.finish()))
+                .get(&super::page_path(
+                    "/api/v1/pipelines",
+                    limit,
+                    before.as_deref(),
+                ))
                 .await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);

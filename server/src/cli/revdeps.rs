@@ -123,14 +123,13 @@ pub async fn revdeps(cmd: RevdepsCommand) -> anyhow::Result<()> {
             json,
             conn,
         } => {
-            let mut query = url::form_urlencoded::Serializer::new(String::new());
-            query.append_pair("limit", &limit.to_string());
-            if let Some(before) = &before {
-                query.append_pair("before", before);
-            }
             let list: RunList = conn
                 .client()?
-                .get(&format!("/api/v1/revdeps?{}", query.finish()))
+                .get(&super::page_path(
+                    "/api/v1/revdeps",
+                    limit,
+                    before.as_deref(),
+                ))
                 .await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);

@@ -145,14 +145,9 @@ pub async fn roi(cmd: RoiCommand) -> anyhow::Result<()> {
             json,
             conn,
         } => {
-            let mut query = url::form_urlencoded::Serializer::new(String::new());
-            query.append_pair("limit", &limit.to_string());
-            if let Some(before) = &before {
-                query.append_pair("before", before);
-            }
             let page: RoiPage = conn
                 .client()?
-                .get(&format!("/api/v1/rois?{}", query.finish()))
+                .get(&super::page_path("/api/v1/rois", limit, before.as_deref()))
                 .await?;
             if json {
                 return print_json(&page);

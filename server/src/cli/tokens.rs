@@ -61,14 +61,13 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
             limit,
             conn,
         } => {
-            let mut query = url::form_urlencoded::Serializer::new(String::new());
-            query.append_pair("limit", &limit.to_string());
-            if let Some(before) = &before {
-                query.append_pair("before", before);
-            }
             let list: TokenList = conn
                 .client()?
-                .get(&format!("/api/v1/tokens?{}", query.finish()))
+                .get(&super::page_path(
+                    "/api/v1/tokens",
+                    limit,
+                    before.as_deref(),
+                ))
                 .await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
