@@ -8,7 +8,8 @@
 //! `cargo bench -p flotilla-e2e --bench dispatch` (builds the server in the
 //! bench profile first: `cargo build --release --bins`).
 //! Env: DISPATCH_JOBS (default 5000), DISPATCH_AGENTS (default 64),
-//! DISPATCH_UNMATCHABLE (default 100000; 0 skips that run).
+//! DISPATCH_UNMATCHABLE (default 100000; 0 skips that run), DISPATCH_BARE_FIRST
+//! (the direct run without metric triggers before the one with them).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -87,12 +88,89 @@ async fn main() {
         .unwrap_or(100_000);
     let pg = flotilla_e2e::pg::shared().await;
 
-    // The limit: claim + complete straight on the pool.
+    // The limit: claim + complete straight on the pool, with the metric
+    // triggers as shipped and then without them (their cost per lease).
+    // DISPATCH_BARE_FIRST=1 runs the one without triggers first, to see
+    // what the order (a warmer cluster for the second) does to the ratio.
+    let ((direct_rate, direct_lat), (bare_rate, bare_lat)) =
+        if std::env::var_os("DISPATCH_BARE_FIRST").is_some() {
+            let bare = direct(pg, n_jobs, n_agents, false).await;
+            (direct(pg, n_jobs, n_agents, true).await, bare)
+        } else {
+            let with = direct(pg, n_jobs, n_agents, true).await;
+            (with, direct(pg, n_jobs, n_agents, false).await)
+        };
+
+    // Over HTTP against the real server process, then the same again with
+    // unmatchable work queued ahead of it.
+    let (http_rate, http_lat) = over_http(pg, n_jobs, n_agents, 0).await;
+    let ahead = if n_unmatchable > 0 {
+        Some(over_http(pg, n_jobs, n_agents, n_unmatchable).await)
+    } else {
+        None
+    };
+
+    println!("dispatch benchmark: {n_jobs} no-op jobs, {n_agents} agents, capacity 1 each");
+    println!(
+        "  direct SQL (limit): {direct_rate:8.0} jobs/s  claim p50 {:>7.2?} p99 {:>7.2?}",
+        percentile(&direct_lat, 0.5),
+        percentile(&direct_lat, 0.99)
+    );
+    println!(
+        "  direct SQL, no metric triggers: {bare_rate:8.0} jobs/s  claim p50 {:>7.2?} p99 {:>7.2?}",
+        percentile(&bare_lat, 0.5),
+        percentile(&bare_lat, 0.99)
+    );
+    println!(
+        "  metric triggers: direct rate with / without {:.2}",
+        direct_rate / bare_rate
+    );
+    println!(
+        "  HTTP (server):      {http_rate:8.0} jobs/s  lease p50 {:>7.2?} p99 {:>7.2?}",
+        percentile(&http_lat, 0.5),
+        percentile(&http_lat, 0.99)
+    );
+    println!(
+        "  ratio HTTP / direct: {:.2} (target >= 0.5)",
+        http_rate / direct_rate
+    );
+    if let Some((rate, lat)) = ahead {
+        println!(
+            "  HTTP, {n_unmatchable} unmatchable priority-1000 jobs ahead: {rate:8.0} jobs/s  \
+             lease p50 {:>7.2?} p99 {:>7.2?}",
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99)
+        );
+        println!(
+            "  p99 lease latency with / without them: {:.2} (target <= 2)",
+            percentile(&lat, 0.99).as_secs_f64() / percentile(&http_lat, 0.99).as_secs_f64()
+        );
+    }
+}
+
+/// `n_jobs` claimed and completed by `n_agents` tasks straight on a fresh
+/// database (no HTTP, no server): the limit the server is measured
+/// against. `metric_triggers: false` disables the metric triggers first.
+async fn direct(
+    pg: &flotilla_server::embedded_pg::EmbeddedPostgres,
+    n_jobs: usize,
+    n_agents: usize,
+    metric_triggers: bool,
+) -> (f64, Vec<Duration>) {
     let name = flotilla_e2e::pg::fresh_database(pg).await;
     let db = serve::connect(pg.connect_options(&name), Duration::from_secs(10))
         .await
         .unwrap();
     serve::migrate(&db).await.unwrap();
+    if !metric_triggers {
+        // The three triggers of migration 20261204000001 (metric_events
+        // rows per lease and per attempt's end); nothing else on
+        // job_attempts is a user trigger.
+        sqlx::query("ALTER TABLE job_attempts DISABLE TRIGGER USER")
+            .execute(&db)
+            .await
+            .unwrap();
+    }
     submit::submit(&db, &noop_jobs(n_jobs)).await.unwrap();
     let mut ids = Vec::new();
     for i in 0..n_agents {
@@ -137,45 +215,8 @@ async fn main() {
         direct_lat.extend(t.await.unwrap());
     }
     let direct_s = start.elapsed().as_secs_f64();
-    let direct_rate = n_jobs as f64 / direct_s;
     direct_lat.sort();
-
-    // Over HTTP against the real server process, then the same again with
-    // unmatchable work queued ahead of it.
-    let (http_rate, http_lat) = over_http(pg, n_jobs, n_agents, 0).await;
-    let ahead = if n_unmatchable > 0 {
-        Some(over_http(pg, n_jobs, n_agents, n_unmatchable).await)
-    } else {
-        None
-    };
-
-    println!("dispatch benchmark: {n_jobs} no-op jobs, {n_agents} agents, capacity 1 each");
-    println!(
-        "  direct SQL (limit): {direct_rate:8.0} jobs/s  claim p50 {:>7.2?} p99 {:>7.2?}",
-        percentile(&direct_lat, 0.5),
-        percentile(&direct_lat, 0.99)
-    );
-    println!(
-        "  HTTP (server):      {http_rate:8.0} jobs/s  lease p50 {:>7.2?} p99 {:>7.2?}",
-        percentile(&http_lat, 0.5),
-        percentile(&http_lat, 0.99)
-    );
-    println!(
-        "  ratio HTTP / direct: {:.2} (target >= 0.5)",
-        http_rate / direct_rate
-    );
-    if let Some((rate, lat)) = ahead {
-        println!(
-            "  HTTP, {n_unmatchable} unmatchable priority-1000 jobs ahead: {rate:8.0} jobs/s  \
-             lease p50 {:>7.2?} p99 {:>7.2?}",
-            percentile(&lat, 0.5),
-            percentile(&lat, 0.99)
-        );
-        println!(
-            "  p99 lease latency with / without them: {:.2} (target <= 2)",
-            percentile(&lat, 0.99).as_secs_f64() / percentile(&http_lat, 0.99).as_secs_f64()
-        );
-    }
+    (n_jobs as f64 / direct_s, direct_lat)
 }
 
 /// Ready jobs no agent of the bench can take, at priority 1000 so that they
