@@ -54,12 +54,18 @@ impl Dashboard {
         &self.cookie
     }
 
+    /// A request to `path` with the session cookie, to send as it is or
+    /// with a form or headers added.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.base))
+            .header("cookie", &self.cookie)
+    }
+
     /// `GET path`: status and body.
     pub async fn get(&self, path: &str) -> (u16, String) {
         let r = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .header("cookie", &self.cookie)
+            .request(reqwest::Method::GET, path)
             .send()
             .await
             .unwrap_or_else(|e| panic!("GET {path}: {e}"));

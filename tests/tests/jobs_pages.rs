@@ -12,6 +12,7 @@ use flotilla_core::grid::TileId;
 use flotilla_core::job::{CommandJob, JobSpec, JobState, TileJob};
 use flotilla_e2e::api::Api;
 use flotilla_e2e::procs::{server_on_shared, Agent, Server};
+use flotilla_e2e::ui::Dashboard;
 use flotilla_e2e::{eventually, scratch};
 use flotilla_server::queue::read::{self, JobFilter, JobText};
 use flotilla_server::queue::submit::{self, NewJob};
@@ -22,39 +23,19 @@ const AGENT: &str = "pages-agent";
 
 /// A browser's view of the dashboard: one session's cookie.
 struct Browser {
-    http: reqwest::Client,
-    url: String,
-    cookie: String,
+    ui: Dashboard,
 }
 
 impl Browser {
     async fn login(server: &Server, token: &str) -> Browser {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap();
-        let url = server.url();
-        let r = http
-            .post(format!("{url}/ui/login"))
-            .form(&[("token", token)])
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 303, "login");
-        let cookie = r.headers()["set-cookie"]
-            .to_str()
-            .unwrap()
-            .split(';')
-            .next()
-            .unwrap()
-            .to_string();
-        Browser { http, url, cookie }
+        Browser {
+            ui: Dashboard::login_with(server, token).await,
+        }
     }
 
     async fn get(&self, path: &str) -> reqwest::Response {
-        self.http
-            .get(format!("{}{path}", self.url))
-            .header("cookie", &self.cookie)
+        self.ui
+            .request(reqwest::Method::GET, path)
             .send()
             .await
             .unwrap()
@@ -78,9 +59,8 @@ impl Browser {
     /// Posts a form (`fields`, url-encoded); the status and `Location`.
     async fn post(&self, path: &str, fields: &[(&str, &str)]) -> (u16, String) {
         let r = self
-            .http
-            .post(format!("{}{path}", self.url))
-            .header("cookie", &self.cookie)
+            .ui
+            .request(reqwest::Method::POST, path)
             .form(fields)
             .send()
             .await
