@@ -64,6 +64,10 @@ pub struct Settings {
     /// Pool connections only the agent protocol uses, apart from the main
     /// pool (`serve::run` says why).
     pub agent_pool_size: u32,
+    /// For an S3 store: agents get a tile's inputs and checkpoint by a
+    /// redirect to a presigned URL instead of through the server. `None`:
+    /// the server streams them (a local store, or `--presign-ttl-s 0`).
+    pub presigner: Option<std::sync::Arc<crate::store::Presigner>>,
     /// When alerts fire ([`crate::alerts`]).
     pub alerts: crate::alerts::AlertSettings,
     /// Agents' health history ([`crate::agent_health`]): at most one
@@ -146,6 +150,7 @@ impl Default for Settings {
             transport: crate::transport::Transport::Plain,
             http: HttpLimits::default(),
             agent_pool_size: 8,
+            presigner: None,
             alerts: crate::alerts::AlertSettings::default(),
             health_samples: HealthSampling::default(),
         }

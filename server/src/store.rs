@@ -3,9 +3,10 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::local::LocalFileSystem;
 use object_store::prefix::PrefixStore;
 use object_store::ObjectStore;
@@ -15,22 +16,11 @@ use object_store::ObjectStore;
 /// `AWS_ALLOW_HTTP=true` for a local S3-compatible server), `file:///dir`,
 /// or a plain directory path (made if missing).
 pub fn open(spec: &str) -> anyhow::Result<Arc<dyn ObjectStore>> {
-    if let Some(rest) = spec.strip_prefix("s3://") {
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        anyhow::ensure!(!bucket.is_empty(), "store URL `{spec}` names no bucket");
-        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-        // object_store reads AWS_ENDPOINT; accept the newer SDK name too.
-        if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
-            builder = builder.with_endpoint(endpoint);
-        }
-        let s3 = builder
-            .build()
-            .with_context(|| format!("configuring S3 store `{spec}`"))?;
-        let prefix = prefix.trim_matches('/');
+    if let Some((s3, prefix)) = s3_store(spec)? {
         return Ok(if prefix.is_empty() {
             Arc::new(s3)
         } else {
-            Arc::new(PrefixStore::new(s3, prefix.to_string()))
+            Arc::new(PrefixStore::new(s3, prefix))
         });
     }
     let dir = spec.strip_prefix("file://").unwrap_or(spec);
@@ -44,6 +34,66 @@ pub fn open(spec: &str) -> anyhow::Result<Arc<dyn ObjectStore>> {
     let store = LocalFileSystem::new_with_prefix(dir)
         .with_context(|| format!("opening store directory {}", dir.display()))?;
     Ok(Arc::new(store))
+}
+
+/// The S3 client and key prefix of an `s3://bucket[/prefix]` store, `None`
+/// for any other store.
+fn s3_store(spec: &str) -> anyhow::Result<Option<(AmazonS3, String)>> {
+    let Some(rest) = spec.strip_prefix("s3://") else {
+        return Ok(None);
+    };
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    anyhow::ensure!(!bucket.is_empty(), "store URL `{spec}` names no bucket");
+    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    // object_store reads AWS_ENDPOINT; accept the newer SDK name too.
+    if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
+        builder = builder.with_endpoint(endpoint);
+    }
+    let s3 = builder
+        .build()
+        .with_context(|| format!("configuring S3 store `{spec}`"))?;
+    Ok(Some((s3, prefix.trim_matches('/').to_string())))
+}
+
+/// Time-limited URLs for objects of an S3 store, so that agents fetch a
+/// tile's inputs and its checkpoint from the store itself rather than
+/// through the server (a tile's inputs are gigabytes; the server only
+/// checks the lease and answers with a redirect).
+#[derive(Debug)]
+pub struct Presigner {
+    s3: AmazonS3,
+    prefix: String,
+    valid_for: Duration,
+}
+
+impl Presigner {
+    /// For `spec` when it is an S3 store, with URLs valid for `valid_for`;
+    /// `None` for a local store (which the server keeps proxying).
+    pub fn for_store(spec: &str, valid_for: Duration) -> anyhow::Result<Option<Presigner>> {
+        Ok(s3_store(spec)?.map(|(s3, prefix)| Presigner {
+            s3,
+            prefix,
+            valid_for,
+        }))
+    }
+
+    /// A URL that GETs the object `key` (a key of the store as the server
+    /// sees it, under its prefix) until it expires.
+    pub async fn get_url(&self, key: &str) -> object_store::Result<url::Url> {
+        use object_store::signer::Signer;
+        let full = if self.prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}/{key}", self.prefix)
+        };
+        self.s3
+            .signed_url(
+                reqwest::Method::GET,
+                &object_store::path::Path::from(full),
+                self.valid_for,
+            )
+            .await
+    }
 }
 
 /// Why a streamed upload ([`stream_body`]) did not complete. In every case

@@ -5,6 +5,9 @@
 //!   `{input_prefix}/{year}/{tile}/{file}`.
 //! - `GET …/jobs/{id}/moved?lease=`: what a pipeline move sent, for the
 //!   job that receives it.
+//!
+//! With an S3 store each answers with a redirect to a presigned
+//! URL, so the bytes go from the store to the agent, not through here.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -52,8 +55,32 @@ async fn held_tile(
     Ok((tile, ds))
 }
 
+/// The object `key`: streamed through the server, or, where the store is
+/// S3 and presigning is on, a `307` to a URL of the object that expires
+/// (the agent's client follows it, without the server's token, and checks
+/// size and sha256 as it would otherwise). The object is looked up first
+/// either way, so a missing one is this API's 404, not the store's.
 async fn stream(state: &AppState, key: &str) -> ApiResult<Response> {
     let path = object_store::path::Path::from(key);
+    if let Some(presigner) = &state.settings.presigner {
+        return match state.store.head(&path).await {
+            Ok(_) => {
+                let url = presigner
+                    .get_url(key)
+                    .await
+                    .map_err(|e| ApiError::Internal(e.into()))?;
+                Ok((
+                    axum::http::StatusCode::TEMPORARY_REDIRECT,
+                    [(axum::http::header::LOCATION, url.to_string())],
+                )
+                    .into_response())
+            }
+            Err(object_store::Error::NotFound { .. }) => Err(ApiError::NotFound(format!(
+                "no object `{key}` in the store"
+            ))),
+            Err(e) => Err(ApiError::Internal(e.into())),
+        };
+    }
     match state.store.get(&path).await {
         Ok(got) => {
             let len = got.meta.size;

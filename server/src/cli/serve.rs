@@ -80,6 +80,11 @@ pub struct ServeArgs {
     /// background work.
     #[arg(long, env = "FLOTILLA_DB_POOL_SIZE", default_value_t = crate::serve::DEFAULT_POOL_SIZE)]
     pub db_pool_size: u32,
+    /// With an s3:// store, how long the presigned URLs that agents fetch
+    /// tile inputs and checkpoints by stay valid, in seconds; 0 streams
+    /// those through the server instead (as it does for a local store).
+    #[arg(long, env = "FLOTILLA_PRESIGN_TTL_S", default_value_t = 900)]
+    pub presign_ttl_s: u64,
     /// The longest one database statement may run, in milliseconds (0:
     /// no limit); set on every connection. Migrations run without it.
     #[arg(long, env = "FLOTILLA_STATEMENT_TIMEOUT_MS", default_value_t = crate::serve::DEFAULT_STATEMENT_TIMEOUT.as_millis() as u64)]
@@ -161,6 +166,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         crate::auth::ensure_token(&db, &token, TokenRole::Admin, None, "admin").await?;
     }
     let store = crate::store::open(&args.store)?;
+    if args.presign_ttl_s > 0 {
+        settings.presigner = crate::store::Presigner::for_store(
+            &args.store,
+            Duration::from_secs(args.presign_ttl_s),
+        )?
+        .map(std::sync::Arc::new);
+    }
     let listener = crate::connections::bind(args.listen)
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
