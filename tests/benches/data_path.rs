@@ -1,0 +1,184 @@
+//! Server CPU per GB of tile input moved to an agent, streamed through the
+//! server (`--presign-ttl-s 0`) against redirected to a presigned URL of the
+//! S3 store (the default with an S3 store). Against moto on loopback (from
+//! PyPI; `scripts/setup-debian.sh --test` installs it): one object of
+//! DATA_PATH_MB MiB (default 256) as a tile's `bands.npy`, two servers on
+//! one database and store (one each way), one agent process driven by the
+//! bench holding the tile job's lease on both, downloading the object
+//! DATA_PATH_ROUNDS times (default 3) through each, alternately. Prints the
+//! servers' CPU seconds per GB (from /proc) and the ratio.
+//!
+//! `cargo build --bins && cargo test -p flotilla-e2e --bench data_path --no-run`,
+//! then run the built `target/debug/deps/data_path-*`.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use flotilla_e2e::driven::Driven;
+use flotilla_e2e::procs::{free_addr, Server, ServerOpts};
+use flotilla_e2e::{eventually, pg, scratch, tiles};
+use serde_json::json;
+
+/// CPU time (user + system) of a process so far, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the server runs");
+    let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    let per_s: f64 = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0);
+    ticks as f64 / per_s
+}
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let mib = env_or("DATA_PATH_MB", 256);
+    let rounds = env_or("DATA_PATH_ROUNDS", 3);
+    let dir = scratch("bench-data-path-");
+    let s3_addr = free_addr();
+    let mut moto = tokio::process::Command::new("python3")
+        .args([
+            "-m",
+            "moto.server",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            &s3_addr.port().to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting moto (scripts/setup-debian.sh --test installs it)");
+    let endpoint = format!("http://{s3_addr}");
+    let http = reqwest::Client::new();
+    eventually("moto to answer", Duration::from_secs(60), || {
+        let req = http.put(format!("{endpoint}/results")).send();
+        async move { matches!(req.await, Ok(r) if r.status().is_success()) }
+    })
+    .await;
+
+    let cluster = pg::shared().await;
+    let db = pg::fresh_database(cluster).await;
+    let opts = |presign_s: &str| ServerOpts {
+        database_url: cluster.database_url(&db),
+        store: "s3://results/bench".into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        lease_ttl_ms: 60_000,
+        backoff_base_ms: 200,
+        env: vec![
+            ("AWS_ACCESS_KEY_ID".into(), "test".into()),
+            ("AWS_SECRET_ACCESS_KEY".into(), "test".into()),
+            ("AWS_REGION".into(), "us-east-1".into()),
+            ("AWS_ENDPOINT_URL".into(), endpoint.clone()),
+            ("AWS_ALLOW_HTTP".into(), "true".into()),
+            ("FLOTILLA_PRESIGN_TTL_S".into(), presign_s.into()),
+        ],
+    };
+    let (proxy_dir, presign_dir) = (dir.path().join("proxy"), dir.path().join("presign"));
+    std::fs::create_dir_all(&proxy_dir).unwrap();
+    std::fs::create_dir_all(&presign_dir).unwrap();
+    let proxy = Server::start(&proxy_dir, opts("0")).await;
+    let presign = Server::start(&presign_dir, opts("900")).await;
+
+    // A dataset, a tile whose bands.npy is the big object, its job leased.
+    let ckpt = tiles::synth_ckpt(dir.path(), tiles::TINY, 7);
+    tiles::register_dataset(&proxy, "synth", &ckpt).await;
+    let tile = "grid_0.05_52.05";
+    let object = vec![7u8; mib << 20];
+    let r = http
+        .put(format!(
+            "{endpoint}/results/bench/inputs/2024/{tile}/bands.npy"
+        ))
+        .body(object)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        r.status().is_success(),
+        "putting the object: {}",
+        r.status()
+    );
+    let made = proxy
+        .api()
+        .post(
+            "/api/v1/rois",
+            json!({"name": "bench", "year": 2024, "dataset": "synth",
+                   "bbox": [0.01, 52.01, 0.09, 52.09]}),
+        )
+        .await;
+    assert_eq!(made["submitted"], 1, "{made}");
+    let agent = Driven::register(&proxy, "bench-agent", &["tile"], Duration::from_secs(30)).await;
+    let (job, lease) = agent.lease().await;
+
+    // The same agent process (token, instance) against either server; the
+    // client follows the redirect as the real agent's does.
+    let fetch = |server: &Server| {
+        let url = format!(
+            "{}/api/agent/v1/jobs/{job}/inputs/bands.npy?lease={lease}",
+            server.url()
+        );
+        let req = agent
+            .api
+            .http
+            .get(url)
+            .bearer_auth(&agent.api.token)
+            .header(
+                flotilla_core::protocol::INSTANCE_HEADER,
+                agent.api.instance(),
+            )
+            .send();
+        async move {
+            let mut resp = req.await.unwrap();
+            assert!(resp.status().is_success(), "{}", resp.status());
+            let mut n = 0usize;
+            while let Some(chunk) = resp.chunk().await.unwrap() {
+                n += chunk.len();
+            }
+            n
+        }
+    };
+    let mut totals = [(0f64, 0f64, 0usize); 2];
+    for _ in 0..rounds {
+        for (i, server) in [&proxy, &presign].into_iter().enumerate() {
+            let cpu0 = cpu_seconds(server.pid());
+            let t = Instant::now();
+            let n = fetch(server).await;
+            let wall = t.elapsed().as_secs_f64();
+            let cpu = cpu_seconds(server.pid()) - cpu0;
+            assert_eq!(n, mib << 20, "the whole object");
+            totals[i].0 += cpu;
+            totals[i].1 += wall;
+            totals[i].2 += n;
+        }
+    }
+    let gb = |n: usize| n as f64 / 1e9;
+    println!("data path benchmark: {mib} MiB object, {rounds} rounds each way, moto on loopback");
+    for (name, (cpu, wall, n)) in ["streamed through the server", "presigned redirect"]
+        .iter()
+        .zip(totals)
+    {
+        println!(
+            "  {name:<28} server CPU {:7.3} s per GB   wall {:6.2} s per GB",
+            cpu / gb(n),
+            wall / gb(n)
+        );
+    }
+    println!(
+        "  server CPU per GB, presigned / streamed: {:.3}",
+        (totals[1].0 / gb(totals[1].2)) / (totals[0].0 / gb(totals[0].2))
+    );
+    let _ = moto.kill().await;
+}
