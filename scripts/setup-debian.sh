@@ -46,7 +46,7 @@ if [ "$want_test" = 1 ] && ! python3 -c 'import moto.server' 2>/dev/null; then
         || python3 -m pip install -q --break-system-packages 'moto[server]>=5,<6'
 fi
 if [ "$want_test" = 1 ] && ! command -v schemathesis >/dev/null 2>&1; then
-    echo "setup: installing schemathesis (the OpenAPI fuzzer of tests/tests/openapi.rs)"
+    echo "setup: installing schemathesis (the OpenAPI fuzzer of tests/tests/e2e/openapi.rs)"
     python3 -m pip install -q 'schemathesis>=4.32,<5' 2>/dev/null \
         || python3 -m pip install -q --break-system-packages 'schemathesis>=4.32,<5'
 fi

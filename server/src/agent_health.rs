@@ -5,7 +5,7 @@
 //! the agent's latest sample is older than the interval, and, when it did
 //! insert, deletes that agent's samples older than the window. Both walk
 //! the table's primary key (agent, time), so the cost does not grow with
-//! the fleet or the window (measured in `tests/tests/agent_page.rs`). Many
+//! the fleet or the window (measured in `tests/tests/e2e/agent_page.rs`). Many
 //! server instances may take one agent's heartbeats; the check is in SQL,
 //! so they still keep one sample per interval (two racing inserts at the
 //! same instant are resolved by the key).

@@ -1,8 +1,8 @@
 //! Request extraction shared by the API and the dashboard: [`JsonBody`]
 //! (axum's `Json`, but every rejection is an [`ApiError`] in the JSON
 //! envelope, naming the line and column of a syntax error and the field of a
-//! type error), [`QueryParams`] (the same for query strings) and
-//! [`parse_id`] for id path segments.
+//! type error), [`QueryParams`] and [`PathParams`] (the same for query
+//! strings and path segments) and [`parse_id`] for id path segments.
 
 use axum::extract::{FromRequest, Request};
 use futures::StreamExt;
@@ -49,6 +49,27 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> axum::extract::FromRequestParts
             .await
             .map(|q| QueryParams(q.0))
             .map_err(|e| ApiError::BadRequest(format!("bad query string: {}", e.body_text())))
+    }
+}
+
+/// axum's `Path`, but a segment that cannot be taken (not UTF-8 once
+/// percent-decoded, say `%FF`) is a `400` in the JSON envelope, not axum's
+/// plain text.
+pub struct PathParams<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> axum::extract::FromRequestParts<S>
+    for PathParams<T>
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| PathParams(p.0))
+            .map_err(|e| ApiError::BadRequest(format!("bad path: {}", e.body_text())))
     }
 }
 

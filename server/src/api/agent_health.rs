@@ -1,7 +1,7 @@
 //! `GET /api/v1/agents/{name}/health?since=…&limit=…`: an agent's kept
 //! health samples, oldest first, paged by time.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use flotilla_core::api::HealthHistory;
@@ -11,7 +11,7 @@ use crate::agent_health;
 use crate::agents;
 use crate::auth::ClientAuth;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::QueryParams;
+use crate::extract::{PathParams, QueryParams};
 use crate::state::AppState;
 
 use super::openapi::Errors;
@@ -73,7 +73,7 @@ impl HealthQuery {
 pub async fn history(
     State(state): State<AppState>,
     ClientAuth(_): ClientAuth,
-    Path(name): Path<String>,
+    PathParams(name): PathParams<String>,
     QueryParams(q): QueryParams<HealthQuery>,
 ) -> ApiResult<Json<HealthHistory>> {
     let (since, limit) = q.parse()?;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::FromRequestParts;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::request::Parts;
 use axum::Json;
 use flotilla_core::api::OutputView;
@@ -24,7 +24,7 @@ use super::tokens::valid_agent_name;
 use crate::agents;
 use crate::auth::AgentAuth;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, JsonBody, QueryParams};
+use crate::extract::{parse_id, JsonBody, PathParams, QueryParams};
 use crate::queue::claim;
 use crate::queue::lease::{self, LeaseKey, LeaseRefused};
 use crate::state::AppState;
@@ -227,7 +227,7 @@ fn lease_key(agent: &AgentProcess, id: &str, token: Uuid) -> ApiResult<LeaseKey>
 pub async fn start(
     State(state): State<AppState>,
     agent: AgentProcess,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
     JsonBody(lr): JsonBody<LeaseRef>,
 ) -> ApiResult<Json<Ack>> {
     let key = lease_key(&agent, &id, lr.lease_token)?;
@@ -241,7 +241,7 @@ pub async fn start(
 pub async fn log(
     State(state): State<AppState>,
     agent: AgentProcess,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
     JsonBody(batch): JsonBody<LogBatch>,
 ) -> ApiResult<Json<Ack>> {
     if batch.lines.len() > 10_000 {
@@ -255,7 +255,7 @@ pub async fn log(
 pub async fn complete(
     State(state): State<AppState>,
     agent: AgentProcess,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
     JsonBody(c): JsonBody<Complete>,
 ) -> ApiResult<Json<Ended>> {
     let key = lease_key(&agent, &id, c.lease_token)?;
@@ -274,7 +274,7 @@ pub async fn complete(
 pub async fn fail(
     State(state): State<AppState>,
     agent: AgentProcess,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
     JsonBody(mut f): JsonBody<Fail>,
 ) -> ApiResult<Json<Ended>> {
     let key = lease_key(&agent, &id, f.lease_token)?;
@@ -298,7 +298,7 @@ pub struct UploadQuery {
 pub async fn upload_output(
     State(state): State<AppState>,
     agent: AgentProcess,
-    Path((id, name)): Path<(String, String)>,
+    PathParams((id, name)): PathParams<(String, String)>,
     QueryParams(q): QueryParams<UploadQuery>,
     body: Body,
 ) -> ApiResult<Json<OutputView>> {

@@ -1,6 +1,6 @@
 //! `/api/v1/agents`: list; pause, drain, resume (admin).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use flotilla_core::api::{AgentList, SteerReply};
 
@@ -11,7 +11,7 @@ use serde::Deserialize;
 use crate::agents::{self, Steer};
 use crate::auth::{AdminAuth, ClientAuth};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::QueryParams;
+use crate::extract::{PathParams, QueryParams};
 use crate::state::AppState;
 
 use super::openapi::Errors;
@@ -77,7 +77,7 @@ pub async fn list(
 pub async fn steer(
     State(state): State<AppState>,
     AdminAuth(_): AdminAuth,
-    Path((name, action)): Path<(String, String)>,
+    PathParams((name, action)): PathParams<(String, String)>,
 ) -> ApiResult<Json<SteerReply>> {
     let steer = match action.as_str() {
         "pause" => Steer::Pause,

@@ -1,13 +1,13 @@
 //! `/api/v1/datasets`: register a dataset, list them, upload a checkpoint.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use flotilla_core::api::datasets::{DatasetView, NewDataset};
 
 use crate::auth::{AdminAuth, ClientAuth};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::JsonBody;
+use crate::extract::{JsonBody, PathParams};
 use crate::state::AppState;
 use crate::tiles::datasets::{self, Dataset, ValidDataset};
 
@@ -77,7 +77,7 @@ pub(crate) async fn known(state: &AppState, name: &str) -> ApiResult<Dataset> {
 pub async fn put_checkpoint(
     State(state): State<AppState>,
     AdminAuth(_): AdminAuth,
-    Path(name): Path<String>,
+    PathParams(name): PathParams<String>,
     body: Body,
 ) -> ApiResult<Json<DatasetView>> {
     use crate::tiles::checkpoint_check::{self, CheckError};

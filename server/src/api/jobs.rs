@@ -1,7 +1,7 @@
 //! `/api/v1/jobs`: submit, show, list (filtered, a page at a time),
 //! cancel, retry (the log: [`super::logs`]).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
@@ -19,7 +19,7 @@ use super::created;
 use super::openapi::Errors;
 use crate::auth::{Caller, ClientAuth};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, JsonBody, QueryParams};
+use crate::extract::{parse_id, JsonBody, PathParams, QueryParams};
 use crate::queue::cancel::{self, Cancelled};
 use crate::queue::read::{JobFilter, JobPage, JobText};
 use crate::queue::submit::NewJob;
@@ -216,7 +216,7 @@ pub(crate) async fn check_owner(state: &AppState, caller: &Caller, id: Uuid) -> 
 pub async fn show(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
 ) -> ApiResult<Json<JobView>> {
     let id = parse_id(&id)?;
     check_owner(&state, &caller, id).await?;
@@ -398,7 +398,7 @@ fn own_only(caller: &Caller) -> Option<Uuid> {
 pub async fn retry(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
 ) -> ApiResult<impl IntoResponse> {
     let id = parse_id(&id)?;
     check_owner(&state, &caller, id).await?;
@@ -482,7 +482,7 @@ pub(crate) async fn requeue(
 pub async fn cancel(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
 ) -> ApiResult<impl IntoResponse> {
     let id = parse_id(&id)?;
     check_owner(&state, &caller, id).await?;

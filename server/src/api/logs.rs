@@ -3,7 +3,7 @@
 //! the log's size.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use flotilla_core::api::logs::{LogQuery, LOG_MORE_HEADER, LOG_NEXT_HEADER};
@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::auth::ClientAuth;
 use crate::error::ApiResult;
-use crate::extract::{parse_id, QueryParams};
+use crate::extract::{parse_id, PathParams, QueryParams};
 use crate::queue::logs;
 use crate::state::AppState;
 
@@ -40,7 +40,7 @@ const TEXT: &str = "text/plain; charset=utf-8";
 pub async fn text(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
     QueryParams(q): QueryParams<LogQuery>,
 ) -> ApiResult<Response> {
     let id = parse_id(&id)?;

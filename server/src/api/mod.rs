@@ -149,7 +149,10 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         )
         .route("/ui/revdeps", get(dashboard::revdeps::list))
         .route("/ui/revdeps/{id}", get(dashboard::revdeps::page))
-        .route("/ui/revdeps/{id}/answer.txt", get(dashboard::revdeps::answer))
+        .route(
+            "/ui/revdeps/{id}/answer.txt",
+            get(dashboard::revdeps::answer),
+        )
         .route("/ui/rois", get(dashboard::roi::list))
         .route("/ui/rois/{id}", get(dashboard::roi::page))
         .route("/ui/rois/{id}/events", get(dashboard::roi::events))

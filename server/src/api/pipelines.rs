@@ -2,7 +2,7 @@
 //! × step matrix, cancel a run. A client sees and cancels its own runs,
 //! admins all.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
@@ -17,7 +17,7 @@ use super::created;
 use super::openapi::Errors;
 use crate::auth::{Caller, ClientAuth};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, JsonBody, QueryParams};
+use crate::extract::{parse_id, JsonBody, PathParams, QueryParams};
 use crate::pipelines::{self, read, Refused, RunCancel, ValidPipeline};
 use crate::state::AppState;
 use flotilla_core::api::TokenRole;
@@ -145,7 +145,7 @@ pub struct ShowQuery {
 pub async fn show(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
     QueryParams(q): QueryParams<ShowQuery>,
 ) -> ApiResult<Json<PipelineView>> {
     let id = parse_id(&id)?;
@@ -172,7 +172,7 @@ pub async fn show(
 pub async fn cancel(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
 ) -> ApiResult<impl IntoResponse> {
     let id = parse_id(&id)?;
     check_owner(&state, &caller, id).await?;
@@ -199,7 +199,7 @@ pub async fn cancel(
 pub async fn cancel_item(
     State(state): State<AppState>,
     ClientAuth(caller): ClientAuth,
-    Path((id, item)): Path<(String, String)>,
+    PathParams((id, item)): PathParams<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
     let id = parse_id(&id)?;
     check_owner(&state, &caller, id).await?;

@@ -1,7 +1,7 @@
 //! `/api/v1/revdeps`: submit an opam reverse-dependency run, read its state
 //! and result.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::Json;
 use flotilla_core::api::revdeps::{RunList, RunSummary, RunView, SubmitRevdeps, MAX_RUN_PAGE};
@@ -12,7 +12,7 @@ use super::created;
 use super::openapi::Errors;
 use crate::auth::ClientAuth;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, JsonBody, QueryParams};
+use crate::extract::{parse_id, JsonBody, PathParams, QueryParams};
 use crate::revdeps::{self, ValidRevdeps};
 use crate::state::AppState;
 
@@ -94,7 +94,7 @@ pub async fn list(
 pub async fn show(
     State(state): State<AppState>,
     ClientAuth(_): ClientAuth,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
 ) -> ApiResult<Json<RunView>> {
     let id = parse_id(&id)?;
     revdeps::get(&state.db, id)

@@ -1,7 +1,7 @@
 //! `/api/v1/rois`: plan and submit a region of interest for a year of a
 //! dataset, list ROIs, and follow one's progress.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::Json;
 
@@ -14,7 +14,7 @@ use super::created;
 use super::openapi::Errors;
 use crate::auth::{Caller, ClientAuth};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, JsonBody, QueryParams};
+use crate::extract::{parse_id, JsonBody, PathParams, QueryParams};
 use crate::state::AppState;
 use crate::tiles::datasets::{self, Dataset};
 use crate::tiles::plan::{self, ValidRoi};
@@ -118,7 +118,7 @@ pub async fn submit(
 pub async fn show(
     State(state): State<AppState>,
     ClientAuth(_): ClientAuth,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
 ) -> ApiResult<Json<RoiView>> {
     let id = parse_id(&id)?;
     let no_roi = || ApiError::NotFound(format!("no ROI {id}"));

@@ -10,7 +10,7 @@
 //! URL, so the bytes go from the store to the agent, not through here.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use futures::TryStreamExt;
 use serde::Deserialize;
@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::agent_protocol::AgentProcess;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, QueryParams};
+use crate::extract::{parse_id, PathParams, QueryParams};
 use crate::queue::lease::{self, LeaseKey};
 use crate::queue::read;
 use crate::state::AppState;
@@ -101,7 +101,7 @@ async fn stream(state: &AppState, key: &str) -> ApiResult<Response> {
 pub async fn checkpoint(
     State(state): State<AppState>,
     agent: AgentProcess,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
     QueryParams(q): QueryParams<LeaseQuery>,
 ) -> ApiResult<Response> {
     let (_, ds) = held_tile(&state, &agent, &id, q.lease).await?;
@@ -114,7 +114,7 @@ pub async fn checkpoint(
 pub async fn input(
     State(state): State<AppState>,
     agent: AgentProcess,
-    Path((id, file)): Path<(String, String)>,
+    PathParams((id, file)): PathParams<(String, String)>,
     QueryParams(q): QueryParams<LeaseQuery>,
 ) -> ApiResult<Response> {
     flotilla_core::job::check_output_path(&file)
@@ -136,7 +136,7 @@ pub async fn input(
 pub async fn moved(
     State(state): State<AppState>,
     agent: AgentProcess,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
     QueryParams(q): QueryParams<LeaseQuery>,
 ) -> ApiResult<Response> {
     let id = parse_id(&id)?;

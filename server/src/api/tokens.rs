@@ -1,6 +1,6 @@
 //! `/api/v1/tokens`: an admin makes, lists and revokes tokens.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::Json;
 use flotilla_core::api::{
@@ -12,7 +12,7 @@ use super::created;
 use super::openapi::Errors;
 use crate::auth::{self, AdminAuth};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{JsonBody, QueryParams};
+use crate::extract::{JsonBody, PathParams, QueryParams};
 use crate::state::AppState;
 
 /// Makes a token; its secret is in the answer, once. Admin only.
@@ -105,7 +105,7 @@ pub async fn list(
 pub async fn revoke(
     State(state): State<AppState>,
     AdminAuth(caller): AdminAuth,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
 ) -> ApiResult<Json<TokenView>> {
     let id: uuid::Uuid = id
         .parse()

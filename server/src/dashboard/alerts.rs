@@ -55,9 +55,13 @@ pub async fn page(State(state): State<AppState>, headers: HeaderMap) -> ApiResul
 }
 
 /// `GET /ui/alerts.json`: the list as `GET /api/v1/alerts` answers it, for
-/// a signed-in page; `401` in the JSON error shape otherwise.
+/// a signed-in page; `401` in the JSON error shape otherwise. Every open
+/// page polls it, so the session check is the shared one.
 pub async fn json(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
-    if !allowed(&state, &headers).await {
+    if super::session::polling_viewer(&state, &headers)
+        .await
+        .is_none()
+    {
         return Err(ApiError::Unauthorized(
             "sign in at /ui/login to see alerts".into(),
         ));

@@ -3,6 +3,7 @@
 //! as it grows.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use askama::Template;
@@ -280,12 +281,18 @@ fn log_events(
                         }
                         checked = tokio::time::Instant::now();
                     }
-                    let Ok(rows) = logs::page(&state.db, id, after, LOG_LINES_SHOWN).await else {
+                    let tick = state
+                        .live_pages
+                        .logs
+                        .get((id, after), || next_tick(&state, id, after))
+                        .await;
+                    let Ok(tick) = tick else {
                         continue;
                     };
+                    let rows = &tick.rows;
                     if let Some(last) = rows.last().map(|r| r.seq) {
                         let mut text = String::new();
-                        let prev = logs::render(&rows, prev, &mut text);
+                        let prev = logs::render(rows, prev, &mut text);
                         let data = text.trim_end_matches('\n').replace('\r', "");
                         // The id is the last line's sequence number: a
                         // browser that reconnects sends it back
@@ -298,10 +305,7 @@ fn log_events(
                             (state, last, prev, false, checked),
                         ));
                     }
-                    let final_state = match read::get(&state.db, id).await {
-                        Ok(Some(j)) if j.state.is_final() => Some(j.state),
-                        _ => None,
-                    };
+                    let final_state = tick.ended;
                     if let Some(st) = final_state {
                         // With data: browsers do not deliver an event
                         // whose data is empty, so the page never learnt
@@ -315,6 +319,26 @@ fn log_events(
             }
         },
     )
+}
+
+/// What a job page's stream shows next after line `after`: the lines that
+/// follow it, or, when there are none yet, whether the job ended. Shared
+/// by every tab at that position ([`super::shared::LivePages::logs`]).
+async fn next_tick(
+    state: &AppState,
+    id: uuid::Uuid,
+    after: i64,
+) -> Result<Arc<super::shared::LogTick>, sqlx::Error> {
+    let rows = logs::page(&state.db, id, after, LOG_LINES_SHOWN).await?;
+    let ended = if rows.is_empty() {
+        read::get(&state.db, id)
+            .await?
+            .map(|j| j.state)
+            .filter(|s| s.is_final())
+    } else {
+        None
+    };
+    Ok(Arc::new(super::shared::LogTick { rows, ended }))
 }
 
 /// `POST /ui/jobs/{id}/cancel` (a form with the session's token): cancels

@@ -28,8 +28,8 @@
 
 pub mod agent;
 pub mod agents;
-pub mod chart;
 pub mod alerts;
+pub mod chart;
 pub mod csrf;
 pub mod job;
 pub mod jobs;

@@ -190,9 +190,10 @@ pub async fn page(State(state): State<AppState>, headers: HeaderMap) -> ApiResul
     .into_response())
 }
 
-/// Pushes a fresh overview every two seconds while the page is open; the
-/// panel is rendered once per interval for every open tab of one owner
-/// (all admins share one).
+/// Pushes the overview whenever it changed, looking every two seconds
+/// while the page is open (the first look always sends, so a reconnect
+/// catches up); the panel is rendered once per interval for every open tab
+/// of one owner (all admins share one). The page patches what differs.
 /// Ends when the session does (logout, expiry, its token revoked), within
 /// [`session::RECHECK`].
 pub async fn events(State(state): State<AppState>, headers: HeaderMap) -> Response {
@@ -204,33 +205,46 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap) -> Respon
     let owner = who.own_only();
     let viewer = who.viewer;
     let checked = tokio::time::Instant::now();
+    let sent: Option<Arc<String>> = None;
     let stream = futures::stream::unfold(
-        (state, viewer, checked),
-        move |(state, viewer, mut checked)| async move {
-            tokio::select! {
-                _ = state.shutdown.cancelled() => return None,
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-            }
-            if checked.elapsed() >= session::RECHECK {
-                if !viewer.still_allowed(&state).await {
-                    return None;
+        (state, viewer, checked, sent),
+        move |(state, viewer, mut checked, mut sent)| async move {
+            loop {
+                tokio::select! {
+                    _ = state.shutdown.cancelled() => return None,
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
                 }
-                checked = tokio::time::Instant::now();
+                if checked.elapsed() >= session::RECHECK {
+                    if !viewer.still_allowed(&state).await {
+                        return None;
+                    }
+                    checked = tokio::time::Instant::now();
+                }
+                let shared = state
+                    .live_pages
+                    .overview
+                    .get(owner, || async {
+                        overview_body(&state, owner).await.map(Arc::new)
+                    })
+                    .await;
+                let event = match shared {
+                    Ok(html) => {
+                        if sent
+                            .as_ref()
+                            .is_some_and(|s| Arc::ptr_eq(s, &html) || **s == *html)
+                        {
+                            continue;
+                        }
+                        let event = Event::default()
+                            .event("overview")
+                            .data(html.replace('\r', ""));
+                        sent = Some(html);
+                        event
+                    }
+                    Err(_) => Event::default().comment("database unavailable"),
+                };
+                return Some((Ok::<_, Infallible>(event), (state, viewer, checked, sent)));
             }
-            let shared = state
-                .live_pages
-                .overview
-                .get(owner, || async {
-                    overview_body(&state, owner).await.map(Arc::new)
-                })
-                .await;
-            let event = match shared {
-                Ok(html) => Event::default()
-                    .event("overview")
-                    .data(html.replace('\r', "")),
-                Err(_) => Event::default().comment("database unavailable"),
-            };
-            Some((Ok::<_, Infallible>(event), (state, viewer, checked)))
         },
     );
     Sse::new(stream)

@@ -310,11 +310,17 @@ pub async fn answer(
     text.push('\n');
     let file = format!(
         "attachment; filename=\"revdeps-{}.txt\"",
-        target.replace(|c: char| !c.is_ascii_alphanumeric() && c != '.' && c != '-', "_")
+        target.replace(
+            |c: char| !c.is_ascii_alphanumeric() && c != '.' && c != '-',
+            "_"
+        )
     );
     Ok((
         [
-            (header::CONTENT_TYPE, "text/plain; charset=utf-8".to_string()),
+            (
+                header::CONTENT_TYPE,
+                "text/plain; charset=utf-8".to_string(),
+            ),
             (header::CONTENT_DISPOSITION, file),
         ],
         text,

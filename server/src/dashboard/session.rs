@@ -69,6 +69,30 @@ pub(super) async fn viewer(state: &AppState, headers: &HeaderMap) -> Option<View
         .then_some(Viewer::Session(hash))
 }
 
+/// The viewer of a request that every open page repeats (the alert
+/// banner's poll): a session already known valid is checked through the
+/// check the live streams share, once per [`RECHECK`] however many tabs
+/// poll, so 200 open tabs cost the database what one does; a logout or a
+/// revocation reaches it within that, as it reaches the streams. A cookie
+/// not known is looked up as [`viewer`] does, and only a valid one is
+/// remembered (made-up cookies cannot grow the shared map).
+pub(super) async fn polling_viewer(state: &AppState, headers: &HeaderMap) -> Option<Viewer> {
+    if state.settings.dashboard_open {
+        return Some(Viewer::Open);
+    }
+    let hash = hash_token(&cookie(headers, COOKIE)?);
+    let sessions = &state.live_pages.sessions;
+    if sessions.fresh(&hash) == Some(true) {
+        return Some(Viewer::Session(hash));
+    }
+    let viewer = if sessions.known(&hash) {
+        Viewer::Session(hash)
+    } else {
+        viewer(state, headers).await?
+    };
+    viewer.still_allowed(state).await.then_some(viewer)
+}
+
 /// Who is looking, as the forms and the ownership checks need it.
 pub(super) struct Who {
     pub viewer: Viewer,

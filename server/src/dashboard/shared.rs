@@ -1,8 +1,9 @@
 //! Live page data computed at most once per interval per page, however
 //! many open tabs ask for it: the overview every tab pushes, a pipeline
-//! run's matrix, whether a session is still valid. With 200 tabs open the
+//! run's matrix, an ROI's map, a job's new log lines, whether a session is
+//! still valid. With 200 tabs open the
 //! database sees the same queries per second as with one (a test in
-//! `tests/tests/dashboard.rs` measures it). Per server process: each
+//! `tests/tests/e2e/dashboard.rs` measures it). Per server process: each
 //! replica computes its own, which is harmless.
 
 use std::collections::HashMap;
@@ -63,6 +64,42 @@ impl<K: Hash + Eq + Clone, V: Clone> Shared<K, V> {
     }
 }
 
+impl<K: Hash + Eq, V: Clone> Shared<K, V> {
+    /// The value for `key` if one younger than `max_age` is kept and no
+    /// one is computing it; never computes, never adds a key (so a caller
+    /// with made-up keys cannot grow the map).
+    pub fn fresh(&self, key: &K) -> Option<V> {
+        self.look(key).flatten()
+    }
+
+    /// Whether a value for `key` was asked for lately (kept, however old).
+    pub fn known(&self, key: &K) -> bool {
+        self.slots
+            .lock()
+            .expect("the slots lock is never poisoned")
+            .contains_key(key)
+    }
+
+    /// `None`: no such key; `Some(None)`: kept but too old, or being
+    /// computed; `Some(Some(v))`: a young value.
+    fn look(&self, key: &K) -> Option<Option<V>> {
+        let slot = {
+            let mut slots = self.slots.lock().expect("the slots lock is never poisoned");
+            let entry = slots.get_mut(key)?;
+            entry.0 = Instant::now();
+            entry.1.clone()
+        };
+        let Ok(held) = slot.try_lock() else {
+            return Some(None);
+        };
+        Some(
+            held.as_ref()
+                .filter(|(at, _)| at.elapsed() < self.max_age)
+                .map(|(_, v)| v.clone()),
+        )
+    }
+}
+
 /// A pipeline run's page: the run and the item its rows start after.
 pub type RunPage = (uuid::Uuid, Option<u64>);
 
@@ -75,6 +112,15 @@ pub type RunPageState = (bool, Arc<String>);
 /// (`None` for an ROI too big for a map).
 pub type RoiPageState = Arc<(String, Option<String>)>;
 
+/// A job page's next look at its job: the log lines after a position (at
+/// most a page of them) and, when there are none, the job's final state if
+/// it has ended.
+#[derive(Debug, Default)]
+pub struct LogTick {
+    pub rows: Vec<crate::queue::logs::LogRow>,
+    pub ended: Option<flotilla_core::job::JobState>,
+}
+
 /// What the dashboard's live streams share.
 pub struct LivePages {
     /// The overview's panel, rendered, by owner (`None`: every job, for
@@ -86,6 +132,9 @@ pub struct LivePages {
     pub sessions: Shared<Vec<u8>, bool>,
     /// An ROI page's state, by ROI.
     pub rois: Shared<uuid::Uuid, Option<RoiPageState>>,
+    /// A job page's log stream, by job and the line it has shown: the
+    /// tabs following one job ask for the same position and share a look.
+    pub logs: Shared<(uuid::Uuid, i64), Arc<LogTick>>,
     /// The active alerts, for every page's banner, the API and `/metrics`
     /// (evaluated once per `--alert-interval-ms`).
     pub alerts: crate::alerts::Latest,
@@ -100,6 +149,7 @@ impl LivePages {
             pipelines: Shared::new(Duration::from_millis(900)),
             sessions: Shared::new(Duration::from_millis(4900)),
             rois: Shared::new(Duration::from_millis(1900)),
+            logs: Shared::new(Duration::from_millis(450)),
             alerts: crate::alerts::Latest::default(),
         }
     }
@@ -140,5 +190,19 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(call(shared.clone(), computed.clone()).await, Ok(1));
         assert_eq!(computed.load(Ordering::SeqCst), 2);
+    }
+
+    /// `fresh` answers a kept value while it is young, nothing after, and
+    /// never keeps a key it was asked for.
+    #[tokio::test(start_paused = true)]
+    async fn fresh_reads_without_computing_or_adding() {
+        let shared = Shared::<u8, bool>::new(Duration::from_secs(2));
+        assert_eq!(shared.fresh(&1), None);
+        assert_eq!(shared.slots.lock().unwrap().len(), 0, "asking adds no key");
+        shared.get(1, || async { Ok::<_, ()>(true) }).await.unwrap();
+        assert_eq!(shared.fresh(&1), Some(true));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(shared.fresh(&1), None, "too old");
+        assert!(shared.known(&1) && !shared.known(&2));
     }
 }

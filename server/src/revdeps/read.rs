@@ -53,11 +53,7 @@ struct LineRow {
 /// Runs newest first, `limit` of them, older than the run `before` when
 /// given (an unknown `before` gives an empty page). Reads through
 /// `revdeps_runs_newest`, so a page costs the same at any depth.
-pub async fn list(
-    db: &PgPool,
-    before: Option<Uuid>,
-    limit: u32,
-) -> Result<RunsPage, sqlx::Error> {
+pub async fn list(db: &PgPool, before: Option<Uuid>, limit: u32) -> Result<RunsPage, sqlx::Error> {
     let rows: Vec<LineRow> = sqlx::query_as(
         "SELECT r.id, r.target, r.variant->>'compiler' AS compiler, r.query, r.state,
                 r.candidates, r.shards,

@@ -1,4 +1,4 @@
-//! ROI planning and bulk insert at 1,000, 100,000 and 1,000,000 tiles (ignored by default: `cargo test -p flotilla-e2e --test tiles_bench -- --ignored --nocapture`). Prints timings; never decides pass or fail on them.
+//! ROI planning and bulk insert at 1,000, 100,000 and 1,000,000 tiles (ignored by default: `cargo test -p flotilla-e2e --test e2e -- --ignored --nocapture tiles_bench::`). Prints timings; never decides pass or fail on them.
 
 use std::time::{Duration, Instant};
 

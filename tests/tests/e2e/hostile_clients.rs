@@ -3,7 +3,7 @@
 //! or stop reading, and floods of bad tokens, cost it no descriptor once its
 //! timeouts have passed and never hold up an agent's heartbeats.
 //!
-//! Run alone: `cargo test -p flotilla-e2e --test hostile_clients --
+//! Run alone: `cargo test -p flotilla-e2e --test e2e -- hostile_clients::
 //! --nocapture` prints the figures recorded in BENCHMARKS.md.
 
 use std::path::Path;

@@ -59,7 +59,7 @@ const FUZZ_LIMIT: Duration = Duration::from_secs(240);
 /// The router's `/api/v1` routes, read from its source (one router lists
 /// every route: `server/src/api/mod.rs`): (method, path) of each.
 fn routed() -> Vec<(String, String)> {
-    let src = include_str!("../../server/src/api/mod.rs");
+    let src = include_str!("../../../server/src/api/mod.rs");
     let mut routes = Vec::new();
     for (at, _) in src.match_indices(".route(") {
         // The call runs to its closing parenthesis.

@@ -9,7 +9,7 @@
 //! screenshotted under `target/browser-screenshots/`.
 //!
 //! `readme_screenshots` (ignored; run it with `cargo test -p flotilla-e2e
-//! --test browser -- --ignored readme_screenshots`) remakes the README's
+//! --test e2e -- --ignored browser::readme_screenshots`) remakes the README's
 //! pictures in `docs/screenshots/`.
 
 #[path = "browser/chrome.rs"]
@@ -179,7 +179,8 @@ async fn log_in(f: &Fleet) {
 }
 
 /// Case 2: The overview shows a job submitted after it was opened, without a
-/// navigation (a marker set on `window` survives).
+/// navigation (a marker set on `window` survives), and a selection made
+/// before the update is still there after it.
 async fn overview_is_live(f: &Fleet) {
     let b = &f.browser;
     b.open("/ui").await;
@@ -190,6 +191,22 @@ async fn overview_is_live(f: &Fleet) {
         .trim_end_matches(')')
         .parse()
         .unwrap_or_else(|e| panic!("the jobs heading {heading:?}: {e}"));
+    // An operator selects an agent's name to copy it: the updates that
+    // follow must not take the selection away (a page that replaced its
+    // panel at every update did).
+    let selected = b
+        .js(
+            "const a = document.querySelector('#live tr[id^=\"agent-\"] td a'); \
+             if (!a) return ''; \
+             const r = document.createRange(); r.selectNodeContents(a); \
+             const s = getSelection(); s.removeAllRanges(); s.addRange(r); \
+             return s.toString()",
+        )
+        .await;
+    assert_eq!(
+        selected, AGENT,
+        "selecting the agent's name on the overview"
+    );
     let id = f
         .server
         .api()
@@ -210,6 +227,11 @@ async fn overview_is_live(f: &Fleet) {
         b.js("return window.flotillaMarker").await,
         "kept",
         "the overview reloaded instead of updating"
+    );
+    assert_eq!(
+        b.js("return getSelection().toString()").await,
+        AGENT,
+        "the update took away the text the operator had selected"
     );
     b.assert_clean_console("overview").await;
 }
@@ -400,20 +422,6 @@ async fn keyboard_reaches_the_controls(f: &Fleet, waiting_job: &str) {
     b.assert_clean_console("keyboard").await;
 }
 
-/// The agent's own page when the server has one (`/ui/agents/{name}`).
-async fn agent_page(server: &Server) -> Option<String> {
-    let path = format!("/ui/agents/{AGENT}");
-    let r = reqwest::Client::new()
-        .get(format!("{}{path}", server.url()))
-        .header("authorization", format!("Bearer {}", server.admin_token))
-        .send()
-        .await
-        .expect("asking for the agent page");
-    // Without a session a page redirects to login (303); a route that does
-    // not exist answers 404 or 405.
-    (r.status().as_u16() != 404 && r.status().as_u16() != 405).then_some(path)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_works_in_chromium() {
     let started = Instant::now();
@@ -471,7 +479,7 @@ async fn the_dashboard_works_in_chromium() {
     f.browser.shot("rois").await;
     step("6 ROI map");
 
-    let mut pages = vec![
+    let pages = vec![
         ("overview", "/ui".to_string()),
         ("jobs", "/ui/jobs".to_string()),
         ("job", format!("/ui/jobs/{done}")),
@@ -482,11 +490,9 @@ async fn the_dashboard_works_in_chromium() {
         ("roi-map", format!("/ui/rois/{second}")),
         ("pipelines", "/ui/pipelines".to_string()),
         ("revdeps", "/ui/revdeps".to_string()),
+        ("agent", format!("/ui/agents/{AGENT}")),
+        ("alerts", "/ui/alerts".to_string()),
     ];
-    match agent_page(&f.server).await {
-        Some(path) => pages.push(("agent", path)),
-        None => println!("browser: no /ui/agents/{{name}} page yet; skipped"),
-    }
     for (name, path) in &pages {
         f.browser.open(path).await;
         f.browser.shot(name).await;
@@ -573,9 +579,7 @@ async fn readme_screenshots() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     let b = &f.browser;
     b.resize(DESKTOP).await;
-    let agent = agent_page(&f.server)
-        .await
-        .unwrap_or_else(|| "/ui/agents".to_string());
+    let agent = format!("/ui/agents/{AGENT}");
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/screenshots");
     std::fs::create_dir_all(&out).expect("making docs/screenshots");
     // Tall enough for the job page's log and the agent page's charts.

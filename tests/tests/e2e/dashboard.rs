@@ -363,6 +363,14 @@ async fn live_pages_end_and_errors_keep_their_shape() {
             "method_not_allowed",
         ),
         (reqwest::Method::GET, "/api/v1/nope", 404, "not_found"),
+        // A path segment that is not UTF-8 once decoded.
+        (reqwest::Method::GET, "/api/v1/jobs/%FF", 400, "bad_request"),
+        (
+            reqwest::Method::GET,
+            "/api/v1/agents/%FF/health",
+            400,
+            "bad_request",
+        ),
     ] {
         let (s, v) = api.raw(method.clone(), path, None).await;
         assert_eq!(s, status, "{method} {path}: {v}");
@@ -382,55 +390,79 @@ async fn transactions(db: &sqlx::PgPool) -> i64 {
     .unwrap()
 }
 
-/// The database's transactions per second while `tabs` overview streams
-/// are open (after a warm-up), over `window`.
+/// The database's transactions per second while `tabs` tabs are open
+/// (after a warm-up), over `window`. Each tab is what a browser keeps open
+/// on the dashboard: the overview's stream, the alert banner's poll of
+/// `/ui/alerts.json` every 5 s (as `web/static/alerts.js` does), and, when
+/// `job` is given, that job page's log stream.
 async fn rate_with_tabs(
     url: &str,
     cookie: &str,
     db: &sqlx::PgPool,
     tabs: usize,
+    job: Option<&str>,
     window: Duration,
 ) -> f64 {
     let http = reqwest::Client::new();
-    let mut streams = Vec::new();
+    let mut tasks = Vec::new();
+    let open = |path: String| {
+        let http = http.clone();
+        let cookie = cookie.to_string();
+        async move {
+            let r = http
+                .get(path.clone())
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "{path}");
+            tokio::spawn(async move {
+                let mut r = r;
+                while let Ok(Some(_)) = r.chunk().await {}
+            })
+        }
+    };
     for _ in 0..tabs {
-        let r = http
-            .get(format!("{url}/ui/events"))
-            .header("cookie", cookie)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        streams.push(tokio::spawn(async move {
-            let mut r = r;
-            let mut events = 0usize;
-            while let Ok(Some(chunk)) = r.chunk().await {
-                events += String::from_utf8_lossy(&chunk)
-                    .matches("event: overview")
-                    .count();
+        tasks.push(open(format!("{url}/ui/events")).await);
+        if let Some(job) = job {
+            tasks.push(open(format!("{url}/ui/jobs/{job}/log/stream?after=0")).await);
+        }
+        let http = http.clone();
+        let cookie = cookie.to_string();
+        let alerts = format!("{url}/ui/alerts.json");
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let r = http
+                    .get(&alerts)
+                    .header("cookie", &cookie)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200, "the alert banner's poll");
+                tokio::time::sleep(Duration::from_secs(5)).await;
             }
-            events
         }));
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = transactions(db).await;
     tokio::time::sleep(window).await;
     let after = transactions(db).await;
-    for s in &streams {
-        assert!(!s.is_finished(), "an overview stream ended early");
+    for t in &tasks {
+        assert!(!t.is_finished(), "a tab's stream or poll ended early");
     }
-    for s in streams {
-        s.abort();
+    for t in tasks {
+        t.abort();
     }
     (after - before) as f64 / window.as_secs_f64()
 }
 
-/// 200 open overview tabs cost the database what one does: the panel is
-/// rendered once per interval and shared, and one session's tabs share its
+/// 200 open tabs cost the database what one does: the overview's panel,
+/// a job page's look for new lines and the banner's session check are
+/// each made once per interval and shared, and one session's tabs share its
 /// re-check (before, each tab ran its own queries every 2 s: about 200
 /// times the transactions).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_hundred_overview_tabs_cost_the_database_what_one_does() {
+async fn two_hundred_tabs_cost_the_database_what_one_does() {
     let dir = scratch("e2e-ui-tabs-");
     let server = server_on_shared(dir.path(), 10_000).await;
     let http = reqwest::Client::builder()
@@ -457,14 +489,29 @@ async fn two_hundred_overview_tabs_cost_the_database_what_one_does() {
         .await
         .unwrap();
     let window = Duration::from_secs(10);
-    let one = rate_with_tabs(&url, &cookie, &db, 1, window).await;
-    let many = rate_with_tabs(&url, &cookie, &db, 200, window).await;
-    println!("database transactions per second: 1 tab {one:.1}, 200 tabs {many:.1}");
+    let one = rate_with_tabs(&url, &cookie, &db, 1, None, window).await;
+    let many = rate_with_tabs(&url, &cookie, &db, 200, None, window).await;
+    println!("database transactions per second, overview tabs: 1 tab {one:.1}, 200 tabs {many:.1}");
     // The background (reaper, coordinator, this test's own reads) is a few
-    // per second either way; unshared, 200 tabs add about 400.
+    // per second either way; unshared, 200 tabs add about 400 (the
+    // overview) and 40 (the alert banners' session checks).
     assert!(
         many <= one * 1.5 + 3.0,
-        "200 tabs: {many:.1} transactions/s, 1 tab: {one:.1}"
+        "200 overview tabs: {many:.1} transactions/s, 1 tab: {one:.1}"
+    );
+    // The same with a job page open in every tab, on a job no agent takes
+    // (its stream looks for new lines and for its end every 500 ms:
+    // unshared, about 800 more per second).
+    let job = server
+        .api()
+        .submit(json!({"kind": "command", "command": "true"}))
+        .await;
+    let one = rate_with_tabs(&url, &cookie, &db, 1, Some(&job), window).await;
+    let many = rate_with_tabs(&url, &cookie, &db, 200, Some(&job), window).await;
+    println!("database transactions per second, overview and job tabs: 1 tab {one:.1}, 200 tabs {many:.1}");
+    assert!(
+        many <= one * 1.5 + 3.0,
+        "200 job tabs: {many:.1} transactions/s, 1 tab: {one:.1}"
     );
 }
 
