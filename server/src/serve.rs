@@ -1,5 +1,6 @@
 //! Running the server: connect (retrying while PostgreSQL comes up), apply
-//! migrations, start the reaper, the NOTIFY listener and the coordinator,
+//! migrations, start the reaper, the NOTIFY listener, the coordinator and
+//! retention,
 //! serve HTTP until the shutdown token fires, then wait for every task.
 
 use std::sync::Arc;
@@ -188,6 +189,12 @@ pub async fn run(
         },
         state.parents_signal.clone(),
         state.settings.coordinator_interval,
+        shutdown.clone(),
+    ));
+    tasks.spawn(crate::queue::retention::run(
+        db.clone(),
+        state.store.clone(),
+        state.settings.retention,
         shutdown.clone(),
     ));
     tasks.close();

@@ -73,6 +73,9 @@ pub struct Settings {
     /// Agents' health history ([`crate::agent_health`]): at most one
     /// heartbeat's report per agent per `interval` is kept, for `window`.
     pub health_samples: HealthSampling,
+    /// How long finished jobs stay in the tables before they are archived
+    /// to the object store ([`crate::queue::retention`]).
+    pub retention: crate::queue::retention::Retention,
 }
 
 /// How much of agents' health history is kept.
@@ -153,6 +156,7 @@ impl Default for Settings {
             presigner: None,
             alerts: crate::alerts::AlertSettings::default(),
             health_samples: HealthSampling::default(),
+            retention: crate::queue::retention::Retention::default(),
         }
     }
 }

@@ -97,8 +97,26 @@ pub struct ServeArgs {
     /// milliseconds, for the agent page's charts (kept 7 days).
     #[arg(long, env = "FLOTILLA_HEALTH_SAMPLE_INTERVAL_MS", default_value_t = ms(Some(HealthSampling::default().interval)))]
     pub health_sample_interval_ms: u64,
+    /// How long a finished job (with its attempts, logs and outputs' records)
+    /// stays in the database; then it is archived to the object store as
+    /// JSON lines under archive/jobs/ and deleted. E.g. 30d, 12h, 90s; 0
+    /// keeps every job.
+    #[arg(long, env = "FLOTILLA_RETENTION", default_value = "30d", value_parser = parse_retention)]
+    pub retention: Duration,
+    /// How often finished jobs past --retention are archived.
+    #[arg(long, env = "FLOTILLA_RETENTION_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub retention_interval: Duration,
     #[command(flatten)]
     pub alerts: crate::alerts::AlertArgs,
+}
+
+/// `--retention`: a duration; `0` (zero) keeps every job.
+pub fn parse_retention(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{e} (a duration such as 30d, 12h or 90s; 0 keeps every job)"))
 }
 
 /// A timeout in milliseconds as the flags take it (0: none).
@@ -137,6 +155,10 @@ impl ServeArgs {
         s.agent_pool_size = self.agent_pool_size.max(1);
         s.alerts = self.alerts.settings();
         s.health_samples.interval = Duration::from_millis(self.health_sample_interval_ms.max(1));
+        s.retention = crate::queue::retention::Retention {
+            keep_for: (!self.retention.is_zero()).then_some(self.retention),
+            interval: self.retention_interval.max(Duration::from_millis(100)),
+        };
         s
     }
 }

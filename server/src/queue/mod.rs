@@ -20,6 +20,8 @@
 //! - [`read`]: job views, lists and counts for the API and dashboard.
 //! - [`logs`]: job logs, capped per attempt (head and tail kept), read in
 //!   pages.
+//! - [`retention`]: finished jobs past `--retention` archived to the object
+//!   store as JSON lines, then deleted.
 
 pub mod cancel;
 pub mod claim;
@@ -28,5 +30,6 @@ pub mod lease;
 pub mod logs;
 pub mod read;
 pub mod reaper;
+pub mod retention;
 pub mod submit;
 pub mod wakeup;

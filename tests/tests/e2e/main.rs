@@ -30,6 +30,7 @@ mod pipelines_ssh;
 mod prometheus;
 mod queue_policy;
 mod replicas;
+mod retention;
 mod revdeps_coordinator;
 mod revdeps_job;
 mod roi_pages;
