@@ -36,6 +36,41 @@ fn between<'a>(text: &'a str, start: &str, end: &str) -> Option<&'a str> {
     Some(&text[from..from + len])
 }
 
+/// The agent page's own forms steer the agent and come back to the page:
+/// drain (the API then shows it draining or, idle, drained), then resume.
+async fn steer_from_the_page(server: &Server, ui: &Dashboard, html: &str) {
+    let mut html = html.to_string();
+    for (action, want) in [
+        ("drain", ["draining", "drained"]),
+        ("resume", ["active", "active"]),
+    ] {
+        let form = format!("action=\"/ui/agents/{AGENT}/{action}?to=agent\"");
+        let at = html
+            .find(&form)
+            .unwrap_or_else(|| panic!("no {action} form on the agent page: {html}"));
+        let csrf = between(&html[at..], "name=\"csrf\" value=\"", "\"").expect("the form's csrf");
+        let r = ui
+            .request(
+                reqwest::Method::POST,
+                &format!("/ui/agents/{AGENT}/{action}?to=agent"),
+            )
+            .form(&[("csrf", csrf)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303, "{action} from the agent page");
+        assert_eq!(r.headers()["location"], format!("/ui/agents/{AGENT}"));
+        let agents = server.api().get("/api/v1/agents").await;
+        let state = agents["agents"]
+            .as_array()
+            .and_then(|a| a.iter().find(|a| a["name"] == AGENT))
+            .map(|a| a["state"].as_str().unwrap_or("").to_string())
+            .unwrap_or_default();
+        assert!(want.contains(&state.as_str()), "after {action}: {state}");
+        html = page(ui, &format!("/ui/agents/{AGENT}")).await.1;
+    }
+}
+
 /// One chart's SVG, by id.
 fn chart<'a>(html: &'a str, id: &str) -> &'a str {
     between(
@@ -277,6 +312,13 @@ async fn agent_page_charts_its_health_work_and_silence() {
     }
     assert!(html.contains("id=\"encoder-backend\""), "{html}");
     assert!(!html.contains("id=\"silence\""), "a live agent: {html}");
+    // The profile the agent reported at registration, not a placeholder.
+    let profile = between(&html, "<dd id=\"encoder-profile\">", "</dd>").expect("a profile line");
+    assert!(
+        !profile.is_empty() && !profile.contains("not reported"),
+        "encoder profile: {profile}"
+    );
+    steer_from_the_page(&server, &ui, &html).await;
     // The day: 24 hourly buckets, the same samples.
     let (status, day) = page(&ui, &format!("/ui/agents/{AGENT}?window=day")).await;
     assert_eq!(status, 200);

@@ -311,6 +311,20 @@ async fn prometheus_reads_what_the_api_says() {
             |v| v == 1.0,
         )
         .await;
+    // Tiles per hour as the API computes it (slots over the mean tile
+    // time), positive once a tile is done; within 1 % of the API's, which
+    // is read a moment apart.
+    let per_hour = stats
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["agent"] == "prom-agent"))
+        .and_then(|r| r["tiles_per_hour"].as_f64())
+        .unwrap_or_else(|| panic!("no tiles_per_hour for prom-agent: {stats}"));
+    assert!(per_hour > 0.0, "{stats}");
+    prometheus
+        .until("flotilla_agent_tiles_per_hour{agent=\"prom-agent\"}", |v| {
+            (v - per_hour).abs() <= per_hour * 0.01
+        })
+        .await;
 
     // Attempts by kind and outcome, all combinations, zeros included; none
     // "in progress" among the counters (that is its own gauge).
