@@ -18,7 +18,9 @@
 //! flotilla-e2e --bench fleet` after `cargo build --release --bins`, with
 //! `FLOTILLA_BIN_DIR=target/release`).
 //! Env: FLEET_AGENTS (1000), FLEET_SERVERS (3), FLEET_BACKLOGS
-//! (10000,100000,1000000), FLEET_LEASES (leases per measurement, 10000).
+//! (10000,100000,1000000), FLEET_LEASES (leases per measurement, 5000: at
+//! the smallest backlog a measurement takes it from 10,000 to 5,000, and
+//! the backlog is topped up to its level before each measurement).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -326,7 +328,7 @@ async fn grow_backlog(db: &PgPool, target: usize, made: &mut usize) -> i64 {
 async fn main() {
     let n_agents: usize = env_or("FLEET_AGENTS", 1000);
     let n_servers: usize = env_or("FLEET_SERVERS", 3);
-    let leases: usize = env_or("FLEET_LEASES", 10_000);
+    let leases: usize = env_or("FLEET_LEASES", 5_000);
     let backlogs: Vec<usize> = std::env::var("FLEET_BACKLOGS")
         .unwrap_or_else(|_| "10000,100000,1000000".into())
         .split(',')
@@ -415,9 +417,11 @@ async fn main() {
     let mut made = 0usize;
     let mut rows = Vec::new();
     for &target in &backlogs {
-        // Each measurement takes `leases` jobs out of the backlog: top it up.
-        let queued = grow_backlog(&db, target + 2 * leases, &mut made).await;
+        // Each measurement takes `leases` jobs out of the backlog: it is
+        // topped up to its level before each.
+        let queued = grow_backlog(&db, target, &mut made).await;
         let d = direct(&db, &direct_agents, leases, postmaster).await;
+        grow_backlog(&db, target, &mut made).await;
         let f = fleet(&http, &fleet_agents, leases, postmaster, &server_pids).await;
         println!(
             "fleet: backlog {queued}: direct {:.0} leases/s, fleet {:.0} leases/s (ratio {:.2}), \
@@ -437,7 +441,7 @@ async fn main() {
     println!(
         "\nfleet benchmark: {n_agents} agents, {n_servers} servers, {leases} leases per measurement"
     );
-    println!("| backlog (queued) | direct leases/s | fleet leases/s | fleet / direct | lease p50 | lease p99 | PG CPU/lease direct | PG CPU/lease fleet | servers CPU/lease |");
+    println!("| backlog (queued at the start) | direct leases/s | fleet leases/s | fleet / direct | lease p50 | lease p99 | PG CPU/lease direct | PG CPU/lease fleet | servers CPU/lease |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for (queued, d, f) in &rows {
         println!(
