@@ -390,6 +390,26 @@ async fn transactions(db: &sqlx::PgPool) -> i64 {
     .unwrap()
 }
 
+/// Opens the event stream at `url` as a tab would and drains it in the
+/// background.
+async fn open_stream(
+    http: &reqwest::Client,
+    url: String,
+    cookie: &str,
+) -> tokio::task::JoinHandle<()> {
+    let r = http
+        .get(&url)
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{url}");
+    tokio::spawn(async move {
+        let mut r = r;
+        while let Ok(Some(_)) = r.chunk().await {}
+    })
+}
+
 /// The database's transactions per second while `tabs` tabs are open
 /// (after a warm-up), over `window`. Each tab is what a browser keeps open
 /// on the dashboard: the overview's stream, the alert banner's poll of
@@ -405,27 +425,11 @@ async fn rate_with_tabs(
 ) -> f64 {
     let http = reqwest::Client::new();
     let mut tasks = Vec::new();
-    let open = |path: String| {
-        let http = http.clone();
-        let cookie = cookie.to_string();
-        async move {
-            let r = http
-                .get(path.clone())
-                .header("cookie", cookie)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200, "{path}");
-            tokio::spawn(async move {
-                let mut r = r;
-                while let Ok(Some(_)) = r.chunk().await {}
-            })
-        }
-    };
     for _ in 0..tabs {
-        tasks.push(open(format!("{url}/ui/events")).await);
+        tasks.push(open_stream(&http, format!("{url}/ui/events"), cookie).await);
         if let Some(job) = job {
-            tasks.push(open(format!("{url}/ui/jobs/{job}/log/stream?after=0")).await);
+            let path = format!("{url}/ui/jobs/{job}/log/stream?after=0");
+            tasks.push(open_stream(&http, path, cookie).await);
         }
         let http = http.clone();
         let cookie = cookie.to_string();
