@@ -20,6 +20,8 @@ use uuid::Uuid;
 
 use crate::backoff::Backoff;
 
+mod direct_upload;
+
 /// The `code` given to a refusal whose body was not the server's error
 /// envelope (a proxy's error page, an empty body).
 const UNKNOWN_CODE: &str = "unknown";
@@ -299,6 +301,9 @@ pub struct ServerApi {
     /// This process's [`Register::instance`], sent on every call.
     instance: Uuid,
     transfer: TransferLimits,
+    /// For the object store's presigned URLs: none of the server's
+    /// headers (token, instance), which are no business of the store's.
+    store: reqwest::Client,
 }
 
 impl ServerApi {
@@ -337,11 +342,14 @@ impl ServerApi {
         let mut http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .default_headers(headers);
+        let mut store = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
         for root in roots {
-            http = http.add_root_certificate(root);
+            http = http.add_root_certificate(root.clone());
+            store = store.add_root_certificate(root);
         }
         Ok(ServerApi {
             http: http.build()?,
+            store: store.build()?,
             servers: std::sync::Arc::new(Servers {
                 urls: bases
                     .iter()
@@ -460,17 +468,40 @@ impl ServerApi {
         Ok(())
     }
 
-    /// Streams a file to the server as one output of the current attempt.
-    /// Not retried here: the caller retries the whole upload. Fails when
-    /// the server takes nothing more for [`TransferLimits::stall`] or the
-    /// whole takes longer than [`TransferLimits::total`].
+    /// Stores a file as one output of the current attempt: straight to the
+    /// object store where the server offers that (an S3 store; see
+    /// [`direct_upload`]), else streamed to the server. Not retried here,
+    /// but for the parts of a direct upload: the caller retries the whole
+    /// upload. Fails when the receiver takes nothing more for
+    /// [`TransferLimits::stall`] or the whole takes longer than
+    /// [`TransferLimits::total`].
     pub async fn upload(
         &self,
         lease: LeaseRef,
         name: &str,
         file: &Path,
     ) -> Result<OutputView, CallError> {
-        use futures::StreamExt;
+        let len = tokio::fs::metadata(file)
+            .await
+            .map_err(|source| CallError::Local {
+                what: "cannot read",
+                path: file.to_path_buf(),
+                source,
+            })?
+            .len();
+        match self.direct_terms(lease, name, len).await? {
+            Some(part_size) => self.upload_direct(lease, name, file, len, part_size).await,
+            None => self.upload_through_server(lease, name, file).await,
+        }
+    }
+
+    /// Streams a file to the server, which stores it.
+    async fn upload_through_server(
+        &self,
+        lease: LeaseRef,
+        name: &str,
+        file: &Path,
+    ) -> Result<OutputView, CallError> {
         let f = tokio::fs::File::open(file)
             .await
             .map_err(|source| CallError::Local {
@@ -481,18 +512,7 @@ impl ServerApi {
         let len = f.metadata().await.map(|m| m.len()).ok();
         let started = tokio::time::Instant::now();
         let deadline = started + self.transfer.total(len);
-        // When the server last took a piece of the body; once it has taken
-        // all of it, only the deadline applies while it stores the file.
-        let progress = std::sync::Arc::new(std::sync::Mutex::new((started, 0u64)));
-        let body = {
-            let progress = progress.clone();
-            tokio_util::io::ReaderStream::with_capacity(f, 1 << 20).inspect(move |chunk| {
-                if let Ok(c) = chunk {
-                    let mut p = progress.lock().expect("progress lock is never poisoned");
-                    *p = (tokio::time::Instant::now(), p.1 + c.len() as u64);
-                }
-            })
-        };
+        let (body, progress) = watched_body(f);
         let encoded: String = name
             .split('/')
             .map(url_escape)
@@ -508,7 +528,7 @@ impl ServerApi {
                 lease.lease_token
             ))
             .bearer_auth(&self.token)
-            .body(reqwest::Body::wrap_stream(body));
+            .body(body);
         if let Some(len) = len {
             req = req.header(reqwest::header::CONTENT_LENGTH, len);
         }
@@ -519,35 +539,103 @@ impl ServerApi {
             })?;
             decode(resp).await
         };
+        let watch = Watch {
+            what: format!("uploading {name}"),
+            peer: "the server",
+            len,
+            started,
+            deadline,
+        };
+        self.watched(send, &progress, &watch).await
+    }
+
+    /// Awaits `send`, a request whose body reports to `progress`: fails
+    /// when the body makes no progress for [`TransferLimits::stall`]
+    /// while some of it is unsent, or at the deadline.
+    async fn watched<T>(
+        &self,
+        send: impl std::future::Future<Output = Result<T, CallError>>,
+        progress: &BodyProgress,
+        watch: &Watch,
+    ) -> Result<T, CallError> {
         tokio::pin!(send);
         loop {
-            let (last, sent) = *progress.lock().expect("progress lock is never poisoned");
-            let all_sent = len.is_some_and(|len| sent >= len);
+            let (last, sent) = progress.get();
+            let all_sent = watch.len.is_some_and(|len| sent >= len);
             let wake = if all_sent {
-                deadline
+                watch.deadline
             } else {
-                (last + self.transfer.stall).min(deadline)
+                (last + self.transfer.stall).min(watch.deadline)
             };
             tokio::select! {
                 r = &mut send => return r,
                 _ = tokio::time::sleep_until(wake) => {}
             }
             let now = tokio::time::Instant::now();
-            if now >= deadline {
+            if now >= watch.deadline {
                 return Err(CallError::Unreachable(format!(
-                    "uploading {name}: took longer than {}s",
-                    (deadline - started).as_secs()
+                    "{}: took longer than {}s",
+                    watch.what,
+                    (watch.deadline - watch.started).as_secs()
                 )));
             }
-            let (last, sent) = *progress.lock().expect("progress lock is never poisoned");
-            if len.is_none_or(|len| sent < len) && now >= last + self.transfer.stall {
+            let (last, sent) = progress.get();
+            if watch.len.is_none_or(|len| sent < len) && now >= last + self.transfer.stall {
                 return Err(CallError::Unreachable(format!(
-                    "uploading {name}: stalled, the server took nothing for {}s",
+                    "{}: stalled, {} took nothing for {}s",
+                    watch.what,
+                    watch.peer,
                     self.transfer.stall.as_secs()
                 )));
             }
         }
     }
+}
+
+/// What a watched upload is, for [`ServerApi::watched`] and its errors.
+struct Watch {
+    /// "uploading out.bin", "uploading out.bin: part 2 of 3".
+    what: String,
+    /// Who takes the body: "the server", "the store".
+    peer: &'static str,
+    /// Of the body, where known.
+    len: Option<u64>,
+    started: tokio::time::Instant,
+    deadline: tokio::time::Instant,
+}
+
+/// When an upload's body last had a piece taken, and how much so far;
+/// once it is all taken, only the deadline applies while the receiver
+/// stores it.
+#[derive(Clone)]
+struct BodyProgress(std::sync::Arc<std::sync::Mutex<(tokio::time::Instant, u64)>>);
+
+impl BodyProgress {
+    fn get(&self) -> (tokio::time::Instant, u64) {
+        *self.0.lock().expect("progress lock is never poisoned")
+    }
+}
+
+/// A request body read from `reader` in 1 MiB pieces, and its progress.
+fn watched_body<R>(reader: R) -> (reqwest::Body, BodyProgress)
+where
+    R: tokio::io::AsyncRead + Send + 'static,
+{
+    use futures::StreamExt;
+    let progress = BodyProgress(std::sync::Arc::new(std::sync::Mutex::new((
+        tokio::time::Instant::now(),
+        0u64,
+    ))));
+    let stream = {
+        let progress = progress.clone();
+        tokio_util::io::ReaderStream::with_capacity(reader, 1 << 20).inspect(move |chunk| {
+            if let Ok(c) = chunk {
+                let mut p = progress.0.lock().expect("progress lock is never poisoned");
+                *p = (tokio::time::Instant::now(), p.1 + c.len() as u64);
+            }
+        })
+    };
+    (reqwest::Body::wrap_stream(stream), progress)
 }
 
 impl ServerApi {

@@ -23,6 +23,20 @@
 //! - `POST jobs/{id}/log` [`LogBatch`] → [`Ack`]: lines of output.
 //! - `PUT jobs/{id}/outputs/{name}?lease=…` (raw body): one output file,
 //!   streamed to the object store; answers [`crate::api::OutputView`].
+//! - Or, where the store is S3 and the server presigns, the output goes
+//!   from the agent to the store without passing through the server:
+//!   `POST jobs/{id}/output-uploads/terms` [`OutputUploadAsk`] →
+//!   [`OutputUploadTerms`] (the part size, or none: use the `PUT` above);
+//!   `POST jobs/{id}/output-uploads` [`OutputUploadStart`] →
+//!   [`OutputUpload`] (a multipart upload and one presigned URL per part,
+//!   each part's sha256 signed into its URL); the agent `PUT`s each part to
+//!   its URL, without the server's token; then `POST
+//!   jobs/{id}/output-uploads/complete` [`OutputUploadComplete`] →
+//!   [`crate::api::OutputView`], which completes the upload and records the
+//!   output only if the store holds what was declared, or `POST
+//!   jobs/{id}/output-uploads/abort` [`OutputUploadAbort`] → [`Ack`]. The
+//!   server remembers nothing between these calls: the store holds the
+//!   upload, and each call carries what the server checks.
 //! - `GET jobs/{id}/checkpoint?lease=…`: a tile job's model checkpoint.
 //! - `GET jobs/{id}/inputs/{file}?lease=…`: one of a tile job's input
 //!   files ([`crate::job::TileJob::INPUT_FILES`]).
@@ -208,6 +222,100 @@ pub struct Ack {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ended {
     pub state: JobState,
+}
+
+/// `POST jobs/{id}/output-uploads/terms`: may this output go straight to
+/// the store, and in parts of what size? Lease-checked as the upload
+/// itself is (the name must be one the job declares, `size` within the
+/// server's limit), so a refusal comes before the agent reads the file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OutputUploadAsk {
+    pub lease_token: Uuid,
+    /// The output's declared path.
+    pub name: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputUploadTerms {
+    /// The size of every part but the last, in bytes; `None`: the server
+    /// takes this output only through `PUT jobs/{id}/outputs/{name}` (a
+    /// local store, presigning off, or an empty file).
+    pub part_size: Option<u64>,
+}
+
+/// `POST jobs/{id}/output-uploads`: starts a direct upload of one output.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OutputUploadStart {
+    pub lease_token: Uuid,
+    pub name: String,
+    pub size: u64,
+    /// Of the whole file, lower-case hex, as the agent computed it.
+    pub sha256: String,
+    /// As [`OutputUploadTerms::part_size`] said.
+    pub part_size: u64,
+    /// Of each part in order (lower-case hex): `ceil(size / part_size)`
+    /// of them.
+    pub part_sha256: Vec<String>,
+}
+
+/// A direct upload the store holds open: `PUT` each part to its URL.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OutputUpload {
+    /// The store's id of the multipart upload.
+    pub upload_id: String,
+    pub part_size: u64,
+    /// In order, one per part.
+    pub parts: Vec<PartUrl>,
+    /// How long the URLs stay valid, in seconds.
+    pub expires_in_s: u64,
+}
+
+/// Where one part goes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartUrl {
+    /// From 1.
+    pub number: u32,
+    /// A presigned `PUT` URL of the store.
+    pub url: String,
+    /// Headers to send with the part exactly as given: they are signed
+    /// into the URL (the part's `x-amz-checksum-sha256`, so that the store
+    /// refuses bytes whose sha256 is not the one declared).
+    pub headers: BTreeMap<String, String>,
+}
+
+/// `POST jobs/{id}/output-uploads/complete`: every part was stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OutputUploadComplete {
+    pub lease_token: Uuid,
+    pub name: String,
+    pub upload_id: String,
+    /// What [`OutputUploadStart`] declared: the server records the output
+    /// only if the store holds `size` bytes whose parts have these sha256s.
+    pub size: u64,
+    pub sha256: String,
+    /// Every part, numbered 1 to n in order.
+    pub parts: Vec<UploadedPart>,
+}
+
+/// One part as the store took it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UploadedPart {
+    pub number: u32,
+    /// The `ETag` the store answered the part's `PUT` with.
+    pub etag: String,
+    /// The part's sha256, lower-case hex, as declared at the start.
+    pub sha256: String,
+}
+
+/// `POST jobs/{id}/output-uploads/abort`: the agent gives up on an upload;
+/// the store drops its parts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OutputUploadAbort {
+    pub lease_token: Uuid,
+    pub name: String,
+    pub upload_id: String,
 }
 
 /// Paths of the agent protocol, relative to the server's base URL.

@@ -11,6 +11,9 @@ use object_store::local::LocalFileSystem;
 use object_store::prefix::PrefixStore;
 use object_store::ObjectStore;
 
+pub mod direct_upload;
+mod sigv4;
+
 /// Opens `spec`: `s3://bucket[/prefix]` (credentials, region and a custom
 /// endpoint from the usual `AWS_*` variables, e.g. `AWS_ENDPOINT_URL`,
 /// `AWS_ALLOW_HTTP=true` for a local S3-compatible server), `file:///dir`,
@@ -39,6 +42,18 @@ pub fn open(spec: &str) -> anyhow::Result<Arc<dyn ObjectStore>> {
 /// The S3 client and key prefix of an `s3://bucket[/prefix]` store, `None`
 /// for any other store.
 fn s3_store(spec: &str) -> anyhow::Result<Option<(AmazonS3, String)>> {
+    let Some((builder, prefix)) = s3_builder(spec)? else {
+        return Ok(None);
+    };
+    let s3 = builder
+        .build()
+        .with_context(|| format!("configuring S3 store `{spec}`"))?;
+    Ok(Some((s3, prefix)))
+}
+
+/// The S3 client's configuration and key prefix of an
+/// `s3://bucket[/prefix]` store, `None` for any other store.
+fn s3_builder(spec: &str) -> anyhow::Result<Option<(AmazonS3Builder, String)>> {
     let Some(rest) = spec.strip_prefix("s3://") else {
         return Ok(None);
     };
@@ -49,49 +64,81 @@ fn s3_store(spec: &str) -> anyhow::Result<Option<(AmazonS3, String)>> {
     if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
         builder = builder.with_endpoint(endpoint);
     }
-    let s3 = builder
-        .build()
-        .with_context(|| format!("configuring S3 store `{spec}`"))?;
-    Ok(Some((s3, prefix.trim_matches('/').to_string())))
+    Ok(Some((builder, prefix.trim_matches('/').to_string())))
 }
 
 /// Time-limited URLs for objects of an S3 store, so that agents fetch a
 /// tile's inputs and its checkpoint from the store itself rather than
 /// through the server (a tile's inputs are gigabytes; the server only
-/// checks the lease and answers with a redirect).
+/// checks the lease and answers with a redirect), and upload their
+/// outputs to it the same way ([`direct_upload`]).
 #[derive(Debug)]
 pub struct Presigner {
+    /// Its own client of the store, configured to keep SHA-256 checksums
+    /// of multipart uploads (`x-amz-checksum-algorithm`), which the
+    /// server's main client does not ask for.
     s3: AmazonS3,
     prefix: String,
     valid_for: Duration,
+    /// Of a direct output upload; `None`: outputs go through the server.
+    part_size: Option<u64>,
+    /// For the requests object_store cannot make: the HEAD that reads an
+    /// uploaded object's checksum.
+    http: reqwest::Client,
 }
+
+/// The environment variable that sets the part size of direct output
+/// uploads, in MiB: 5 (S3's smallest) to 5120 (its largest); 0 sends
+/// outputs through the server even with an S3 store.
+pub const PART_SIZE_ENV: &str = "FLOTILLA_OUTPUT_PART_MIB";
 
 impl Presigner {
     /// For `spec` when it is an S3 store, with URLs valid for `valid_for`;
-    /// `None` for a local store (which the server keeps proxying).
+    /// `None` for a local store (which the server keeps proxying). The
+    /// part size of direct uploads comes from [`PART_SIZE_ENV`] (default
+    /// [`direct_upload::DEFAULT_PART_SIZE`]).
     pub fn for_store(spec: &str, valid_for: Duration) -> anyhow::Result<Option<Presigner>> {
-        Ok(s3_store(spec)?.map(|(s3, prefix)| Presigner {
+        let Some((builder, prefix)) = s3_builder(spec)? else {
+            return Ok(None);
+        };
+        let s3 = builder
+            .with_checksum_algorithm(object_store::aws::Checksum::SHA256)
+            .build()
+            .with_context(|| format!("configuring S3 store `{spec}`"))?;
+        let part_size = match std::env::var(PART_SIZE_ENV) {
+            Err(_) => Some(direct_upload::DEFAULT_PART_SIZE),
+            Ok(v) => direct_upload::part_size_from_mib(&v)
+                .with_context(|| format!("{PART_SIZE_ENV}={v}"))?,
+        };
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
+            .build()
+            .context("making the store's HTTP client")?;
+        Ok(Some(Presigner {
             s3,
             prefix,
             valid_for,
+            part_size,
+            http,
         }))
     }
 
-    /// A URL that GETs the object `key` (a key of the store as the server
-    /// sees it, under its prefix) until it expires.
+    /// The key under the bucket of `key`, a key of the store as the server
+    /// sees it (under its prefix).
+    fn full_path(&self, key: &str) -> object_store::path::Path {
+        if self.prefix.is_empty() {
+            object_store::path::Path::from(key)
+        } else {
+            object_store::path::Path::from(format!("{}/{key}", self.prefix))
+        }
+    }
+
+    /// A URL that GETs the object `key` until it expires.
     pub async fn get_url(&self, key: &str) -> object_store::Result<url::Url> {
         use object_store::signer::Signer;
-        let full = if self.prefix.is_empty() {
-            key.to_string()
-        } else {
-            format!("{}/{key}", self.prefix)
-        };
         self.s3
-            .signed_url(
-                reqwest::Method::GET,
-                &object_store::path::Path::from(full),
-                self.valid_for,
-            )
+            .signed_url(reqwest::Method::GET, &self.full_path(key), self.valid_for)
             .await
     }
 }

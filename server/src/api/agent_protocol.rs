@@ -302,17 +302,59 @@ pub async fn upload_output(
     QueryParams(q): QueryParams<UploadQuery>,
     body: Body,
 ) -> ApiResult<Json<OutputView>> {
-    check_output_path(&name)
+    let out = declared_output(&state, &agent, &id, q.lease, &name).await?;
+    let path = object_store::path::Path::from(out.key.as_str());
+    let (size, sha256) =
+        crate::store::stream_body(state.store.as_ref(), &path, body, MAX_OUTPUT_BYTES)
+            .await
+            .map_err(|e| upload_error(&format!("output `{name}`"), e))?;
+    lease::record_output(
+        &state.db,
+        out.job,
+        out.attempt,
+        &name,
+        &out.key,
+        size,
+        &sha256,
+    )
+    .await?;
+    Ok(Json(OutputView {
+        name,
+        key: out.key,
+        size,
+        sha256,
+    }))
+}
+
+/// An output the caller may upload now: of a job it holds the current
+/// lease of, one that job declares.
+pub struct DeclaredOutput {
+    pub job: Uuid,
+    pub attempt: i32,
+    /// Where it goes in the store: `jobs/{job}/{attempt}/{name}`.
+    pub key: String,
+}
+
+/// Checks that `agent` holds the current lease `token` of job `id` and
+/// that `name` is an output that job declares: an agent cannot add
+/// objects to a job, nor write to one it does not hold.
+pub async fn declared_output(
+    state: &AppState,
+    agent: &AgentProcess,
+    id: &str,
+    token: Uuid,
+    name: &str,
+) -> ApiResult<DeclaredOutput> {
+    check_output_path(name)
         .map_err(|why| ApiError::invalid(format!("output name `{name}` {why}")))?;
-    let lease = lease_key(&agent, &id, q.lease)?;
+    let lease = lease_key(agent, id, token)?;
     let id = lease.job;
     let attempt = lease::current_attempt(&state.db, lease).await?;
-    // Only what the spec declares: an agent cannot add objects to a job.
     let declared = crate::queue::read::spec(&state.db, id)
         .await?
         .map(|s| s.declared_outputs())
         .unwrap_or_default();
-    if !declared.contains(&name) {
+    if !declared.iter().any(|d| d == name) {
         return Err(ApiError::invalid(format!(
             "output `{name}` is not one job {id} declares ({})",
             if declared.is_empty() {
@@ -322,19 +364,11 @@ pub async fn upload_output(
             }
         )));
     }
-    let key = format!("jobs/{id}/{attempt}/{name}");
-    let path = object_store::path::Path::from(key.as_str());
-    let (size, sha256) =
-        crate::store::stream_body(state.store.as_ref(), &path, body, MAX_OUTPUT_BYTES)
-            .await
-            .map_err(|e| upload_error(&format!("output `{name}`"), e))?;
-    lease::record_output(&state.db, id, attempt, &name, &key, size, &sha256).await?;
-    Ok(Json(OutputView {
-        name,
-        key,
-        size,
-        sha256,
-    }))
+    Ok(DeclaredOutput {
+        job: id,
+        attempt,
+        key: format!("jobs/{id}/{attempt}/{name}"),
+    })
 }
 
 /// The largest output one job may upload (a tile's int8 embedding is about

@@ -20,6 +20,7 @@
 //! - [`openapi`]: the OpenAPI document of `/api/v1`, from these handlers.
 //! - [`agent_protocol`]: what agents call.
 //! - [`tile_inputs`]: a tile job's checkpoint and inputs, for agents.
+//! - [`output_uploads`]: outputs agents upload to an S3 store directly.
 
 pub mod agent_health;
 pub mod agent_protocol;
@@ -30,6 +31,7 @@ pub mod datasets;
 pub mod jobs;
 pub mod logs;
 pub mod openapi;
+pub mod output_uploads;
 pub mod pipelines;
 pub mod revdeps;
 pub mod rois;
@@ -121,6 +123,22 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
             "/api/agent/v1/jobs/{id}/outputs/{*name}",
             // Outputs stream to the store; they may be far bigger than JSON.
             put(agent_protocol::upload_output).layer(DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/api/agent/v1/jobs/{id}/output-uploads/terms",
+            post(output_uploads::terms),
+        )
+        .route(
+            "/api/agent/v1/jobs/{id}/output-uploads",
+            post(output_uploads::start),
+        )
+        .route(
+            "/api/agent/v1/jobs/{id}/output-uploads/complete",
+            post(output_uploads::complete),
+        )
+        .route(
+            "/api/agent/v1/jobs/{id}/output-uploads/abort",
+            post(output_uploads::abort),
         )
         .route("/metrics", get(crate::metrics::metrics))
         .route("/", get(dashboard::root))

@@ -261,6 +261,25 @@ pub async fn record_output(
     Ok(())
 }
 
+/// Forgets the output `name` of an attempt: a direct upload that did not
+/// check out replaced, then lost, the object an earlier upload of it had
+/// stored, so that record no longer holds and the attempt must upload the
+/// output again before it can complete.
+pub async fn forget_output(
+    db: &PgPool,
+    job: Uuid,
+    attempt: i32,
+    name: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM job_outputs WHERE job_id = $1 AND attempt = $2 AND name = $3")
+        .bind(job)
+        .bind(attempt)
+        .bind(name)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
 /// Marks the job succeeded if `key` is still its lease and every output
 /// named, and every output a command job's spec declares, was stored under
 /// this attempt, in the caller's transaction: one
