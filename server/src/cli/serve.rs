@@ -80,9 +80,11 @@ pub struct ServeArgs {
     /// background work.
     #[arg(long, env = "FLOTILLA_DB_POOL_SIZE", default_value_t = crate::serve::DEFAULT_POOL_SIZE)]
     pub db_pool_size: u32,
-    /// With an s3:// store, how long the presigned URLs that agents fetch
-    /// tile inputs and checkpoints by stay valid, in seconds; 0 streams
-    /// those through the server instead (as it does for a local store).
+    /// With an s3:// store, how long the presigned URLs stay valid that
+    /// agents fetch tile inputs and checkpoints by and upload outputs to
+    /// (in parts; an upload's URLs last at least 600 s plus its size at
+    /// 1 MiB/s), in seconds; 0 moves all of those through the
+    /// server instead (as it does for a local store).
     #[arg(long, env = "FLOTILLA_PRESIGN_TTL_S", default_value_t = 900)]
     pub presign_ttl_s: u64,
     /// The longest one database statement may run, in milliseconds (0:
