@@ -495,6 +495,23 @@ impl ServerApi {
         }
     }
 
+    /// [`ServerApi::upload`], tried again while no server answers (a
+    /// replica restarting, or the next in the list taking over: the output
+    /// is on disk, and an upload of it replaces any partial one), backing
+    /// off, until `stop` fires or `budget` has passed. Without this a
+    /// server killed during an upload failed the attempt and the job ran
+    /// again (the chaos run found it).
+    pub async fn upload_retrying(
+        &self,
+        lease: LeaseRef,
+        name: &str,
+        file: &Path,
+        stop: &CancellationToken,
+        budget: Duration,
+    ) -> Result<OutputView, CallError> {
+        while_unreachable(stop, budget, name, || self.upload(lease, name, file)).await
+    }
+
     /// Streams a file to the server, which stores it.
     async fn upload_through_server(
         &self,
@@ -764,6 +781,36 @@ fn url_escape(s: &str) -> String {
         }
     }
     out
+}
+
+/// Runs `call` again while it fails with [`CallError::Unreachable`],
+/// backing off, until `stop` fires ([`CallError::ShuttingDown`]) or `budget`
+/// has passed (the last error). For transfers of files the agent holds,
+/// which a new try makes again from the start.
+pub(crate) async fn while_unreachable<T, F, Fut>(
+    stop: &CancellationToken,
+    budget: Duration,
+    what: &str,
+    mut call: F,
+) -> Result<T, CallError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, CallError>>,
+{
+    let deadline = tokio::time::Instant::now() + budget;
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    loop {
+        match call().await {
+            Err(CallError::Unreachable(why)) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!(%what, %why, "transfer failed; trying again");
+                tokio::select! {
+                    _ = stop.cancelled() => return Err(CallError::ShuttingDown),
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
+                }
+            }
+            other => return other,
+        }
+    }
 }
 
 async fn decode<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, CallError> {

@@ -70,7 +70,7 @@ pub async fn run(ctx: &JobContext, cmd: &CommandJob) -> Result<Complete, Fail> {
                     None => None,
                 };
                 let read_from = opened.as_ref().map_or(path.as_path(), |o| o.path());
-                match ctx.api.upload(ctx.lease, name, read_from).await {
+                match ctx.upload(name, read_from).await {
                     Ok(view) => {
                         tracing::info!(job = %ctx.job_id(), %name, size = view.size, "output stored");
                         uploaded.push(name.clone());

@@ -181,6 +181,12 @@ impl Execute for Kinds {
     }
 }
 
+/// How long an output's upload (or an input's download) is tried again
+/// while no server answers: as
+/// long as the agent retries its reports (`runner`'s default budget), so an
+/// outage the report would outlast does not fail the attempt first.
+pub const UPLOAD_RETRY_BUDGET: Duration = Duration::from_secs(600);
+
 /// One attempt of one job, as every kind sees it.
 pub struct JobContext {
     pub api: ServerApi,
@@ -211,6 +217,33 @@ pub struct JobContext {
 impl JobContext {
     pub fn job_id(&self) -> Uuid {
         self.lease.job_id
+    }
+
+    /// Uploads the output `name` from `file`, tried again while no server
+    /// answers, for as long as the attempt lasts (at most
+    /// [`UPLOAD_RETRY_BUDGET`]).
+    pub async fn upload(
+        &self,
+        name: &str,
+        file: &Path,
+    ) -> Result<flotilla_core::api::OutputView, crate::server_api::CallError> {
+        self.api
+            .upload_retrying(self.lease, name, file, &self.stop, UPLOAD_RETRY_BUDGET)
+            .await
+    }
+
+    /// Downloads `path` (under the job, lease-checked) into `dest`, tried
+    /// again while no server answers, as [`JobContext::upload`]; returns
+    /// its size and sha256.
+    pub async fn download(
+        &self,
+        path: &str,
+        dest: &Path,
+    ) -> Result<(u64, String), crate::server_api::CallError> {
+        crate::server_api::while_unreachable(&self.stop, UPLOAD_RETRY_BUDGET, path, || {
+            self.api.download(self.lease, path, dest)
+        })
+        .await
     }
 
     /// The report of a failed attempt.

@@ -393,8 +393,7 @@ async fn run_in(
                 )
             })?
             .to_string();
-        ctx.api
-            .upload(ctx.lease, &n, file)
+        ctx.upload(&n, file)
             .await
             .map_err(|e| (FailureClass::Retryable, format!("uploading {n}: {e}")))?;
         names.push(n);
@@ -426,8 +425,7 @@ async fn download_inputs(ctx: &JobContext, inputs: &Path) -> Result<(), StepErro
     ))
     .await;
     for file in TileJob::INPUT_FILES {
-        ctx.api
-            .download(ctx.lease, &format!("inputs/{file}"), &inputs.join(file))
+        ctx.download(&format!("inputs/{file}"), &inputs.join(file))
             .await
             .map_err(|e| (class_of(&e), format!("fetching input {file}: {e}")))?;
     }

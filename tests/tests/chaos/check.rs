@@ -52,10 +52,17 @@ pub struct Ended {
     pub attempts: Vec<AttemptView>,
     /// One attempt number per run that reached its end, in write order.
     pub marks: Vec<u32>,
+    /// The outputs the job lists: (name, object key, the object's text as
+    /// the store holds it, `None` if it is not there).
+    pub outputs: Vec<(String, String, Option<String>)>,
 }
 
+/// The output every chaos job declares: the attempt number that wrote it.
+pub const OUTPUT: &str = "attempt.txt";
+
 impl Ended {
-    pub fn new(view: JobView, marks: Vec<u32>) -> Ended {
+    /// `read` gives an object's text by key (`None`: not in the store).
+    pub fn new(view: JobView, marks: Vec<u32>, read: impl Fn(&str) -> Option<String>) -> Ended {
         Ended {
             id: view.id.to_string(),
             state: view.state,
@@ -63,6 +70,14 @@ impl Ended {
             error: view.error,
             attempts: view.attempts.unwrap_or_default(),
             marks,
+            outputs: view
+                .outputs
+                .into_iter()
+                .map(|o| {
+                    let text = read(&o.key);
+                    (o.name, o.key, text)
+                })
+                .collect(),
         }
     }
 }
@@ -140,6 +155,18 @@ pub fn check(jobs: &[Ended], faults: &[Fault], ttl: Span) -> Findings {
                 "job {id}: job says attempt {}, its last attempt is {:?}",
                 v.attempt,
                 last.map(|l| (l.attempt, l.outcome.clone()))
+            )),
+        }
+        // No output of a refused lease is visible: the job lists exactly
+        // its accepted attempt's output, written by that attempt.
+        let want_key = format!("jobs/{id}/{}/{OUTPUT}", v.attempt);
+        let want_text = v.attempt.to_string();
+        match job.outputs.as_slice() {
+            [(name, key, Some(text))]
+                if name == OUTPUT && *key == want_key && text.trim() == want_text => {}
+            other => out.violations.push(format!(
+                "job {id}: accepted attempt {}, but it lists the outputs {other:?}",
+                v.attempt
             )),
         }
         let accepted = job.marks.iter().filter(|&&m| m == v.attempt).count();
@@ -234,13 +261,19 @@ mod tests {
     }
 
     fn job(attempts: Vec<AttemptView>, marks: Vec<u32>) -> Ended {
+        let attempt = attempts.len() as u32;
         Ended {
             id: "j".into(),
             state: JobState::Succeeded,
-            attempt: attempts.len() as u32,
+            attempt,
             error: None,
             attempts,
             marks,
+            outputs: vec![(
+                OUTPUT.into(),
+                format!("jobs/j/{attempt}/{OUTPUT}"),
+                Some(format!("{attempt}\n")),
+            )],
         }
     }
 
@@ -310,6 +343,40 @@ mod tests {
         let killed = check(&[job(attempts, vec![2, 1])], &[kill], TTL);
         assert!(killed.violations.is_empty(), "{:?}", killed.violations);
         assert_eq!(killed.late_orphans.len(), 1);
+    }
+
+    /// The output a refused attempt uploaded, listed in place of the
+    /// accepted one's (or the accepted one's missing, or written by
+    /// another attempt), is a violation.
+    #[test]
+    fn an_output_not_of_the_accepted_attempt_is_a_violation() {
+        let attempts = vec![
+            attempt(1, "a", 0, 5, "lease_expired"),
+            attempt(2, "b", 6, 7, "succeeded"),
+        ];
+        let faults = [partition("a", 1)];
+        let good = job(attempts.clone(), vec![1, 2]);
+        assert!(check(&[good], &faults, TTL).violations.is_empty());
+        let mut refused = job(attempts.clone(), vec![1, 2]);
+        refused.outputs = vec![(
+            OUTPUT.into(),
+            format!("jobs/j/1/{OUTPUT}"),
+            Some("1\n".into()),
+        )];
+        let mut missing = job(attempts.clone(), vec![1, 2]);
+        missing.outputs[0].2 = None;
+        let mut overwritten = job(attempts.clone(), vec![1, 2]);
+        overwritten.outputs[0].2 = Some("1\n".into());
+        let mut none = job(attempts, vec![1, 2]);
+        none.outputs.clear();
+        for (what, j) in [
+            ("refused", refused),
+            ("missing", missing),
+            ("overwritten", overwritten),
+            ("none", none),
+        ] {
+            assert_eq!(check(&[j], &faults, TTL).violations.len(), 1, "{what}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! the run restarts it), four `flotilla-agent`s each given every server's
 //! URL, one of them in its own network namespace behind a veth pair. Command
 //! jobs append `$FLOTILLA_ATTEMPT` to `MARKS/$FLOTILLA_JOB_ID` when they run
-//! to their end. Meanwhile a driver, every few seconds, SIGKILLs a random
+//! to their end, and write it to their one declared output. Meanwhile a driver, every few seconds, SIGKILLs a random
 //! server (restarted on the same address) or agent (restarted under the same
 //! name), restarts PostgreSQL every ~30 s, and cuts the namespaced agent off
 //! (nft drops every packet across the pair) for three lease TTLs.
@@ -16,7 +16,8 @@
 //!
 //! At the end, [`check::check`]: every job final and succeeded, none run to
 //! its end twice in one attempt, the accepted attempt's marker present once,
-//! every attempt that did not stand explained by a fault of its agent (each
+//! the only output listed the accepted attempt's own (no output of a
+//! refused lease visible), every attempt that did not stand explained by a fault of its agent (each
 //! listed with the fault), and every agent online again.
 //!
 //! `FLOTILLA_CHAOS_SECS` sets how long the faults go on (100 s by default;
@@ -105,7 +106,14 @@ fn marker_job(marks: &std::path::Path, rng: &mut impl Rng) -> Value {
     };
     json!({
         "kind": "command",
-        "command": format!("sleep {sleep}; echo $FLOTILLA_ATTEMPT >> {}/$FLOTILLA_JOB_ID", marks.display()),
+        "command": format!(
+            "sleep {sleep}; echo $FLOTILLA_ATTEMPT >> {}/$FLOTILLA_JOB_ID; echo $FLOTILLA_ATTEMPT > {}",
+            marks.display(),
+            check::OUTPUT
+        ),
+        // Uploaded after the command, before the report: a refused
+        // attempt's may reach the store but must never be listed.
+        "outputs": [check::OUTPUT],
         // Enough that the faults cannot exhaust a job's attempts.
         "max_attempts": 20,
     })
@@ -426,6 +434,7 @@ async fn chaos_loses_no_job_and_runs_none_twice() {
     for e in std::fs::read_dir(&marks).unwrap() {
         all.insert(e.unwrap().file_name().to_string_lossy().into_owned());
     }
+    let store = dir.path().join("store");
     let mut ended = Vec::new();
     for id in &all {
         let view: JobView =
@@ -440,7 +449,9 @@ async fn chaos_loses_no_job_and_runs_none_twice() {
                     .unwrap_or_else(|_| panic!("job {id}: marker line {l:?}"))
             })
             .collect();
-        ended.push(check::Ended::new(view, marks));
+        ended.push(check::Ended::new(view, marks, |key| {
+            std::fs::read_to_string(store.join(key)).ok()
+        }));
     }
     let mut findings = check::check(
         &ended,

@@ -79,7 +79,7 @@ pub async fn send(
     }
     let name = StepJob::SENT_OUTPUT;
     let view = tokio::select! {
-        r = ctx.api.upload(ctx.lease, name, &tar) => r,
+        r = ctx.upload(name, &tar) => r,
         _ = ctx.stop.cancelled() => return Err(ctx.fail(FailureClass::Cancelled, "stopped")),
     };
     let view = view.map_err(|e| {
