@@ -49,3 +49,21 @@ pub async fn fresh_database(pg: &EmbeddedPostgres) -> String {
         .expect("creating a test database");
     name
 }
+
+/// A new database in the shared cluster with the server's migrations
+/// applied, and a pool on it: for tests that call the server's modules
+/// directly, without a server process.
+pub async fn migrated_database() -> sqlx::PgPool {
+    let pg = shared().await;
+    let name = fresh_database(pg).await;
+    let db = flotilla_server::serve::connect(
+        pg.connect_options(&name),
+        std::time::Duration::from_secs(10),
+    )
+    .await
+    .expect("connecting to a test database");
+    flotilla_server::serve::migrate(&db)
+        .await
+        .expect("migrating a test database");
+    db
+}

@@ -10,20 +10,10 @@ use flotilla_core::grid::TileId;
 use flotilla_core::health::HostHealth;
 use flotilla_core::job::{CommandJob, FailureClass, JobKind, JobSpec, JobState, TileJob};
 use flotilla_core::protocol::{Complete, Register};
+use flotilla_server::agents;
 use flotilla_server::queue::{claim, classes, lease, read, reaper, submit};
-use flotilla_server::{agents, serve};
 use sqlx::PgPool;
 use uuid::Uuid;
-
-async fn fresh_db() -> PgPool {
-    let pg = flotilla_e2e::pg::shared().await;
-    let name = flotilla_e2e::pg::fresh_database(pg).await;
-    let db = serve::connect(pg.connect_options(&name), Duration::from_secs(10))
-        .await
-        .unwrap();
-    serve::migrate(&db).await.unwrap();
-    db
-}
 
 fn job(submitter: &str, priority: i32, labels: &[(&str, &str)], cost: u32) -> submit::NewJob {
     submit::NewJob {
@@ -93,7 +83,7 @@ async fn submitter_of(db: &PgPool, id: Uuid) -> String {
 
 #[tokio::test]
 async fn a_small_submitter_is_not_starved_by_a_big_one() {
-    let db = fresh_db().await;
+    let db = flotilla_e2e::pg::migrated_database().await;
     let big: Vec<_> = (0..10_000).map(|_| job("big", 0, &[], 1)).collect();
     submit::submit(&db, &big).await.unwrap();
     let small: Vec<_> = (0..10).map(|_| job("small", 0, &[], 1)).collect();
@@ -118,7 +108,7 @@ async fn a_small_submitter_is_not_starved_by_a_big_one() {
 
 #[tokio::test]
 async fn priority_first_then_labels_then_cost() {
-    let db = fresh_db().await;
+    let db = flotilla_e2e::pg::migrated_database().await;
     let low = submit::submit(&db, &[job("s", 0, &[], 1)]).await.unwrap()[0];
     let high = submit::submit(&db, &[job("s", 10, &[], 1)]).await.unwrap()[0];
     let gpu = submit::submit(&db, &[job("s", 100, &[("gpu", "h100")], 1)])
@@ -165,7 +155,7 @@ async fn priority_first_then_labels_then_cost() {
 
 #[tokio::test]
 async fn failed_attempts_back_off_and_stale_leases_are_refused() {
-    let db = fresh_db().await;
+    let db = flotilla_e2e::pg::migrated_database().await;
     let id = submit::submit(&db, &[job("s", 0, &[], 1)]).await.unwrap()[0];
     let a = agent(&db, "a", 1, &[]).await;
     let first = claim::claim(&db, a, TTL).await.unwrap().unwrap();
@@ -227,7 +217,7 @@ async fn failed_attempts_back_off_and_stale_leases_are_refused() {
 
 #[tokio::test]
 async fn agents_only_get_kinds_they_run() {
-    let db = fresh_db().await;
+    let db = flotilla_e2e::pg::migrated_database().await;
     submit::submit(&db, &[job("s", 0, &[], 1)]).await.unwrap();
     let a = agents::register(
         &db,
@@ -302,7 +292,7 @@ fn tile_job(priority: i32) -> submit::NewJob {
 /// 20,000+ then).
 #[tokio::test]
 async fn the_claim_does_not_scan_ready_jobs_the_agent_cannot_take() {
-    let db = fresh_db().await;
+    let db = flotilla_e2e::pg::migrated_database().await;
     let cpu = agent(&db, "cpu", 4, &[("os", "linux")]).await;
     agent(&db, "gpu", 4, &[("gpu", "h100")]).await;
     let mut ahead = Vec::new();
@@ -334,7 +324,7 @@ async fn the_claim_does_not_scan_ready_jobs_the_agent_cannot_take() {
 /// smallest ready tag was a `min()` over all of them).
 #[tokio::test]
 async fn the_fair_share_base_does_not_scan_the_backlog() {
-    let db = fresh_db().await;
+    let db = flotilla_e2e::pg::migrated_database().await;
     let backlog: Vec<_> = (0..20_000).map(|_| job("big", 0, &[], 1)).collect();
     submit::submit(&db, &backlog).await.unwrap();
     let (rows, plan) = rows_examined(&db, submit::SHARE_BASE_SQL, |q| q.bind("small")).await;
@@ -350,7 +340,7 @@ async fn the_fair_share_base_does_not_scan_the_backlog() {
 /// can take them registers.
 #[tokio::test]
 async fn unmatchable_jobs_are_flagged_until_an_agent_can_take_them() {
-    let db = fresh_db().await;
+    let db = flotilla_e2e::pg::migrated_database().await;
     let gpu_job = submit::submit(&db, &[job("s", 0, &[("gpu", "h100")], 1)])
         .await
         .unwrap()[0];

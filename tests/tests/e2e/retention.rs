@@ -12,7 +12,6 @@ use flotilla_core::job::{CommandJob, JobSpec};
 use flotilla_e2e::procs::{opts_on_shared, Agent, Server};
 use flotilla_e2e::{eventually, scratch};
 use flotilla_server::queue::{retention, submit};
-use flotilla_server::serve;
 use object_store::ObjectStore;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -216,16 +215,6 @@ async fn finished_jobs_are_archived_then_removed() {
     }
 }
 
-async fn fresh_db() -> PgPool {
-    let pg = flotilla_e2e::pg::shared().await;
-    let name = flotilla_e2e::pg::fresh_database(pg).await;
-    let db = serve::connect(pg.connect_options(&name), Duration::from_secs(10))
-        .await
-        .unwrap();
-    serve::migrate(&db).await.unwrap();
-    db
-}
-
 /// `n` command jobs (children of `parent` when given), finished an hour ago.
 async fn finished_jobs(db: &PgPool, n: usize, parent: Option<Uuid>) -> Vec<Uuid> {
     let jobs: Vec<submit::NewJob> = (0..n)
@@ -276,7 +265,7 @@ async fn left(db: &PgPool, ids: &[Uuid]) -> i64 {
 /// skipped while one holds the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_archives_in_batches_and_keeps_what_open_runs_read() {
-    let db = fresh_db().await;
+    let db = flotilla_e2e::pg::migrated_database().await;
     let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let never = CancellationToken::new();
     let run = Uuid::now_v7();

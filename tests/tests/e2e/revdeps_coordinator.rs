@@ -2,24 +2,11 @@
 //! written as an agent would (some of them malformed): one bad run fails
 //! with the reason and the others still finish.
 
-use std::time::Duration;
-
 use flotilla_core::api::revdeps::{RunState, SubmitRevdeps};
 use flotilla_server::revdeps::{self, coordinator, ValidRevdeps};
-use flotilla_server::serve;
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
-
-async fn fresh_db() -> PgPool {
-    let pg = flotilla_e2e::pg::shared().await;
-    let name = flotilla_e2e::pg::fresh_database(pg).await;
-    let db = serve::connect(pg.connect_options(&name), Duration::from_secs(10))
-        .await
-        .unwrap();
-    serve::migrate(&db).await.unwrap();
-    db
-}
 
 async fn run(db: &PgPool, target: &str) -> Uuid {
     let body = SubmitRevdeps::new(target.into(), "5.3.0".into(), "/nowhere".into());
@@ -58,7 +45,7 @@ async fn shards(db: &PgPool, run: Uuid) -> Vec<Uuid> {
 
 #[tokio::test]
 async fn a_malformed_step_result_fails_its_run_and_the_others_finish() {
-    let db = fresh_db().await;
+    let db = flotilla_e2e::pg::migrated_database().await;
     let plan = |pkg: &str| json!({"candidates": [{"pkg": pkg, "queries": 1}], "load_ms": 1, "phase1_ms": 1});
     // A: its plan is not a plan. B: its shard's answer is not an answer.
     // C: well-formed throughout.
