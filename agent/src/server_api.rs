@@ -435,8 +435,12 @@ impl ServerApi {
         wait: Duration,
         stop: &CancellationToken,
     ) -> Result<LeaseReply, CallError> {
+        // One id for this request, sent again with each retry of it: a
+        // server that leased a job but whose answer was lost answers that
+        // lease again rather than leasing another.
         let req = LeaseRequest {
             wait_ms: wait.as_millis() as u64,
+            request: Some(Uuid::new_v4()),
         };
         self.call(paths::LEASE, &req, wait + Duration::from_secs(15), stop)
             .await

@@ -89,6 +89,13 @@ pub struct Registered {
 pub struct LeaseRequest {
     /// How long to wait for a job before answering `job: null`.
     pub wait_ms: u64,
+    /// An id the agent picks for this request and sends again with every
+    /// retry of it: a server that already leased a job for it answers that
+    /// lease again (the first answer may have been lost, with a server
+    /// killed mid-reply) instead of leasing another while the first one's
+    /// lease runs out unused. Absent from older agents: each try may lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<uuid::Uuid>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -49,6 +49,19 @@ impl Api {
         }
     }
 
+    /// The same client (base, token, agent instance) on new connections:
+    /// for after a server restart, whose old keep-alive connections are
+    /// dead.
+    pub fn reconnected(&self) -> Self {
+        Api {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("building an HTTP client"),
+            ..self.clone()
+        }
+    }
+
     /// This agent process's instance id (see [`Api::agent_process`]).
     pub fn instance(&self) -> &str {
         self.instance

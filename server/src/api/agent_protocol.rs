@@ -169,11 +169,20 @@ pub async fn lease(
 ) -> ApiResult<Json<LeaseReply>> {
     let wait = Duration::from_millis(req.wait_ms).min(state.settings.max_lease_wait);
     let deadline = Instant::now() + wait;
+    let ttl = state.settings.lease_ttl;
+    if let Some(request) = req.request {
+        // A retry of a request whose answer was lost: the same lease again.
+        if let Some(job) = claim::already_leased(&state.db, agent, request, ttl).await? {
+            tracing::info!(agent = %name, job = %job.job_id, attempt = job.attempt,
+                           "lease request retried; answered its lease again");
+            return Ok(Json(LeaseReply { job: Some(job) }));
+        }
+    }
     loop {
         let notified = state.job_signal.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if let Some(job) = claim::claim(&state.db, agent, state.settings.lease_ttl).await? {
+        if let Some(job) = claim::claim_for(&state.db, agent, ttl, req.request).await? {
             tracing::debug!(agent = %name, job = %job.job_id, attempt = job.attempt, "leased");
             return Ok(Json(LeaseReply { job: Some(job) }));
         }

@@ -9,7 +9,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 /// The claim statement: `$1` the agent, `$2` the new lease token, `$3` the
-/// lease TTL in milliseconds. Public so a test can `EXPLAIN` it.
+/// lease TTL in milliseconds, `$4` the agent's request id (or NULL), kept
+/// with the attempt for [`already_leased`]. Public so a test can `EXPLAIN`
+/// it.
 ///
 /// It reads job classes, not jobs: of the classes some agent can take
 /// (`unmatchable IS NULL`), those this agent can (a kind it runs, labels it
@@ -56,8 +58,8 @@ pub const CLAIM_SQL: &str = "WITH me AS (
          RETURNING j.id, j.attempt, j.spec, j.cost
      ),
      attempt AS (
-         INSERT INTO job_attempts (job_id, attempt, agent_id, lease_token)
-         SELECT id, attempt, $1, $2 FROM leased
+         INSERT INTO job_attempts (job_id, attempt, agent_id, lease_token, lease_request)
+         SELECT id, attempt, $1, $2, $4 FROM leased
      )
      SELECT id, attempt, spec, cost FROM leased";
 
@@ -70,13 +72,70 @@ pub async fn claim(
     agent_id: Uuid,
     lease_ttl: Duration,
 ) -> Result<Option<LeasedJob>, sqlx::Error> {
+    claim_for(db, agent_id, lease_ttl, None).await
+}
+
+/// [`claim`] for the agent's lease request `request`, kept with the
+/// attempt so that a retry of the same request finds it
+/// ([`already_leased`]).
+pub async fn claim_for(
+    db: &PgPool,
+    agent_id: Uuid,
+    lease_ttl: Duration,
+    request: Option<Uuid>,
+) -> Result<Option<LeasedJob>, sqlx::Error> {
     let lease_token = Uuid::new_v4();
     let row: Option<(Uuid, i32, serde_json::Value, i32)> = sqlx::query_as(CLAIM_SQL)
         .bind(agent_id)
         .bind(lease_token)
         .bind(lease_ttl.as_millis() as i64)
+        .bind(request)
         .fetch_optional(db)
         .await?;
+    leased_job(row, lease_token, lease_ttl)
+}
+
+/// The lease that the agent's request `request` already got, still held
+/// and not yet started, with its expiry pushed to a full TTL from now; or
+/// `None`. The answer to the first try of a lease request can be lost (the
+/// server killed after the claim committed, the connection cut): the
+/// agent's retry of the same request then gets the same job instead of a
+/// second one, and the first does not sit leased until its lease runs out
+/// and costs an attempt (reliability review L6).
+pub async fn already_leased(
+    db: &PgPool,
+    agent_id: Uuid,
+    request: Uuid,
+    lease_ttl: Duration,
+) -> Result<Option<LeasedJob>, sqlx::Error> {
+    let row: Option<(Uuid, i32, serde_json::Value, i32, Uuid)> = sqlx::query_as(
+        "UPDATE jobs j
+         SET lease_expires_at = GREATEST(j.lease_expires_at,
+                                         now() + $3 * interval '1 millisecond')
+         FROM job_attempts a
+         WHERE a.agent_id = $1 AND a.lease_request = $2
+           AND j.id = a.job_id AND j.attempt = a.attempt
+           AND j.state = 'leased' AND j.agent_id = $1 AND j.lease_token = a.lease_token
+         RETURNING j.id, j.attempt, j.spec, j.cost, j.lease_token",
+    )
+    .bind(agent_id)
+    .bind(request)
+    .bind(lease_ttl.as_millis() as i64)
+    .fetch_optional(db)
+    .await?;
+    match row {
+        Some((id, attempt, spec, cost, token)) => {
+            leased_job(Some((id, attempt, spec, cost)), token, lease_ttl)
+        }
+        None => Ok(None),
+    }
+}
+
+fn leased_job(
+    row: Option<(Uuid, i32, serde_json::Value, i32)>,
+    lease_token: Uuid,
+    lease_ttl: Duration,
+) -> Result<Option<LeasedJob>, sqlx::Error> {
     let Some((job_id, attempt, spec, cost)) = row else {
         return Ok(None);
     };

@@ -199,3 +199,55 @@ async fn a_postgres_outage_longer_than_the_lease_ttl_loses_no_running_job() {
     drop(server);
     pg.stop_now().await.unwrap();
 }
+
+/// A lease whose answer was lost with its server (SIGKILLed after the claim
+/// committed) is answered again to the agent's retry of the same request
+/// once a server is back, instead of the job sitting leased until its
+/// lease runs out and costing an attempt (reliability review L6; the
+/// pipelines test lost an item this way with its steps' single attempt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_answer_lost_with_its_server_is_answered_again() {
+    let dir = scratch("e2e-lost-lease-");
+    let mut server = server_on_shared(dir.path(), 10_000).await;
+    server.opts = ServerOpts {
+        listen: server.addr,
+        ..server.opts.clone()
+    };
+    let agent = flotilla_e2e::driven::Driven::register(
+        &server,
+        "retrier",
+        &["command"],
+        Duration::from_secs(10),
+    )
+    .await;
+    let id = server
+        .api()
+        .submit(json!({"kind": "command", "command": "true", "max_attempts": 1}))
+        .await;
+    let request = uuid::Uuid::new_v4().to_string();
+    let ask = |request: String| json!({"wait_ms": 5_000, "request": request});
+    // The first try: the job is leased (the agent, say, never read this).
+    let first = agent
+        .api
+        .post("/api/agent/v1/lease", ask(request.clone()))
+        .await;
+    assert_eq!(first["job"]["job_id"], id.as_str(), "{first}");
+    server.kill().await;
+    server.restart().await;
+    let agent_api = agent.api.reconnected();
+    let again = agent_api.post("/api/agent/v1/lease", ask(request)).await;
+    assert_eq!(again["job"]["job_id"], id.as_str(), "{again}");
+    assert_eq!(
+        again["job"]["lease_token"], first["job"]["lease_token"],
+        "{again}"
+    );
+    assert_eq!(again["job"]["attempt"], 1, "{again}");
+    // A new request finds nothing more to lease.
+    let other = agent_api
+        .post(
+            "/api/agent/v1/lease",
+            json!({"wait_ms": 0, "request": uuid::Uuid::new_v4().to_string()}),
+        )
+        .await;
+    assert!(other["job"].is_null(), "{other}");
+}

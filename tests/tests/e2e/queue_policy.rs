@@ -308,7 +308,10 @@ async fn the_claim_does_not_scan_ready_jobs_the_agent_cannot_take() {
         .unwrap();
 
     let (rows, plan) = rows_examined(&db, claim::CLAIM_SQL, |q| {
-        q.bind(cpu).bind(Uuid::new_v4()).bind(60_000i64)
+        q.bind(cpu)
+            .bind(Uuid::new_v4())
+            .bind(60_000i64)
+            .bind(None::<Uuid>)
     })
     .await;
     assert!(
@@ -387,4 +390,67 @@ async fn unmatchable_jobs_are_flagged_until_an_agent_can_take_them() {
     let second = claim::claim(&db, gpu, TTL).await.unwrap();
     assert_eq!(first.job_id, gpu_job);
     assert!(second.is_none(), "8 slots: one used, the heavy job needs 8");
+}
+
+/// A lease request retried after its answer was lost (reliability review
+/// L6): the same request id gets the same lease again, its expiry renewed,
+/// instead of a second job; another agent's or a new request's does not;
+/// once the job started it is the agent's, and the request is over.
+#[tokio::test]
+async fn a_retried_lease_request_gets_its_lease_again() {
+    let db = flotilla_e2e::pg::migrated_database().await;
+    let a = agent(&db, "a", 4, &[]).await;
+    let b = agent(&db, "b", 4, &[]).await;
+    let jobs = submit::submit(&db, &[job("s", 0, &[], 1), job("s", 0, &[], 1)])
+        .await
+        .unwrap();
+    let request = Uuid::new_v4();
+    let first = claim::claim_for(&db, a, TTL, Some(request))
+        .await
+        .unwrap()
+        .expect("a job for the first try");
+    assert_eq!(first.job_id, jobs[0]);
+    let again = claim::already_leased(&db, a, request, TTL)
+        .await
+        .unwrap()
+        .expect("the retry finds the lease");
+    assert_eq!(
+        (again.job_id, again.lease_token, again.attempt),
+        (first.job_id, first.lease_token, first.attempt)
+    );
+    assert!(claim::already_leased(&db, b, request, TTL)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(claim::already_leased(&db, a, Uuid::new_v4(), TTL)
+        .await
+        .unwrap()
+        .is_none());
+    let other = claim::claim_for(&db, a, TTL, Some(Uuid::new_v4()))
+        .await
+        .unwrap()
+        .expect("a new request leases the next job");
+    assert_eq!(other.job_id, jobs[1]);
+    lease::start(
+        &db,
+        lease::LeaseKey {
+            agent: a,
+            job: first.job_id,
+            token: first.lease_token,
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        claim::already_leased(&db, a, request, TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "a started job is not answered again"
+    );
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM job_attempts")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 2, "one attempt per job, none burnt by the retry");
 }
