@@ -314,6 +314,7 @@ impl Frame {
             key,
             name,
             points: vec![(self.t0, v), (self.t1, v)],
+            level: true,
         }
     }
 }
@@ -332,6 +333,7 @@ fn series(
             .iter()
             .filter_map(|s| value(s).map(|v| (s.at.timestamp_millis(), v)))
             .collect(),
+        level: false,
     }
 }
 
@@ -487,6 +489,7 @@ fn tiles_chart(f: &Frame, tiles: &[u64], bucket_secs: u32) -> Chart {
             key: "tiles",
             name: "tiles finished".to_string(),
             points,
+            level: false,
         }],
     )
 }

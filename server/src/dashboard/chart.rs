@@ -129,6 +129,9 @@ pub struct Line {
     /// The values drawn, in the chart's unit (`data-values`, for scripts
     /// and tests that read the chart back).
     pub values: String,
+    /// A run of one point, which a polyline does not show: where to draw
+    /// it as a dot instead (x, y in viewBox units).
+    pub dot: Option<(String, String)>,
 }
 
 /// A series to draw: its key, its name in the legend, its points.
@@ -136,6 +139,9 @@ pub struct Series {
     pub key: &'static str,
     pub name: String,
     pub points: Vec<Point>,
+    /// A level (a limit, a capacity) drawn across the window from its two
+    /// ends: one line, never cut at gaps as samples are.
+    pub level: bool,
 }
 
 /// What a chart's template draws.
@@ -227,7 +233,12 @@ pub fn build(spec: &Spec<'_>, series: Vec<Series>) -> Chart {
         let thinned = thin(&s.points, MAX_POINTS);
         // Thinning widens the spacing by its group size; so does the gap.
         let group = s.points.len().div_ceil(MAX_POINTS).max(1) as i64;
-        for run in split_at_gaps(&thinned, spec.max_gap_ms.saturating_mul(group)) {
+        let runs = if s.level {
+            vec![thinned]
+        } else {
+            split_at_gaps(&thinned, spec.max_gap_ms.saturating_mul(group))
+        };
+        for run in runs {
             lines.push(Line {
                 series: s.key,
                 points: run
@@ -240,6 +251,13 @@ pub fn build(spec: &Spec<'_>, series: Vec<Series>) -> Chart {
                     .map(|p| format!("{:.3}", p.1))
                     .collect::<Vec<_>>()
                     .join(" "),
+                dot: match run.as_slice() {
+                    [p] => Some((
+                        format!("{:.1}", scale.x(p.0)),
+                        format!("{:.1}", scale.y(p.1)),
+                    )),
+                    _ => None,
+                },
             });
         }
         said.push(describe(&s.name, &s.points, spec.format));
@@ -395,6 +413,7 @@ mod tests {
                 key: "cpu",
                 name: "busy".into(),
                 points,
+                level: false,
             }],
         );
         assert_eq!(c.lines.len(), 1);
@@ -409,6 +428,39 @@ mod tests {
             "{}",
             c.desc
         );
+        assert!(
+            c.lines[0].dot.is_none(),
+            "a line of five is drawn as a line"
+        );
+        // A lone sample (an agent just registered, or one between gaps) is
+        // drawn as a dot where it falls.
+        let lone = build(
+            &spec,
+            vec![Series {
+                key: "cpu",
+                name: "busy".into(),
+                points: vec![(0, 0.0)],
+                level: false,
+            }],
+        );
+        assert_eq!(
+            lone.lines[0].dot,
+            Some(("56.0".to_string(), "192.0".to_string()))
+        );
+        // A level across the window (an hour, far past the 90 s gap) is
+        // one line from end to end, not two dots.
+        let limit = build(
+            &spec,
+            vec![Series {
+                key: "limit",
+                name: "limit".into(),
+                points: vec![(0, 90.0), (3_600_000, 90.0)],
+                level: true,
+            }],
+        );
+        assert_eq!(limit.lines.len(), 1);
+        assert_eq!(limit.lines[0].points.split(' ').count(), 2);
+        assert!(limit.lines[0].dot.is_none());
         let empty = build(&spec, vec![]);
         assert!(empty.lines.is_empty());
         assert_eq!(empty.desc, "No samples in this window.");

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use chrome::{screenshot_dir, Browser, DESKTOP, PHONE};
 use fantoccini::Locator;
-use flotilla_e2e::procs::{server_on_shared, Agent, Server};
+use flotilla_e2e::procs::{opts_on_shared, Agent, Server};
 use flotilla_e2e::{eventually, scratch, tiles};
 use serde_json::{json, Value};
 
@@ -41,9 +41,12 @@ struct Fleet {
     with_output: String,
 }
 
-async fn fleet(shots: PathBuf) -> Fleet {
+async fn fleet(shots: PathBuf, env: &[(&str, &str)]) -> Fleet {
     let dir = scratch("e2e-browser-");
-    let server = server_on_shared(dir.path(), 3_000).await;
+    let mut opts = opts_on_shared(dir.path(), 3_000).await;
+    opts.env
+        .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let server = Server::start(dir.path(), opts).await;
     let browser = Browser::start(&server.url(), shots).await;
     let api = server.api();
     let ckpt = tiles::synth_ckpt(dir.path(), tiles::TINY, 11);
@@ -426,7 +429,7 @@ async fn keyboard_reaches_the_controls(f: &Fleet, waiting_job: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_works_in_chromium() {
     let started = Instant::now();
-    let f = fleet(screenshot_dir()).await;
+    let f = fleet(screenshot_dir(), &[]).await;
     let step = |n: &str| {
         println!(
             "browser: {n} ok at {:.1} s",
@@ -524,7 +527,14 @@ async fn the_dashboard_works_in_chromium() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "remakes docs/screenshots; run with --ignored readme_screenshots"]
 async fn readme_screenshots() {
-    let f = fleet(screenshot_dir().join("readme")).await;
+    // A health sample per heartbeat (1 s here), so that the agent page's
+    // charts have a line to show by the time of its picture.
+    let f = fleet(
+        screenshot_dir().join("readme"),
+        &[("FLOTILLA_HEALTH_SAMPLE_INTERVAL_MS", "1000")],
+    )
+    .await;
+    let started = Instant::now();
     let api = f.server.api();
     log_in(&f).await;
     for t in ["grid_0.05_52.25", "grid_0.15_52.25", "grid_0.25_52.25"] {
@@ -578,6 +588,10 @@ async fn readme_screenshots() {
         .expect("an ROI id")
         .to_string();
     tokio::time::sleep(Duration::from_secs(8)).await;
+    // Two minutes of samples: a short line at the charts' right end.
+    if let Some(left) = Duration::from_secs(120).checked_sub(started.elapsed()) {
+        tokio::time::sleep(left).await;
+    }
     let b = &f.browser;
     b.resize(DESKTOP).await;
     let agent = format!("/ui/agents/{AGENT}");
