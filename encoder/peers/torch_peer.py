@@ -9,6 +9,15 @@ student (not copied from upstream), with PyTorch's own TransformerEncoderLayer
     torch_peer.py check ../shared/fixtures/encoder/small ../shared/fixtures/encoder/long
     torch_peer.py bench --ckpt large.safetensors --tile TILE_DIR --threads 1,2 \
         [--batch 16,64,256] [--onnx model.onnx] [--reps 2]
+    torch_peer.py tile --ckpt large.safetensors --tile TILE_DIR [--device cuda] \
+        [--dtype fp32,tf32,bf16] [--mode whole,forward] [--chunk 4096] [--compile] \
+        [--out-dir DIR]
+
+`tile` is issue 16's peer: the whole tile as one run of an encoder would do it
+(read the .npy files, prepare tokens, group by sequence length, forward in
+chunks, embeddings back on the host: "whole") and the forward pass alone on
+inputs already on the device ("forward"), on CUDA or the CPU, in fp32, tf32
+or bf16 (autocast); `--compile` adds torch.compile's forward pass.
 
 Needs: torch, numpy, and for the ONNX column onnx and onnxruntime (pip).
 Prints Markdown table rows; `scripts/bench-encoder-peers.sh` runs it next to
@@ -253,12 +262,7 @@ def cmd_check(a):
 
 def pixel_flops(args, l2, l1):
     """Multiply-adds x 2 of every matrix product, as `tessera-encode bench` counts them."""
-    d, ffn = 4 * args["latent_dim"], args["dim_feedforward"]
-    def backbone(bands, length):
-        per_token = 2 * (bands * d + d * d)
-        per_layer = length * 2 * (3 * d * d + d * d + 2 * d * ffn) + 2 * 2 * length * length * d
-        return length * per_token + args["num_layers"] * per_layer + 2 * length * d
-    return backbone(10, l2) + backbone(2, l1) + 2 * (2 * d * 4 * d + 4 * d * 128)
+    return backbone_flops(args, 10, l2) + backbone_flops(args, 2, l1) + head_flops(args)
 
 
 def cmd_bench(a):
@@ -288,6 +292,182 @@ def cmd_bench(a):
                 print(f"| {name} | {threads} | {batch} | {px:.2f} | {flops / best / 1e9:.1f} |", flush=True)
 
 
+# ---- issue 16: the whole tile, on a GPU or the CPU ----
+
+def prepare_modality(valid, values, doy):
+    """Tokens of one modality for every pixel, vectorised.
+
+    valid (T, P) bool, values (T, P, bands) f32 standardised, doy (T,) f32.
+    Returns {length: (pixels, x (n, length, bands), doy (n, length))}: the
+    valid frames in file order, filled or subsampled as `sample_indices`
+    does, grouped by bin length; a pixel with no valid frame is one zero
+    token.
+    """
+    counts = valid.sum(0)
+    # Valid frames first, each in file order (a stable sort of "not valid").
+    order = np.argsort(~valid, axis=0, kind="stable")
+    bands = values.shape[2]
+    groups = {}
+    for n in np.unique(counts):
+        px = np.nonzero(counts == n)[0]
+        if n == 0:
+            x = np.zeros((len(px), 1, bands), np.float32)
+            d = np.zeros((len(px), 1), np.float32)
+        else:
+            length = bin_length(int(n))
+            frames = order[sample_indices(int(n), length)][:, px]  # (length, n_px)
+            x = values[frames, px[None, :]].transpose(1, 0, 2)
+            d = doy[frames].T
+        groups.setdefault(x.shape[1], []).append((px, x, d))
+    return {length: (np.concatenate([g[0] for g in parts]),
+                     np.concatenate([g[1] for g in parts]),
+                     np.concatenate([g[2] for g in parts]))
+            for length, parts in groups.items()}
+
+
+def prepare_tile(tile):
+    """(S2 groups, S1 groups, has_data (P,), (height, width)) for a tile read by `read_tile`."""
+    t, height, width = tile["masks"].shape
+    p = height * width
+    s2_valid = (tile["masks"] == 1).reshape(t, p)
+    s2 = ((tile["bands"].reshape(t, p, 10) - S2_MEAN) / (S2_STD + 1e-9)).astype(np.float32)
+    s1_raw = np.concatenate([tile["sa"], tile["sd"]], 0)
+    t1 = s1_raw.shape[0]
+    s1_valid = (s1_raw != 0).any(-1).reshape(t1, p)
+    s1 = np.concatenate([(tile["sa"] - S1A_MEAN) / (S1A_STD + 1e-9),
+                         (tile["sd"] - S1D_MEAN) / (S1D_STD + 1e-9)], 0).astype(np.float32)
+    s1_doy = np.concatenate([tile["sad"], tile["sdd"]]).astype(np.float32)
+    g2 = prepare_modality(s2_valid, s2, tile["doys"].astype(np.float32))
+    g1 = prepare_modality(s1_valid, s1.reshape(t1, p, 2), s1_doy)
+    has = s2_valid.any(0) | s1_valid.any(0)
+    return g2, g1, has, (height, width)
+
+
+def set_precision(dtype):
+    """fp32: exact f32 GEMMs; tf32: TF32 tensor cores; bf16: TF32 off, bf16 by autocast."""
+    tf32 = dtype == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+
+
+def autocast(device, dtype):
+    if dtype == "bf16":
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device, enabled=False)
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def chunks_of(groups, chunk, device):
+    """Per (length): the pixel chunks' (pixels, x, doy) with x and doy on `device`."""
+    out = []
+    for length in sorted(groups):
+        px, x, d = groups[length]
+        for k in range(0, len(px), chunk):
+            out.append((px[k:k + chunk],
+                        torch.from_numpy(np.ascontiguousarray(x[k:k + chunk])).to(device, non_blocking=True),
+                        torch.from_numpy(np.ascontiguousarray(d[k:k + chunk])).to(device, non_blocking=True)))
+    return out
+
+
+def run_forward(model, s2_chunks, s1_chunks, p, chunk, device, dtype, backbones=None):
+    """Pooled features of every chunk, then the head in chunks: (P, repr) on the device."""
+    s2_bb, s1_bb = backbones or (model.s2_backbone, model.s1_backbone)
+    d = model.s2_backbone.d
+    pooled = torch.zeros((2, p, d), device=device)
+    with torch.inference_mode(), autocast(device, dtype):
+        for i, (bb, parts) in enumerate([(s2_bb, s2_chunks), (s1_bb, s1_chunks)]):
+            for px, x, doy in parts:
+                pooled[i, torch.from_numpy(px).to(device)] = bb(x, doy).float()
+        out = torch.empty((p, model.repr_dim), device=device)
+        for k in range(0, p, chunk):
+            z = model.dim_reducer(torch.cat([pooled[0, k:k + chunk], pooled[1, k:k + chunk]], -1))
+            out[k:k + chunk] = F.layer_norm(z.float(), (model.repr_dim,))
+    return out
+
+
+def encode_whole(model, tile_dir, chunk, device, dtype):
+    """Everything one tile costs: read, prepare, copy, forward, embeddings to the host."""
+    g2, g1, has, (h, w) = prepare_tile(read_tile(tile_dir))
+    p = h * w
+    out = run_forward(model, chunks_of(g2, chunk, device), chunks_of(g1, chunk, device),
+                      p, chunk, device, dtype).cpu().numpy()
+    out[~has] = np.nan
+    return out.reshape(h, w, -1)
+
+
+def cmd_tile(a):
+    device = a.device
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit("tile: --device cuda but torch sees no GPU")
+    if device == "cpu" and a.threads:
+        torch.set_num_threads(a.threads)
+    model, args = load_model(a.ckpt)
+    model = model.to(device)
+    tile = read_tile(a.tile)
+    g2, g1, has, (h, w) = prepare_tile(tile)
+    p = h * w
+    # FLOPs as `tessera-encode bench` counts them: each modality's backbone at
+    # its own length, plus the head, for pixels with data.
+    flops = 0.0
+    for groups, bands in ((g2, 10), (g1, 2)):
+        for length, (px, _, _) in groups.items():
+            flops += backbone_flops(args, bands, length) * int(has[px].sum())
+    flops += head_flops(args) * int(has.sum())
+    name = torch.cuda.get_device_name(0) if device == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    print(f"# torch {torch.__version__} on {name}: {h} x {w} px ({int(has.sum())} with data), "
+          f"{flops / max(1, has.sum()) / 1e9:.2f} GFLOP per pixel, chunk {a.chunk}", flush=True)
+    print("| peer | dtype | mode | seconds | pixels/s | TFLOP/s |")
+    print("|---|---|---|---|---|---|", flush=True)
+    n = int(has.sum())
+    for dtype in a.dtype:
+        set_precision(dtype)
+        runs = []
+        if "whole" in a.mode:
+            runs.append(("pytorch encode_tile", "whole", lambda: encode_whole(model, a.tile, a.chunk, device, dtype)))
+        if "forward" in a.mode or a.compile:
+            s2c, s1c = chunks_of(g2, a.chunk, device), chunks_of(g1, a.chunk, device)
+            sync(device)
+            if "forward" in a.mode:
+                runs.append(("pytorch forward", "forward",
+                             lambda s2c=s2c, s1c=s1c: run_forward(model, s2c, s1c, p, a.chunk, device, dtype)))
+            if a.compile:
+                compiled = (torch.compile(model.s2_backbone), torch.compile(model.s1_backbone))
+                runs.append(("torch.compile forward", "forward",
+                             lambda s2c=s2c, s1c=s1c, c=compiled: run_forward(model, s2c, s1c, p, a.chunk,
+                                                                              device, dtype, c)))
+        for peer, mode, fn in runs:
+            result = fn()  # warm-up: context, kernels, autotuning, compilation
+            sync(device)
+            best = float("inf")
+            for _ in range(a.reps):
+                t0 = time.perf_counter()
+                result = fn()
+                sync(device)
+                best = min(best, time.perf_counter() - t0)
+            print(f"| {peer} | {dtype} | {mode} | {best:.3f} | {n / best:.0f} | {flops / best / 1e12:.1f} |",
+                  flush=True)
+            if a.out_dir and mode == "whole":
+                os.makedirs(a.out_dir, exist_ok=True)
+                np.save(os.path.join(a.out_dir, f"torch_{dtype}.npy"), result.astype(np.float32))
+
+
+def backbone_flops(args, bands, length):
+    d, ffn = 4 * args["latent_dim"], args["dim_feedforward"]
+    per_token = 2 * (bands * d + d * d)
+    per_layer = length * 2 * (3 * d * d + d * d + 2 * d * ffn) + 2 * 2 * length * length * d
+    return length * per_token + args["num_layers"] * per_layer + 2 * length * d
+
+
+def head_flops(args):
+    d = 4 * args["latent_dim"]
+    return 2 * (2 * d * 4 * d + 4 * d * args.get("repr_dim", 128))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -301,8 +481,19 @@ def main():
     b.add_argument("--batch", type=lambda s: [int(x) for x in s.split(",")], default=[64])
     b.add_argument("--reps", type=int, default=2)
     b.add_argument("--onnx", metavar="DIR", help="export to DIR and time ONNX Runtime too")
+    t = sub.add_parser("tile", help="issue 16: the whole tile and the forward pass alone, on cuda or cpu")
+    t.add_argument("--ckpt", required=True)
+    t.add_argument("--tile", required=True)
+    t.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    t.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    t.add_argument("--dtype", type=lambda s: s.split(","), default=["fp32", "tf32", "bf16"])
+    t.add_argument("--mode", type=lambda s: s.split(","), default=["whole", "forward"])
+    t.add_argument("--chunk", type=int, default=4096, help="pixels per forward call")
+    t.add_argument("--compile", action="store_true", help="also time torch.compile's forward pass")
+    t.add_argument("--reps", type=int, default=1)
+    t.add_argument("--out-dir", help="save each whole-tile embedding as DIR/torch_DTYPE.npy (H, W, 128) f32")
     a = p.parse_args()
-    cmd_check(a) if a.cmd == "check" else cmd_bench(a)
+    {"check": cmd_check, "bench": cmd_bench, "tile": cmd_tile}[a.cmd](a)
 
 
 if __name__ == "__main__":
