@@ -7,9 +7,13 @@
 use crate::error::{EncodeError, Result};
 use crate::profile::Dtype;
 
-/// Threads per block of the row kernels (LayerNorm, softmax, pooling); a
-/// power of two for the tree reductions.
+/// Threads per block of the row kernels (LayerNorm, softmax, pooling): a
+/// multiple of the 32-thread warp, and a power of two for pooling's tree.
 pub(crate) const ROW_THREADS: u32 = 256;
+
+/// Rows per block of the warp-per-row kernels (LayerNorm, softmax): one
+/// warp of 32 threads each.
+pub(crate) const ROWS_PER_BLOCK: usize = ROW_THREADS as usize / 32;
 
 /// Threads per block of the element-wise kernels (epilogue, day-of-year
 /// encoding): 256 can always launch, whatever registers the compiler gives
@@ -29,6 +33,7 @@ pub(crate) enum Kernel {
     BiasEpilogue,
     DoyEncoding,
     LayerNorm,
+    ResidualLayerNorm,
     SoftmaxRows,
     AttentionPool,
 }
@@ -44,10 +49,11 @@ const _: () = {
 };
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 5] = [
+    pub(crate) const ALL: [Kernel; 6] = [
         Kernel::BiasEpilogue,
         Kernel::DoyEncoding,
         Kernel::LayerNorm,
+        Kernel::ResidualLayerNorm,
         Kernel::SoftmaxRows,
         Kernel::AttentionPool,
     ];
@@ -57,6 +63,7 @@ impl Kernel {
             Kernel::BiasEpilogue => "bias_epilogue",
             Kernel::DoyEncoding => "doy_encoding",
             Kernel::LayerNorm => "layer_norm",
+            Kernel::ResidualLayerNorm => "residual_layer_norm",
             Kernel::SoftmaxRows => "softmax_rows",
             Kernel::AttentionPool => "attention_pool",
         }
@@ -182,6 +189,30 @@ impl Launch {
         })
     }
 
+    /// One warp per row (`rows` of them, named `what`), [`ROWS_PER_BLOCK`]
+    /// rows to a block of [`ROW_THREADS`]; no shared memory.
+    pub(crate) fn warp_rows(rows: usize, what: &str) -> Result<Self> {
+        Ok(Launch {
+            grid: grid(rows.div_ceil(ROWS_PER_BLOCK), what)?,
+            block: ROW_THREADS,
+            shared_bytes: 0,
+        })
+    }
+
+    /// Blocks of [`ELEMENT_THREADS`] covering each of `rows` rows of `cols`
+    /// in `ceil(cols / ELEMENT_THREADS)` segments (`bias_epilogue`).
+    pub(crate) fn row_segments(rows: usize, cols: usize, what: &str) -> Result<Self> {
+        let segments = cols.div_ceil(ELEMENT_THREADS as usize);
+        let blocks = rows
+            .checked_mul(segments)
+            .ok_or_else(|| EncodeError::backend("gpu", format!("{rows} x {segments} {what}")))?;
+        Ok(Launch {
+            grid: grid(blocks, what)?,
+            block: ELEMENT_THREADS,
+            shared_bytes: 0,
+        })
+    }
+
     /// One block of [`ROW_THREADS`] per row (`rows` of them, named `what`),
     /// each with `shared_bytes` of shared memory.
     pub(crate) fn rows(rows: usize, what: &str, shared_bytes: u32) -> Result<Self> {
@@ -209,9 +240,16 @@ pub(crate) enum Arg<'a, B> {
 /// launches, all on one in-order stream.
 pub(crate) trait Device {
     type Buf;
+    /// A new buffer holding `host`.
     fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
-    fn zeros(&self, n: usize) -> Result<Self::Buf>;
-    fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
+    /// Copy `host` into the start of `buf`, which holds at least as many
+    /// floats (else an error).
+    fn upload_into(&self, host: &[f32], buf: &mut Self::Buf) -> Result<()>;
+    /// A buffer of `n` floats whose contents are whatever the device had
+    /// there (NaN in the emulator).
+    fn alloc(&self, n: usize) -> Result<Self::Buf>;
+    /// The first `n` floats of `buf` (at most its length, else an error).
+    fn download_prefix(&self, buf: &Self::Buf, n: usize) -> Result<Vec<f32>>;
     /// How many floats `buf` holds.
     fn len(buf: &Self::Buf) -> usize;
     /// `g` over A, B and C starting `a.1`, `b.1`, `c.1` floats into their

@@ -82,6 +82,34 @@ struct emu_start {
     void await_suspend(std::coroutine_handle<>) const noexcept {}
     void await_resume() const noexcept {}
 };
+// Warp shuffles (__shfl_xor_sync): every thread of the block stops at each,
+// as at a barrier (kernels shuffle in code every thread runs), leaving its
+// value in a slot; resumed, it reads its partner's. Slots alternate with
+// the thread's count of shuffles, so a thread that runs on to its next
+// shuffle never overwrites a value a slower thread has yet to read.
+static thread_local double emu_shfl_slot[2][1024];
+static thread_local unsigned emu_shfl_count[1024];
+static thread_local int emu_shfl_outside;
+template <class T> struct emu_shfl {
+    T v;
+    unsigned lane_mask;
+    bool await_ready() const noexcept { return false; }
+    void await_suspend(std::coroutine_handle<>) const noexcept {
+        unsigned t = emu_threadIdx.x;
+        emu_shfl_slot[emu_shfl_count[t] & 1][t] = (double)v;
+    }
+    T await_resume() const noexcept {
+        unsigned t = emu_threadIdx.x;
+        unsigned partner = t ^ lane_mask;
+        emu_shfl_count[t] += 1;
+        if (lane_mask > 31 || partner >= emu_blockDim.x) {
+            emu_shfl_outside = 1;
+            return v;
+        }
+        return (T)emu_shfl_slot[(emu_shfl_count[t] - 1) & 1][partner];
+    }
+};
+#define __shfl_xor_sync(mask, v, lane_mask) (co_await emu_shfl<decltype(v)>{(v), (unsigned)(lane_mask)})
 // ---- kernels ----
 "#;
 
@@ -162,6 +190,8 @@ static int emu_run(const char* name, emu_task (*f)(A...), unsigned grid, unsigne
         emu_blockIdx = {b, 0, 0};
         std::memset(sh.data(), 0xff, shared);  // NaN, like uninitialised shared memory
         emu_shared = sh.data();
+        std::memset(emu_shfl_count, 0, sizeof emu_shfl_count);
+        emu_shfl_outside = 0;
         for (unsigned t = 0; t < block; ++t) {
             emu_threadIdx = {t, 0, 0};
             th[t] = emu_invoke(f, args, std::index_sequence_for<A...>{}).h;
@@ -182,6 +212,10 @@ static int emu_run(const char* name, emu_task (*f)(A...), unsigned grid, unsigne
             if (finished > 0 && waiting > 0) { diverged = 1; break; }
         }
         for (unsigned t = 0; t < block; ++t) th[t].destroy();
+        if (emu_shfl_outside) {
+            std::snprintf(err, errlen, "%s, block %u: a shuffle's partner lane is outside the warp or the block", name, b);
+            return 1;
+        }
         if (diverged) {
             std::snprintf(err, errlen, "%s, block %u: some threads exited while others wait at __syncthreads()", name, b);
             return 1;
@@ -437,12 +471,31 @@ impl Device for EmulatedDevice {
         Ok(EmuBuf::new(host.to_vec()))
     }
 
-    fn zeros(&self, n: usize) -> Result<EmuBuf> {
-        Ok(EmuBuf::new(vec![0.0; n]))
+    fn upload_into(&self, host: &[f32], buf: &mut EmuBuf) -> Result<()> {
+        if host.len() > buf.len() {
+            return Err(err(format!(
+                "copying {} floats into a buffer of {}",
+                host.len(),
+                buf.len()
+            )));
+        }
+        buf.data[..host.len()].copy_from_slice(host);
+        Ok(())
     }
 
-    fn download(&self, buf: &EmuBuf) -> Result<Vec<f32>> {
-        Ok(buf.data[..buf.len()].to_vec())
+    /// NaN, so a kernel or GEMM that reads what nothing wrote shows it.
+    fn alloc(&self, n: usize) -> Result<EmuBuf> {
+        Ok(EmuBuf::new(vec![f32::NAN; n]))
+    }
+
+    fn download_prefix(&self, buf: &EmuBuf, n: usize) -> Result<Vec<f32>> {
+        if n > buf.len() {
+            return Err(err(format!(
+                "reading {n} floats of a buffer of {}",
+                buf.len()
+            )));
+        }
+        Ok(buf.data[..n].to_vec())
     }
 
     fn len(buf: &EmuBuf) -> usize {
@@ -666,13 +719,10 @@ mod tests {
         assert_eq!(bf16(f32::INFINITY), f32::INFINITY);
     }
 
-    /// `bias_epilogue` on `y` (no bias, no residual) over one block.
+    /// `bias_epilogue` on `y` (no bias, no residual), launched as
+    /// `gpu/mod.rs` launches it.
     fn epilogue(y: &mut EmuBuf, rows: i32, cols: i32, relu: Arg<'_, EmuBuf>) -> Result<()> {
-        let launch = Launch {
-            grid: 1,
-            block: 1024,
-            shared_bytes: 0,
-        };
+        let launch = Launch::row_segments(rows as usize, cols as usize, "blocks")?;
         let mut args = [
             Arg::Out(y),
             Arg::Null,
@@ -778,6 +828,144 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("lda 1 is below 2"), "{e}");
+    }
+
+    /// (rows, cols) of values with a spread of magnitudes and signs.
+    fn rows_of(rows: usize, cols: usize) -> Vec<f32> {
+        (0..rows * cols)
+            .map(|i| ((i * 7919 % 1013) as f32 - 500.0) * 0.01 * (1 + i % 5) as f32)
+            .collect()
+    }
+
+    #[test]
+    fn warp_row_kernels_match_the_host_on_every_row_of_a_ragged_launch() {
+        // 13 rows: a block holds 8, so the second block has 5 live warps
+        // and 3 past the end, which must compute along and write nothing.
+        let (rows, cols) = (13usize, 37usize);
+        let x = rows_of(rows, cols);
+        let dev = EmulatedDevice::new(GemmMath::F32);
+        let launch = Launch::warp_rows(rows, "rows").unwrap();
+        assert_eq!(launch.grid, 2);
+        // LayerNorm, no affine: against the same formula in f64 on the host.
+        let mut buf = EmuBuf::new(x.clone());
+        let mut args = [
+            Arg::Out(&mut buf),
+            Arg::Null,
+            Arg::Null,
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+            Arg::F32(1e-5),
+        ];
+        dev.launch(Kernel::LayerNorm, launch, &mut args).unwrap();
+        for r in 0..rows {
+            let row = &x[r * cols..(r + 1) * cols];
+            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / cols as f64;
+            let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / cols as f64;
+            for (j, &x) in row.iter().enumerate() {
+                let want = ((x as f64 - mean) / (var + 1e-5).sqrt()) as f32;
+                let got = buf.data[r * cols + j];
+                assert!(
+                    (got - want).abs() <= 1e-6,
+                    "row {r} col {j}: {got} vs {want}"
+                );
+            }
+        }
+        // Residual + bias + LayerNorm in one launch: the same bits as the
+        // epilogue followed by LayerNorm.
+        let residual = EmuBuf::new(rows_of(rows, cols).iter().map(|v| v * 0.5).collect());
+        let bias = EmuBuf::new((0..cols).map(|j| j as f32 * 0.1).collect());
+        let gamma = EmuBuf::new((0..cols).map(|j| 1.0 + j as f32 * 0.01).collect());
+        let beta = EmuBuf::new((0..cols).map(|j| j as f32 * -0.02).collect());
+        let mut fused = EmuBuf::new(x.clone());
+        let mut args = [
+            Arg::Out(&mut fused),
+            Arg::In(&bias),
+            Arg::In(&residual),
+            Arg::In(&gamma),
+            Arg::In(&beta),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+            Arg::F32(1e-5),
+        ];
+        dev.launch(Kernel::ResidualLayerNorm, launch, &mut args)
+            .unwrap();
+        let mut split = EmuBuf::new(x.clone());
+        let mut args = [
+            Arg::Out(&mut split),
+            Arg::In(&bias),
+            Arg::In(&residual),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+            Arg::I32(0),
+        ];
+        let seg = Launch::row_segments(rows, cols, "blocks").unwrap();
+        dev.launch(Kernel::BiasEpilogue, seg, &mut args).unwrap();
+        let mut args = [
+            Arg::Out(&mut split),
+            Arg::In(&gamma),
+            Arg::In(&beta),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+            Arg::F32(1e-5),
+        ];
+        dev.launch(Kernel::LayerNorm, launch, &mut args).unwrap();
+        let bits = |b: &EmuBuf| {
+            b.data[..rows * cols]
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&fused), bits(&split));
+        // Softmax: each row sums to 1 and matches the host's.
+        let mut sm = EmuBuf::new(x.clone());
+        let mut args = [
+            Arg::Out(&mut sm),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+        ];
+        dev.launch(Kernel::SoftmaxRows, launch, &mut args).unwrap();
+        for r in 0..rows {
+            let row = &x[r * cols..(r + 1) * cols];
+            let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let z: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
+            for (j, &x) in row.iter().enumerate() {
+                let want = ((x as f64 - m).exp() / z) as f32;
+                let got = sm.data[r * cols + j];
+                assert!(
+                    (got - want).abs() <= 1e-6,
+                    "softmax row {r} col {j}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn shuffles_exchange_within_the_warp_and_a_partner_outside_is_reported() {
+        let src = r#"
+extern "C" __global__ void warp_sum(float* x) {
+    float v = x[threadIdx.x];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    x[threadIdx.x] = v;
+}
+extern "C" __global__ void outside(float* x) {
+    x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, x[threadIdx.x], 32);
+}
+"#;
+        let k = compile(src).unwrap();
+        let mut x: Vec<f32> = (0..64).map(|i| i as f32).collect();
+        launch_raw(&k, c"warp_sum", &mut x, 64, 0).unwrap();
+        // Each warp's lanes all hold their warp's sum, not the block's.
+        let (w0, w1): (f32, f32) = (
+            (0..32).map(|i| i as f32).sum(),
+            (32..64).map(|i| i as f32).sum(),
+        );
+        assert!(x[..32].iter().all(|&v| v == w0), "{x:?}");
+        assert!(x[32..].iter().all(|&v| v == w1), "{x:?}");
+        let mut x = vec![0f32; 64];
+        let e = launch_raw(&k, c"outside", &mut x, 64, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("outside the warp"), "{e}");
     }
 
     #[test]

@@ -2,13 +2,30 @@
 // compiles them on a GPU; in tests the emulator compiles them as C++20.
 // NVRTC has no standard headers: use only CUDA's built-in device functions.
 
-// bias and residual may be null (no add).
+// Row kernels (LayerNorm, softmax) give each row one warp: 32 lanes stride
+// over its columns and reduce with butterfly shuffles (every lane ends with
+// the same total, bit for bit, since a + b == b + a), so no shared memory
+// and no __syncthreads. A block holds blockDim.x / 32 rows. A warp past
+// the last row computes on the last row and writes nothing: every lane of
+// a block takes part in every shuffle, which the emulator requires (it
+// treats a shuffle as a barrier of the block).
+#define FULL_MASK 0xffffffffu
+#define WARP_SUM(v) for (int o_ = 16; o_ > 0; o_ >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o_)
+#define WARP_MAX(v) for (int o_ = 16; o_ > 0; o_ >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o_))
+
+// y (rows, cols) in place: + bias (per column; may be null), then ReLU if
+// relu, then + residual (may be null). Blocks of 256 threads cover a row in
+// ceil(cols / 256) segments, so a thread finds its column without a 64-bit
+// division (the element-wise `i % cols` this replaces was most of the
+// kernel's time on an H200).
 extern "C" __global__ void bias_epilogue(float* y, const float* bias, const float* residual,
                                          int rows, int cols, int relu) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long total = (long long)rows * cols;
-    if (i >= total) return;
-    float v = bias ? y[i] + bias[i % cols] : y[i];
+    int segments = (cols + blockDim.x - 1) / blockDim.x;
+    int row = blockIdx.x / segments;
+    int col = (blockIdx.x % segments) * blockDim.x + threadIdx.x;
+    if (row >= rows || col >= cols) return;
+    long long i = (long long)row * cols + col;
+    float v = bias ? y[i] + bias[col] : y[i];
     if (relu) v = fmaxf(v, 0.0f);
     if (residual) v += residual[i];
     y[i] = v;
@@ -31,69 +48,94 @@ extern "C" __global__ void doy_encoding(float* out, const float* doys, int rows,
     out[row * d + 2 * i + 1] = (float)c;
 }
 
-// One block per row of `cols`; gamma/beta may be null (no affine).
-// Shared memory: blockDim.x doubles.
+// LayerNorm of each row of x (rows, cols), in place, one warp per row:
+// mean, then the mean of squared deviations (both summed in double), then
+// (x - mean) / sqrt(var + eps) rounded to float, then * gamma + beta
+// (gamma and beta may be null: no affine).
 extern "C" __global__ void layer_norm(float* x, const float* gamma, const float* beta,
-                                      int cols, float eps) {
-    extern __shared__ double red[];
-    float* row = x + (long long)blockIdx.x * cols;
+                                      int rows, int cols, float eps) {
+    int lane = threadIdx.x & 31;
+    long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    bool live = row < rows;
+    if (!live) row = rows - 1;
+    float* r = x + row * cols;
     double s = 0.0;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) s += (double)row[j];
-    red[threadIdx.x] = s;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-        __syncthreads();
-    }
-    double mean = red[0] / cols;
-    __syncthreads();
+    for (int j = lane; j < cols; j += 32) s += (double)r[j];
+    WARP_SUM(s);
+    double mean = s / cols;
     double q = 0.0;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        double c = (double)row[j] - mean;
+    for (int j = lane; j < cols; j += 32) {
+        double c = (double)r[j] - mean;
         q += c * c;
     }
-    red[threadIdx.x] = q;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-        __syncthreads();
-    }
-    double inv = 1.0 / sqrt(red[0] / cols + (double)eps);
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        float v = (float)(((double)row[j] - mean) * inv);
+    WARP_SUM(q);
+    double inv = 1.0 / sqrt(q / cols + (double)eps);
+    if (!live) return;
+    for (int j = lane; j < cols; j += 32) {
+        float v = (float)(((double)r[j] - mean) * inv);
         if (gamma) v = v * gamma[j] + beta[j];
-        row[j] = v;
+        r[j] = v;
     }
 }
 
-// One block per row of `cols`; in place. Shared memory: blockDim.x floats.
-extern "C" __global__ void softmax_rows(float* x, int cols) {
-    extern __shared__ float fred[];
-    float* row = x + (long long)blockIdx.x * cols;
+// A post-LN encoder layer's `norm(x + sublayer(x))` in one launch: y is the
+// sublayer's GEMM output (rows, cols), in place; bias may be null; residual
+// is x. Each lane first stores v = y + bias + residual (in float, as
+// bias_epilogue computes it) over its own columns, then layer_norm's
+// passes run over them: the same bits as bias_epilogue then layer_norm,
+// one launch instead of two and the row still in L1 for the later passes.
+extern "C" __global__ void residual_layer_norm(float* y, const float* bias,
+                                               const float* residual, const float* gamma,
+                                               const float* beta, int rows, int cols,
+                                               float eps) {
+    int lane = threadIdx.x & 31;
+    long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    bool live = row < rows;
+    if (!live) row = rows - 1;
+    float* r = y + row * cols;
+    const float* res = residual + row * cols;
+    double s = 0.0;
+    for (int j = lane; j < cols; j += 32) {
+        float v = bias ? r[j] + bias[j] : r[j];
+        v += res[j];
+        if (live) r[j] = v;
+        s += (double)v;
+    }
+    WARP_SUM(s);
+    double mean = s / cols;
+    double q = 0.0;
+    // A warp past the last row read values the row's own warp may be
+    // rewriting; it writes nothing, so what it computes does not matter.
+    for (int j = lane; j < cols; j += 32) {
+        double c = (double)r[j] - mean;
+        q += c * c;
+    }
+    WARP_SUM(q);
+    double inv = 1.0 / sqrt(q / cols + (double)eps);
+    if (!live) return;
+    for (int j = lane; j < cols; j += 32) {
+        float v = (float)(((double)r[j] - mean) * inv);
+        if (gamma) v = v * gamma[j] + beta[j];
+        r[j] = v;
+    }
+}
+
+// Softmax of each row of x (rows, cols), in place, one warp per row.
+extern "C" __global__ void softmax_rows(float* x, int rows, int cols) {
+    int lane = threadIdx.x & 31;
+    long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    bool live = row < rows;
+    if (!live) row = rows - 1;
+    float* r = x + row * cols;
     float m = __int_as_float(0xff800000);  // -inf; NVRTC has no INFINITY
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, row[j]);
-    fred[threadIdx.x] = m;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) fred[threadIdx.x] = fmaxf(fred[threadIdx.x], fred[threadIdx.x + k]);
-        __syncthreads();
-    }
-    m = fred[0];
-    __syncthreads();
+    for (int j = lane; j < cols; j += 32) m = fmaxf(m, r[j]);
+    WARP_MAX(m);
     float s = 0.0f;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        float e = expf(row[j] - m);
-        row[j] = e;
-        s += e;
-    }
-    fred[threadIdx.x] = s;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) fred[threadIdx.x] += fred[threadIdx.x + k];
-        __syncthreads();
-    }
-    float inv = 1.0f / fred[0];
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) row[j] *= inv;
+    for (int j = lane; j < cols; j += 32) s += expf(r[j] - m);
+    WARP_SUM(s);
+    if (!live) return;
+    float inv = 1.0f / s;
+    for (int j = lane; j < cols; j += 32) r[j] = expf(r[j] - m) * inv;
 }
 
 // Attention pooling: one block per pixel; h is (pixels, len, d), out (pixels, d).

@@ -28,7 +28,7 @@ mod emulator;
 
 use std::sync::{Arc, Mutex};
 
-pub(crate) use device::{Arg, Device, Gemm, GemmMath, Kernel, Launch, KERNELS, ROW_THREADS};
+pub(crate) use device::{Arg, Device, Gemm, GemmMath, Kernel, Launch, KERNELS};
 
 use super::{Backend, SequenceBatch};
 use crate::error::{EncodeError, Result};
@@ -83,7 +83,7 @@ struct GpuModel<D: Device> {
 /// call it.
 pub(crate) struct GpuBackend<D: Device> {
     name: &'static str,
-    model: Mutex<GpuModel<D>>,
+    model: Mutex<(GpuModel<D>, Scratch<D::Buf>)>,
     d: usize,
     repr_dim: usize,
 }
@@ -103,13 +103,14 @@ impl<D: Device> GpuBackend<D> {
         };
         Ok(GpuBackend {
             name,
-            model: Mutex::new(model),
+            model: Mutex::new((model, Scratch::new())),
             d: weights.config.d_model(),
             repr_dim: weights.config.repr_dim,
         })
     }
 
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, GpuModel<D>>> {
+    #[allow(clippy::type_complexity)]
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, (GpuModel<D>, Scratch<D::Buf>)>> {
         self.model
             .lock()
             .map_err(|_| EncodeError::backend(self.name, "a previous device call panicked"))
@@ -137,7 +138,7 @@ fn norm<D: Device>(dev: &D, n: &LayerNorm) -> Result<DeviceNorm<D::Buf>> {
 }
 
 fn backbone<D: Device>(dev: &D, b: &Backbone, ffn: usize) -> Result<DeviceBackbone<D::Buf>> {
-    if b.d_model % 2 != 0 {
+    if !b.d_model.is_multiple_of(2) {
         return Err(EncodeError::backend(
             "gpu",
             format!(
@@ -189,6 +190,18 @@ impl<D: Device> GpuModel<D> {
         relu: bool,
         residual: Option<&D::Buf>,
     ) -> Result<()> {
+        self.gemm_linear(l, x, m, y)?;
+        self.epilogue(y, Some(&l.bias), m, l.out_dim, relu, residual)
+    }
+
+    /// `y = x · Wᵀ`, the GEMM of [`GpuModel::linear`] without its bias.
+    fn gemm_linear(
+        &self,
+        l: &DeviceLinear<D::Buf>,
+        x: &D::Buf,
+        m: usize,
+        y: &mut D::Buf,
+    ) -> Result<()> {
         let g = Gemm {
             trans_a: true,
             trans_b: false,
@@ -205,8 +218,7 @@ impl<D: Device> GpuModel<D> {
             stride_b: 0,
             stride_c: 0,
         };
-        self.dev.gemm(&g, (&l.weight, 0), (x, 0), (&mut *y, 0))?;
-        self.epilogue(y, Some(&l.bias), m, l.out_dim, relu, residual)
+        self.dev.gemm(&g, (&l.weight, 0), (x, 0), (&mut *y, 0))
     }
 
     /// In place on the (rows, cols) `y`: add `bias` (per column), then ReLU
@@ -220,7 +232,7 @@ impl<D: Device> GpuModel<D> {
         relu: bool,
         residual: Option<&D::Buf>,
     ) -> Result<()> {
-        let launch = Launch::elements(rows * cols, "epilogue blocks")?;
+        let launch = Launch::row_segments(rows, cols, "epilogue blocks")?;
         let mut args = [
             Arg::Out(y),
             bias.map_or(Arg::Null, Arg::In),
@@ -232,8 +244,41 @@ impl<D: Device> GpuModel<D> {
         self.dev.launch(Kernel::BiasEpilogue, launch, &mut args)
     }
 
+    /// `y (m, out) = norm(x · Wᵀ + b + residual)`: the GEMM of
+    /// [`GpuModel::linear`], then bias, residual and LayerNorm in one
+    /// `residual_layer_norm` pass (the same bits as `linear` with the
+    /// residual followed by `layer_norm`).
+    fn linear_add_norm(
+        &self,
+        l: &DeviceLinear<D::Buf>,
+        x: &D::Buf,
+        m: usize,
+        y: &mut D::Buf,
+        residual: &D::Buf,
+        n: &DeviceNorm<D::Buf>,
+    ) -> Result<()> {
+        self.gemm_linear(l, x, m, y)?;
+        let launch = Launch::warp_rows(m, "rows")?;
+        let (gamma, beta) = match &n.affine {
+            Some((g, b)) => (Arg::In(g), Arg::In(b)),
+            None => (Arg::Null, Arg::Null),
+        };
+        let mut args = [
+            Arg::Out(y),
+            Arg::In(&l.bias),
+            Arg::In(residual),
+            gamma,
+            beta,
+            Arg::I32(int(m, "rows")?),
+            Arg::I32(int(n.dim, "dim")?),
+            Arg::F32(n.eps),
+        ];
+        self.dev
+            .launch(Kernel::ResidualLayerNorm, launch, &mut args)
+    }
+
     fn layer_norm(&self, n: &DeviceNorm<D::Buf>, x: &mut D::Buf, rows: usize) -> Result<()> {
-        let launch = Launch::rows(rows, "rows", ROW_THREADS * 8)?;
+        let launch = Launch::warp_rows(rows, "rows")?;
         let (gamma, beta) = match &n.affine {
             Some((g, b)) => (Arg::In(g), Arg::In(b)),
             None => (Arg::Null, Arg::Null),
@@ -242,6 +287,7 @@ impl<D: Device> GpuModel<D> {
             Arg::Out(x),
             gamma,
             beta,
+            Arg::I32(int(rows, "rows")?),
             Arg::I32(int(n.dim, "dim")?),
             Arg::F32(n.eps),
         ];
@@ -285,8 +331,12 @@ impl<D: Device> GpuModel<D> {
             };
             self.dev
                 .gemm(&g, (qkv, d + h * hd), (qkv, h * hd), (&mut *scores, 0))?;
-            let launch = Launch::rows(px * len, "score rows", ROW_THREADS * 4)?;
-            let mut args = [Arg::Out(&mut *scores), Arg::I32(int(len, "len")?)];
+            let launch = Launch::warp_rows(px * len, "score rows")?;
+            let mut args = [
+                Arg::Out(&mut *scores),
+                Arg::I32(int(px * len, "score rows")?),
+                Arg::I32(int(len, "len")?),
+            ];
             self.dev.launch(Kernel::SoftmaxRows, launch, &mut args)?;
             // O (len × hd, row-major, ld d) = P V. Column-major: Oᵀ = Vᵀ Pᵀ;
             // V's storage (ld 3d) is Vᵀ (no trans_a), P's is Pᵀ (no trans_b).
@@ -316,21 +366,29 @@ impl<D: Device> GpuModel<D> {
         Ok(())
     }
 
-    fn backbone(&self, bb: &DeviceBackbone<D::Buf>, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
+    fn backbone(
+        &self,
+        bb: &DeviceBackbone<D::Buf>,
+        batch: &SequenceBatch<'_>,
+        scratch: &mut Scratch<D::Buf>,
+    ) -> Result<Vec<f32>> {
         let (px, len, d) = (batch.n, batch.len, bb.d);
         let m = px * len;
         let dev = &self.dev;
-        let values = dev.upload(batch.values)?;
+        let mut values = scratch.take(dev, Slot::Values, batch.values.len())?;
+        dev.upload_into(batch.values, &mut values)?;
         // The day-of-year encoding on the device: on the host it would cost
         // px·len·d/2 sin/cos and a copy as large as the activations per
         // chunk, more than the chunk's GEMMs on a GPU.
-        let doys = dev.upload(batch.doys)?;
-        let mut t = dev.zeros(m * d)?;
-        let mut h = dev.zeros(m * d)?;
-        let mut qkv = dev.zeros(m * 3 * d)?;
-        let mut attn = dev.zeros(m * d)?;
-        let mut ff = dev.zeros(m * bb.ffn)?;
-        let mut scores = dev.zeros(px * len * len)?;
+        let mut doys = scratch.take(dev, Slot::Doys, batch.doys.len())?;
+        dev.upload_into(batch.doys, &mut doys)?;
+        let mut t = scratch.take(dev, Slot::T, m * d)?;
+        let mut h = scratch.take(dev, Slot::H, m * d)?;
+        let mut qkv = scratch.take(dev, Slot::Qkv, m * 3 * d)?;
+        let mut attn = scratch.take(dev, Slot::Attn, m * d)?;
+        let mut ff = scratch.take(dev, Slot::Ff, m * bb.ffn)?;
+        let mut scores = scratch.take(dev, Slot::Scores, px * len * len)?;
+        let mut pooled = scratch.take(dev, Slot::Pooled, px * d)?;
         // The encoding lives in `attn` until the first attention needs it.
         let pe = &mut attn;
         let launch = Launch::elements(m * (d / 2), "day-of-year encoding blocks")?;
@@ -346,15 +404,12 @@ impl<D: Device> GpuModel<D> {
         for l in &bb.layers {
             self.linear(&l.in_proj, &h, m, &mut qkv, false, None)?;
             self.attention(&qkv, &mut attn, &mut scores, px, len, d, bb.nhead)?;
-            self.linear(&l.out_proj, &attn, m, &mut t, false, Some(&h))?;
-            self.layer_norm(&l.norm1, &mut t, m)?;
+            self.linear_add_norm(&l.out_proj, &attn, m, &mut t, &h, &l.norm1)?;
             std::mem::swap(&mut t, &mut h);
             self.linear(&l.linear1, &h, m, &mut ff, true, None)?;
-            self.linear(&l.linear2, &ff, m, &mut t, false, Some(&h))?;
-            self.layer_norm(&l.norm2, &mut t, m)?;
+            self.linear_add_norm(&l.linear2, &ff, m, &mut t, &h, &l.norm2)?;
             std::mem::swap(&mut t, &mut h);
         }
-        let mut pooled = dev.zeros(px * d)?;
         let weights_bytes = u32::try_from(len * 4)
             .map_err(|_| EncodeError::backend("gpu", format!("sequence of {len}")))?;
         let launch = Launch::rows(px, "pixels", weights_bytes)?;
@@ -367,26 +422,104 @@ impl<D: Device> GpuModel<D> {
             Arg::I32(int(d, "d")?),
         ];
         dev.launch(Kernel::AttentionPool, launch, &mut args)?;
-        dev.download(&pooled)
+        let out = dev.download_prefix(&pooled, px * d)?;
+        // `t` and `h` were swapped an even number of times per layer, so
+        // each goes back to its own slot either way; sizes are what count.
+        for (slot, buf) in [
+            (Slot::Values, values),
+            (Slot::Doys, doys),
+            (Slot::T, t),
+            (Slot::H, h),
+            (Slot::Qkv, qkv),
+            (Slot::Attn, attn),
+            (Slot::Ff, ff),
+            (Slot::Scores, scores),
+            (Slot::Pooled, pooled),
+        ] {
+            scratch.give(slot, buf);
+        }
+        Ok(out)
     }
 
-    fn head(&self, s2: &[f32], s1: &[f32], n: usize, d: usize) -> Result<Vec<f32>> {
+    fn head(
+        &self,
+        s2: &[f32],
+        s1: &[f32],
+        n: usize,
+        d: usize,
+        scratch: &mut Scratch<D::Buf>,
+    ) -> Result<Vec<f32>> {
         let mut z = vec![0f32; n * 2 * d];
         for (i, row) in z.chunks_exact_mut(2 * d).enumerate() {
             row[..d].copy_from_slice(&s2[i * d..(i + 1) * d]);
             row[d..].copy_from_slice(&s1[i * d..(i + 1) * d]);
         }
         let dev = &self.dev;
-        let z = dev.upload(&z)?;
-        let mut y = dev.zeros(n * self.fc1.out_dim)?;
-        self.linear(&self.fc1, &z, n, &mut y, false, None)?;
+        let mut zd = scratch.take(dev, Slot::Values, z.len())?;
+        dev.upload_into(&z, &mut zd)?;
+        let mut y = scratch.take(dev, Slot::T, n * self.fc1.out_dim)?;
+        self.linear(&self.fc1, &zd, n, &mut y, false, None)?;
         self.layer_norm(&self.norm1, &mut y, n)?;
         // ReLU after the norm.
         self.epilogue(&mut y, None, n, self.fc1.out_dim, true, None)?;
-        let mut out = dev.zeros(n * self.fc2.out_dim)?;
+        let mut out = scratch.take(dev, Slot::H, n * self.fc2.out_dim)?;
         self.linear(&self.fc2, &y, n, &mut out, false, None)?;
         self.layer_norm(&self.out_norm, &mut out, n)?;
-        dev.download(&out)
+        let result = dev.download_prefix(&out, n * self.fc2.out_dim)?;
+        scratch.give(Slot::Values, zd);
+        scratch.give(Slot::T, y);
+        scratch.give(Slot::H, out);
+        Ok(result)
+    }
+}
+
+/// The device buffers a chunk works in, by role.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    Values,
+    Doys,
+    T,
+    H,
+    Qkv,
+    Attn,
+    Ff,
+    Scores,
+    Pooled,
+}
+
+const SLOTS: usize = Slot::Pooled as usize + 1;
+
+/// Device buffers kept from chunk to chunk, each grown to the largest size
+/// asked of it, so a chunk allocates and frees nothing on the device (a
+/// free can wait for the GPU, and a fresh buffer had to be zeroed). Every
+/// buffer is written before it is read within a chunk, so what an earlier
+/// chunk left in it never matters; the emulator fills new buffers with NaN
+/// to show it.
+struct Scratch<B> {
+    slots: [Option<B>; SLOTS],
+}
+
+impl<B> Scratch<B> {
+    fn new() -> Self {
+        Scratch {
+            slots: std::array::from_fn(|_| None),
+        }
+    }
+
+    /// The buffer of `slot` if it holds `n` floats, else a new one of `n`.
+    fn take<D: Device<Buf = B>>(&mut self, dev: &D, slot: Slot, n: usize) -> Result<B> {
+        match self.slots[slot as usize].take() {
+            Some(b) if D::len(&b) >= n => Ok(b),
+            old => {
+                // Free the small one first: the new one may need its room.
+                drop(old);
+                dev.alloc(n)
+            }
+        }
+    }
+
+    fn give(&mut self, slot: Slot, buf: B) {
+        self.slots[slot as usize] = Some(buf);
     }
 }
 
@@ -400,12 +533,13 @@ where
 
     fn backbone(&self, modality: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
         batch.check(self.name)?;
-        let model = self.lock()?;
+        let mut guard = self.lock()?;
+        let (model, scratch) = &mut *guard;
         let bb = match modality {
             Modality::S2 => &model.s2,
             Modality::S1 => &model.s1,
         };
-        model.backbone(bb, batch)
+        model.backbone(bb, batch, scratch)
     }
 
     fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>> {
@@ -421,7 +555,9 @@ where
                 ),
             ));
         }
-        let out = self.lock()?.head(s2, s1, n, d)?;
+        let mut guard = self.lock()?;
+        let (model, scratch) = &mut *guard;
+        let out = model.head(s2, s1, n, d, scratch)?;
         debug_assert_eq!(out.len(), n * self.repr_dim);
         Ok(out)
     }
