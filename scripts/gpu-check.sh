@@ -1,18 +1,34 @@
 #!/usr/bin/env bash
-# The CUDA backend's checks on a machine with an NVIDIA GPU but no Rust
-# toolchain (such as a borrowed CUDA 13 box). Two halves:
+# Issue 16's checks and measurements on a machine with an NVIDIA GPU and
+# PyTorch but no Rust toolchain (such as a borrowed CUDA 13 box whose host
+# CPU has AMX). Two halves:
 #
 #   scripts/gpu-check.sh prepare   # here: build, strip and collect into .gpucheck/
-#   scripts/gpu-check.sh run       # there, from the repository root, with .gpucheck/ copied along
+#   scripts/gpu-check.sh run       # there, from the repository root, with .gpucheck/ carried along
 #
 # `prepare` builds `tessera-encode` and the encoder's fixture-test binary
-# with only the `cuda` feature (no oneDNN: nothing to install there), and
-# copies the encoder fixtures (the test binary finds them at the path it
-# was built with, which `run` recreates). `run` prints what the backend
-# sees, runs the fixture tests (the CUDA backend included wherever a GPU
-# answers), then times the Large model and sweeps the chunk size. It ends
-# well inside 10 minutes; its log is also written to $OUT/gpu-check.log
-# when OUT is set.
+# with only the `cuda` feature (nothing to install there), a second
+# `tessera-encode-cpu` with oneDNN for the host CPU, and packs Debian's
+# libdnnl 2.x (and libOpenCL, which it links) next to it, xz-compressed;
+# the encoder fixtures come along (the test binary finds them at the path
+# it was built with, which `run` recreates).
+#
+# `run` prints, in this order, and ends within about 6 minutes:
+#   1. what the backends see; the fixture tests (CUDA included) and the
+#      fixtures in bf16 on CUDA against upstream f32 (worst cosine >= 0.9999);
+#   2. the whole-tile table: a 256 x 256 tile (64 S2, 32 + 32 S1
+#      observations per pixel, random Large weights), PyTorch's
+#      `encoder/peers/torch_peer.py tile` (whole tile with its preparation,
+#      and the forward pass alone on inputs already on the GPU) against
+#      `tessera-encode --backend cuda` (the whole process), in fp32, tf32
+#      and bf16, with each precision's fidelity against f32;
+#   3. the host side of the same encode alone (`tessera-encode host-rate`);
+#   4. the chunk sweep (`tune`, bf16);
+#   5. the host CPU: onednn against PyTorch CPU on a 32 x 32 tile, f32
+#      and bf16, with the oneDNN kernels it ran (ONEDNN_VERBOSE).
+# A failed check makes it exit 1 at the end; its log is also written to
+# $OUT/gpu-check.log when OUT is set. GPU_CHECK_SKIP=compile,cpu skips
+# torch.compile or the CPU part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.gpucheck
@@ -30,12 +46,18 @@ for l in sys.stdin:
         print(m["executable"])' | tail -n 1)
     chmod -R u+w "$dest" 2>/dev/null || true
     rm -rf "$dest"
-    mkdir -p "$dest"
+    mkdir -p "$dest/lib"
     cp "$target/release/tessera-encode" "$dest/"
     cp "$test_bin" "$dest/fixtures-test"
-    strip "$dest/tessera-encode" "$dest/fixtures-test"
-    # Put back the default-feature build the CUDA-only one replaced.
+    # The default build (oneDNN and CUDA) for the host CPU's measurements.
     cargo build --release -p tessera-encoder
+    cp "$target/release/tessera-encode" "$dest/tessera-encode-cpu"
+    strip "$dest/tessera-encode" "$dest/fixtures-test" "$dest/tessera-encode-cpu"
+    for lib in libdnnl.so.2 libOpenCL.so.1; do
+        f=$(ldd "$dest/tessera-encode-cpu" | awk -v l="$lib" '$1 == l {print $3}')
+        [ -n "$f" ] && cp -L "$f" "$dest/lib/$lib"
+    done
+    xz -T0 -6 "$dest"/lib/*
     cp -r ../shared/fixtures/encoder "$dest/fixtures-encoder"
     chmod -R u+w "$dest"
     # Where the test binary looks for ../../shared/fixtures/encoder.
@@ -47,12 +69,14 @@ for l in sys.stdin:
 run)
     log="${OUT:-/tmp}/gpu-check.log"
     exec > >(tee "$log") 2>&1
+    started=$(date +%s)
+    skip="${GPU_CHECK_SKIP:-}"
+    stamp() { echo "-- $(($(date +%s) - started)) s"; }
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
-    # cudarc asks for libcublas.so / libnvrtc.so (or .so.12). Pick the
-    # newest of each that the driver serves (toolkit or pip wheels), link
-    # it under the plain name, and put its folder on the path too (for
-    # libcublasLt and libnvrtc-builtins, which are loaded by their
-    # versioned names).
+    # cudarc asks for libcublas.so / libcublasLt.so / libnvrtc.so (or
+    # .so.12). Pick the newest of each that the driver serves (toolkit or
+    # pip wheels), link it under the plain name, and put its folder on the
+    # path too (for libnvrtc-builtins, loaded by its versioned name).
     links=$(mktemp -d)
     picked=$(python3 - <<'PY'
 import glob, os, re, subprocess
@@ -70,7 +94,7 @@ except Exception:
     pass
 best = {}
 for d in dirs:
-    for lib in ("libcublas", "libnvrtc"):
+    for lib in ("libcublas", "libcublasLt", "libnvrtc"):
         for f in glob.glob(os.path.join(d, lib + ".so.*")):
             m = re.fullmatch(re.escape(lib) + r"\.so\.(\d+)", os.path.basename(f))
             if m and int(m.group(1)) <= driver and (lib not in best or int(m.group(1)) > best[lib][0]):
@@ -94,41 +118,155 @@ PY
         mkdir -p "$manifest" "$manifest/../../shared/fixtures"
         cp -r "$dest/fixtures-encoder" "$manifest/../../shared/fixtures/encoder"
     fi
-
-    failed=0
-    "$dest/tessera-encode" backends
-    echo "== fixture tests (every usable backend, CUDA included if listed above)"
-    "$dest/fixtures-test" --test-threads 1 --nocapture || failed=1
-    echo "== Large model, large chunk: CUDA against the CPU on one synthetic tile"
+    enc="$dest/tessera-encode"
+    peer=encoder/peers/torch_peer.py
     work=$(mktemp -d)
-    "$dest/tessera-encode" synth-ckpt --out "$work/large.safetensors"
-    "$dest/tessera-encode" synth-tile --out "$work/tile" --height 48 --width 48
-    for b in cpu cuda; do
-        "$dest/tessera-encode" --backend "$b" --batch-pixels 2304 --ckpt "$work/large.safetensors" \
-            --tile "$work/tile" --out-dir "$work/$b" || failed=1
+    failed=0
+
+    echo "== 1. backends, fixture tests (every usable backend, CUDA included if listed)"
+    "$enc" backends
+    timeout 120 "$dest/fixtures-test" --test-threads 1 || failed=1
+    echo "== fixtures in bf16 and tf32 on CUDA against upstream f32 (rule for bf16: worst cosine >= 0.9999)"
+    for case in small long; do
+        for dt in bf16 tf32; do
+            "$enc" --backend cuda --dtype "$dt" --int8 --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
+                --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fx-$case-$dt" >/dev/null || failed=1
+            "$enc" --backend cuda --dtype "$dt" --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
+                --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fx-$case-$dt-f" >/dev/null || failed=1
+        done
+    done
+    python3 - "$work" "$dest/fixtures-encoder" <<'PY' || failed=1
+import sys, numpy as np
+work, fx = sys.argv[1], sys.argv[2]
+bad = False
+for case in ("small", "long"):
+    want = np.load(f"{fx}/{case}/expected/emb_f32.npy").astype(np.float64)
+    codes_want = np.load(f"{fx}/{case}/expected/tile.npy").astype(np.int32)
+    nodata = np.load(f"{fx}/{case}/expected/nodata.npy").reshape(want.shape[:-1])
+    for dt in ("bf16", "tf32"):
+        got = np.load(f"{work}/fx-{case}-{dt}-f/tile.npy").astype(np.float64)
+        codes = np.load(f"{work}/fx-{case}-{dt}/tile.npy").astype(np.int32)
+        k = ~nodata
+        cos = (got[k] * want[k]).sum(-1) / np.linalg.norm(got[k], axis=-1) / np.linalg.norm(want[k], axis=-1)
+        diff = np.abs(codes[k] - codes_want[k])
+        ok = dt != "bf16" or cos.min() >= 0.9999
+        bad |= not ok
+        print(f"{case} {dt}: worst cosine {cos.min():.7f}, max abs error {np.abs(got[k] - want[k]).max():.2e}, "
+              f"int8 codes equal {100 * (diff == 0).mean():.1f} %, within one {100 * (diff <= 1).mean():.1f} %, "
+              f"largest difference {diff.max()} -> {'OK' if ok else 'FAILS the fidelity rule'}")
+sys.exit(1 if bad else 0)
+PY
+    stamp
+
+    echo "== 2. whole tile: 256 x 256 px, 64 S2 + 32 + 32 S1 observations, Large random weights"
+    "$enc" synth-ckpt --out "$work/large.safetensors" --seed 1 >/dev/null
+    "$enc" synth-tile --out "$work/tile" --height 256 --width 256 --s2-frames 64 \
+        --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
+    compile=""
+    [[ ",$skip," == *",compile,"* ]] || compile="--compile"
+    echo "-- PyTorch (peer): encoder/peers/torch_peer.py tile --chunk 4096 $compile"
+    timeout 200 python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile" --device cuda \
+        --dtype fp32,tf32,bf16 --mode whole,forward --chunk 4096 $compile --out-dir "$work/torch" \
+        | tee "$work/torch.md" || echo "PyTorch peer failed or timed out"
+    stamp
+    echo "-- tessera-encode --backend cuda, whole process (checkpoint, files, encode, outputs)"
+    for dt in f32 tf32 bf16; do
+        # Once to warm the page cache and the driver's caches, then timed.
+        "$enc" --backend cuda --dtype "$dt" --batch-pixels 4096 --ckpt "$work/large.safetensors" \
+            --tile "$work/tile" --out-dir "$work/ours-$dt" >/dev/null 2>&1 || true
+        t0=$(date +%s%N)
+        if "$enc" --backend cuda --dtype "$dt" --batch-pixels 4096 --ckpt "$work/large.safetensors" \
+            --tile "$work/tile" --out-dir "$work/ours-$dt" >"$work/ours-$dt.log" 2>&1; then
+            echo "$dt $(($(date +%s%N) - t0))" >>"$work/ours.txt"
+        else
+            cat "$work/ours-$dt.log"
+            failed=1
+        fi
     done
     python3 - "$work" <<'PY' || failed=1
-import sys, numpy as np
-w = sys.argv[1]
-a, b = np.load(f"{w}/cpu/tile.npy"), np.load(f"{w}/cuda/tile.npy")
-ok = ~np.isnan(a).any(-1)
-cos = (a[ok] * b[ok]).sum(-1) / np.linalg.norm(a[ok], axis=-1) / np.linalg.norm(b[ok], axis=-1)
-err = np.abs(a[ok] - b[ok]).max()
-print(f"cuda vs cpu, Large model, {ok.sum()} pixels: worst cosine {cos.min():.9f}, max abs error {err:.2e}")
-sys.exit(0 if cos.min() >= 0.99999 and err <= 1e-4 else 1)
+import os, re, sys, numpy as np
+work = sys.argv[1]
+px = 256 * 256
+torch_rows = {}
+if os.path.exists(f"{work}/torch.md"):
+    for line in open(f"{work}/torch.md"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and re.fullmatch(r"[0-9.]+", cells[4] or "x"):
+            torch_rows[(cells[0], cells[1])] = float(cells[4])
+ours = {}
+if os.path.exists(f"{work}/ours.txt"):
+    for line in open(f"{work}/ours.txt"):
+        dt, ns = line.split()
+        ours[dt] = px / (int(ns) / 1e9)
+print("| pixels/s | fp32 | tf32 | bf16 |")
+print("|---|---|---|---|")
+def row(name, get):
+    print(f"| {name} | " + " | ".join(get(dt) for dt in ("fp32", "tf32", "bf16")) + " |")
+fmt = lambda v: f"{v:,.0f}" if v else "-"
+row("PyTorch encode_tile (whole tile, its own preparation)", lambda dt: fmt(torch_rows.get(("pytorch encode_tile", dt))))
+row("PyTorch forward only, inputs on the GPU, 4,096-px chunks", lambda dt: fmt(torch_rows.get(("pytorch forward", dt))))
+row("torch.compile forward only", lambda dt: fmt(torch_rows.get(("torch.compile forward", dt))))
+ours_dt = {"fp32": "f32", "tf32": "tf32", "bf16": "bf16"}
+row("tessera-encode --backend cuda, whole process", lambda dt: fmt(ours.get(ours_dt[dt])))
+def ratio(dt, peer):
+    a, b = ours.get(ours_dt[dt]), torch_rows.get((peer, dt))
+    return f"{a / b:.2f}x" if a and b else "-"
+row("ours / PyTorch encode_tile", lambda dt: ratio(dt, "pytorch encode_tile"))
+row("ours / torch.compile forward", lambda dt: ratio(dt, "torch.compile forward"))
+# Fidelity on this tile: each precision against our f32, and our f32 against PyTorch's fp32.
+def load(p):
+    return np.load(p).reshape(-1, 128).astype(np.float64) if os.path.exists(p) else None
+def q(x):
+    s = np.maximum(np.abs(x).max(-1, keepdims=True), 1e-12) / 127
+    return np.clip(np.rint(x / s), -127, 127).astype(np.int32)
+ref = load(f"{work}/ours-f32/tile.npy")
+for name, path in [("ours tf32", f"{work}/ours-tf32/tile.npy"), ("ours bf16", f"{work}/ours-bf16/tile.npy"),
+                   ("PyTorch fp32", f"{work}/torch/torch_fp32.npy"), ("PyTorch bf16", f"{work}/torch/torch_bf16.npy")]:
+    x = load(path)
+    if x is None or ref is None:
+        continue
+    cos = (x * ref).sum(-1) / np.linalg.norm(x, axis=-1) / np.linalg.norm(ref, axis=-1)
+    d = np.abs(q(x) - q(ref))
+    print(f"{name} against ours f32: worst cosine {cos.min():.7f}, int8 codes equal {100 * (d == 0).mean():.1f} %, "
+          f"within one {100 * (d <= 1).mean():.1f} %, largest difference {d.max()}")
 PY
-    echo "== Large model, 64 + 64 observations, CUDA against the CPU"
-    timeout 240 "$dest/tessera-encode" bench --backends cuda,cpu --pixels 2048 --threads 16 \
-        --batch-pixels 1024 || echo "bench failed or timed out"
-    echo "== the same with TF32 tensor cores (profile dtype tf32)"
-    timeout 90 "$dest/tessera-encode" bench --backends cuda --pixels 8192 --threads 1 \
-        --batch-pixels 1024 --dtype tf32 || echo "tf32 bench failed or timed out"
-    echo "== the same with bf16 tensor cores (profile dtype bf16: GEMM inputs rounded to bf16, f32 accumulation)"
-    timeout 90 "$dest/tessera-encode" bench --backends cuda --pixels 8192 --threads 1 \
-        --batch-pixels 1024 --dtype bf16 || echo "bf16 bench failed or timed out"
-    echo "== tune: chunk sweep, best written to ${OUT:-/tmp}/tessera-profiles.toml"
-    timeout 200 "$dest/tessera-encode" tune --backend cuda \
-        --profile "${OUT:-/tmp}/tessera-profiles.toml" || echo "tune failed or timed out"
+    stamp
+
+    echo "== 3. the host side of the same encode alone (no model compute), against reading the files"
+    "$enc" host-rate --tile "$work/tile" --batch-pixels 4096 --reps 2 || failed=1
+    stamp
+
+    echo "== 4. chunk sweep, bf16 (tune; best written to ${OUT:-/tmp}/tessera-profiles.toml)"
+    timeout 75 "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
+        --out "${OUT:-/tmp}/tessera-profiles.toml" || echo "tune failed or timed out"
+    stamp
+
+    if [[ ",$skip," != *",cpu,"* ]]; then
+        echo "== 5. host CPU: onednn against PyTorch CPU, 32 x 32 px, same weights, all cores"
+        mkdir -p "$work/lib"
+        for f in "$dest"/lib/*.xz; do xz -dc "$f" >"$work/lib/$(basename "$f" .xz)"; done
+        cpu="$dest/tessera-encode-cpu"
+        "$enc" synth-tile --out "$work/tile32" --height 32 --width 32 --s2-frames 64 \
+            --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
+        LD_LIBRARY_PATH="$work/lib:$LD_LIBRARY_PATH" "$cpu" backends || true
+        for dt in f32 bf16; do
+            for isa in default AVX512_CORE_AMX; do
+                envs=(LD_LIBRARY_PATH="$work/lib:$LD_LIBRARY_PATH" ONEDNN_VERBOSE=1)
+                [ "$isa" = default ] || envs+=(ONEDNN_MAX_CPU_ISA="$isa")
+                t0=$(date +%s%N)
+                env "${envs[@]}" timeout 60 "$cpu" --backend onednn --dtype "$dt" --ckpt "$work/large.safetensors" \
+                    --tile "$work/tile32" --out-dir "$work/cpu-$dt-$isa" >"$work/cpu-$dt-$isa.log" 2>&1 || true
+                ms=$((($(date +%s%N) - t0) / 1000000))
+                kernels=$(grep -o 'brg[a-z_:0-9]*\|jit:[a-z_0-9]*\|gemm:[a-z_0-9]*' "$work/cpu-$dt-$isa.log" |
+                    sort | uniq -c | sort -rn | head -3 | awk '{printf "%s x%s; ", $2, $1}')
+                echo "onednn $dt (ISA cap: $isa): $((1024000 / (ms > 0 ? ms : 1))) px/s whole process ($ms ms); kernels: $kernels"
+            done
+        done
+        timeout 120 python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile32" --device cpu \
+            --dtype fp32,bf16 --mode whole --chunk 1024 || echo "PyTorch CPU peer failed or timed out"
+        stamp
+    fi
+
     if [ "$failed" != 0 ]; then
         echo "gpu-check: FAILED (see above)"
         exit 1

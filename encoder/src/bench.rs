@@ -2,17 +2,20 @@
 //! with), and an encoder's pixels/s and GFLOP/s on a tile.
 
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::BackendChoice;
+use crate::backend::{Backend, BackendChoice, SequenceBatch};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::encode::Encoder;
-use crate::error::Result;
-use crate::model::Modality;
+use crate::error::{EncodeError, Result};
+use crate::model::{Modality, StudentWeights};
 use crate::profile::DeviceProfile;
 use crate::sequence::bin_len;
+use crate::synth::random_checkpoint;
 use crate::tile::TileInputs;
+use crate::tile_reader::TileReader;
 
 /// Model FLOPs to encode `tile` (padding tokens included, as they are computed).
 pub fn tile_flops(cfg: &ModelConfig, tile: &TileInputs) -> f64 {
@@ -220,6 +223,152 @@ pub fn bench_encoder(
         pixels_per_s: tile.pixels() as f64 / best,
         gflops: flops / best / 1e9,
     })
+}
+
+/// A backend that computes nothing: zeros of the shapes the model's would
+/// return. An encode through it costs what the host side of a real encode
+/// costs (reading the files, counting observations, gathering and
+/// standardising tokens, handing chunks over, assembling the embedding), so
+/// [`host_rate`] can say whether the host keeps up with a device: a GPU
+/// waits for whatever part of it is not overlapped with its work.
+///
+/// With `device_px_per_s`, each backbone call also sleeps as long as a
+/// device encoding that many pixels a second would be busy with its pixels
+/// (half per backbone): the host's work then shows as the device time it
+/// costs, which is what overlapping it with the device is for.
+struct HostOnly {
+    d: usize,
+    repr_dim: usize,
+    device_px_per_s: Option<f64>,
+}
+
+impl Backend for HostOnly {
+    fn name(&self) -> &'static str {
+        "host-only"
+    }
+
+    fn backbone(&self, _: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
+        batch.check(self.name())?;
+        if let Some(rate) = self.device_px_per_s {
+            std::thread::sleep(std::time::Duration::from_secs_f64(
+                batch.n as f64 / rate / 2.0,
+            ));
+        }
+        Ok(vec![0.0; batch.n * self.d])
+    }
+
+    fn head(&self, _: &[f32], _: &[f32], n: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; n * self.repr_dim])
+    }
+}
+
+/// The host side of encoding one tile from its files, against reading them.
+#[derive(Debug, Clone)]
+pub struct HostRate {
+    /// Pixels with data.
+    pub pixels: usize,
+    /// Bytes of the tile's `.npy` files.
+    pub bytes: u64,
+    /// Best of the reps: read every file once, front to back (the floor of
+    /// any encode that must see every byte; from the page cache after the
+    /// first pass).
+    pub read_s: f64,
+    /// Best of the reps: the encode with [`HostOnly`] as its backend.
+    pub encode_s: f64,
+    /// CPU time (user + system) of the best rep's encode, every thread.
+    pub cpu_s: f64,
+}
+
+impl HostRate {
+    pub fn pixels_per_s(&self) -> f64 {
+        self.pixels as f64 / self.encode_s
+    }
+}
+
+/// Time the host side of encoding the tile in `dir` (opened as the CLI and
+/// the agent open it, [`TileReader`]) with `profile`'s chunks, for a model
+/// of `cfg`, against reading its files: best of `reps` each, reading first.
+/// With `device_px_per_s`, a simulated device of that rate (see
+/// [`HostOnly`]): the encode's rate against it says how much of the
+/// device's time the host's share costs.
+pub fn host_rate(
+    dir: &std::path::Path,
+    cfg: &ModelConfig,
+    profile: DeviceProfile,
+    window_pixels: usize,
+    reps: usize,
+    device_px_per_s: Option<f64>,
+) -> Result<HostRate> {
+    let weights = Arc::new(StudentWeights::from_checkpoint(&random_checkpoint(cfg, 1))?);
+    let backend = HostOnly {
+        d: cfg.d_model(),
+        repr_dim: cfg.repr_dim,
+        device_px_per_s,
+    };
+    let mut enc = Encoder::with_backend(weights, Box::new(backend), profile);
+    enc.set_window_pixels(window_pixels);
+    let cancel = AtomicBool::new(false);
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| EncodeError::io(dir, e))? {
+        let path = entry.map_err(|e| EncodeError::io(dir, e))?.path();
+        if path.extension().is_some_and(|x| x == "npy") {
+            files.push(path);
+        }
+    }
+    let (mut read_s, mut encode_s, mut bytes, mut pixels) = (f64::INFINITY, f64::INFINITY, 0, 0);
+    let mut cpu_s = 0.0;
+    let mut buf = vec![0u8; 1 << 20];
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        bytes = 0;
+        for f in &files {
+            let mut file = std::fs::File::open(f).map_err(|e| EncodeError::io(f, e))?;
+            loop {
+                let n =
+                    std::io::Read::read(&mut file, &mut buf).map_err(|e| EncodeError::io(f, e))?;
+                if n == 0 {
+                    break;
+                }
+                bytes += n as u64;
+            }
+        }
+        read_s = read_s.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let cpu = process_cpu_s();
+        let reader = TileReader::open(dir)?;
+        let emb = enc.encode_files(&reader, &|_, _| {}, &cancel)?;
+        let took = t.elapsed().as_secs_f64();
+        if took < encode_s {
+            encode_s = took;
+            cpu_s = process_cpu_s() - cpu;
+        }
+        pixels = emb.nodata.iter().filter(|&&n| !n).count();
+    }
+    Ok(HostRate {
+        pixels,
+        bytes,
+        read_s,
+        encode_s,
+        cpu_s,
+    })
+}
+
+/// This process's CPU time so far, user and system, every thread
+/// (`/proc/self/stat`; 0 where it cannot be read).
+fn process_cpu_s() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command (which is in parentheses and may hold spaces):
+    // utime and stime are the 12th and 13th.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // In USER_HZ ticks, which the kernel's ABI fixes at 100 a second on
+    // x86 and arm64 whatever its own tick rate.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// `/proc/loadavg`'s 1, 5 and 15 minute figures: benchmark numbers on a

@@ -72,7 +72,7 @@ impl ModelConfig {
             dim_feedforward: get("dim_feedforward")?,
             repr_dim,
         };
-        if cfg.d_model() % cfg.nhead != 0 {
+        if !cfg.d_model().is_multiple_of(cfg.nhead) {
             return Err(format!(
                 "d_model {} (4 x latent_dim) is not divisible by nhead {}",
                 cfg.d_model(),

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
 use crate::backend::{self, Backend, BackendChoice, SequenceBatch};
@@ -68,8 +69,8 @@ impl Encoder {
         })
     }
 
-    /// An encoder over a backend built elsewhere (the tests' emulated GPU).
-    #[cfg(test)]
+    /// An encoder over a backend built elsewhere (the tests' emulated GPU,
+    /// `bench`'s host-only backend).
     pub(crate) fn with_backend(
         weights: Arc<StudentWeights>,
         backend: Box<dyn Backend>,
@@ -163,10 +164,17 @@ impl Encoder {
 
         let mut values = vec![f32::NAN; npix * r];
         let window = self.window_pixels.max(self.profile.chunk_pixels);
+        let chunk = self.profile.chunk_pixels.max(1);
         std::thread::scope(|s| -> Result<()> {
-            // Bounded: the reader blocks once READ_AHEAD windows wait, and
-            // stops when this side hangs up (an error) or on `cancel`.
-            let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
+            // Three stages, each on its own thread, joined by bounded
+            // channels: the reader reads windows (at most READ_AHEAD
+            // ahead), the gatherer turns each into chunks of tokens (at
+            // most GATHER_AHEAD ahead), and this thread runs the backend on
+            // them. So a device never waits for the host to read or gather
+            // its next chunk, only to hand it over. A stage stops when the
+            // next hangs up (an error or cancel here), on `cancel`, or after
+            // sending its own error.
+            let (win_tx, win_rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
             let windows = active.chunks(window);
             s.spawn(move || {
                 for win in windows {
@@ -175,19 +183,61 @@ impl Encoder {
                     }
                     let read = tile.window(win);
                     let failed = read.is_err();
-                    if tx.send(read).is_err() || failed {
+                    if win_tx.send(read).is_err() || failed {
                         return;
                     }
                 }
             });
+            let (chunk_tx, chunk_rx) = std::sync::mpsc::sync_channel(GATHER_AHEAD);
+            // Token buffers come back once used, so a steady encode
+            // allocates none.
+            let (spare_tx, spare_rx) = std::sync::mpsc::channel::<(Vec<f32>, Vec<f32>)>();
+            let counts = &counts;
+            let windows = active.chunks(window);
+            s.spawn(move || {
+                for win in windows {
+                    let part = match win_rx.recv() {
+                        Ok(Ok(part)) => part,
+                        Ok(Err(e)) => {
+                            let _ = chunk_tx.send(Err(e));
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                    for plan in plan_window(win, counts, chunk) {
+                        if cancel.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        let spare = spare_rx.try_recv().unwrap_or_default();
+                        let tokens = gather_chunk(&part, plan, spare);
+                        if chunk_tx.send(Ok(Some(tokens))).is_err() {
+                            return;
+                        }
+                    }
+                    // The window's last chunk.
+                    if chunk_tx.send(Ok(None)).is_err() {
+                        return;
+                    }
+                }
+            });
+            // Pooled features of one window per modality, reused window
+            // after window (every pixel of a window is in exactly one chunk
+            // of each modality, so nothing stale is ever read).
+            let d = self.weights.config.d_model();
+            let wmax = window.min(active.len());
+            let mut pooled = [vec![0f32; wmax * d], vec![0f32; wmax * d]];
             for win in active.chunks(window) {
-                // The reader only stops early on an error (sent first) or
-                // on `cancel`.
-                let part = rx.recv().map_err(|_| EncodeError::Cancelled)??;
-                let out = self.encode_window(&part, win, &counts, cancel, &mut |t| {
-                    done_tokens += t;
-                    report(done_tokens);
-                })?;
+                let out = self.encode_window(
+                    win.len(),
+                    &mut pooled,
+                    &chunk_rx,
+                    &spare_tx,
+                    cancel,
+                    &mut |t| {
+                        done_tokens += t;
+                        report(done_tokens);
+                    },
+                )?;
                 for (i, &p) in win.iter().enumerate() {
                     let p = p as usize;
                     values[p * r..(p + 1) * r].copy_from_slice(&out[i * r..(i + 1) * r]);
@@ -205,75 +255,61 @@ impl Encoder {
         })
     }
 
-    /// Encode the pixels `win` (all with data), read into `part` (pixel `i`
-    /// of `part` is pixel `win[i]` of the tile): returns (win.len(), repr_dim).
+    /// Encode one window of `nw` pixels (all with data) from its chunks of
+    /// tokens, as the gatherer sends them (`None` after the last), each
+    /// buffer sent back on `spare` once used, pooling into `pooled` (each
+    /// at least nw x d): returns (nw, repr_dim).
     fn encode_window(
         &self,
-        part: &TileInputs,
-        win: &[u32],
-        counts: &[Vec<u16>; 2],
+        nw: usize,
+        pooled: &mut [Vec<f32>; 2],
+        chunks: &Receiver<Result<Option<ChunkTokens>>>,
+        spare: &Sender<(Vec<f32>, Vec<f32>)>,
         cancel: &AtomicBool,
         tokens_done: &mut dyn FnMut(usize),
     ) -> Result<Vec<f32>> {
         let d = self.weights.config.d_model();
-        let nw = win.len();
         let chunk = self.profile.chunk_pixels.max(1);
-        let mut pooled = [vec![0f32; nw * d], vec![0f32; nw * d]];
-        for (mi, m) in [Modality::S2, Modality::S1].into_iter().enumerate() {
-            // Window positions grouped by sequence length.
-            let mut by_len: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
-            for (i, &p) in win.iter().enumerate() {
-                by_len
-                    .entry(bin_len(counts[mi][p as usize] as usize))
-                    .or_default()
-                    .push(i as u32);
+        loop {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(EncodeError::Cancelled);
             }
-            let bands = m.bands();
-            let mut gather = Gatherer::new(part, m);
-            for (&len, members) in &by_len {
-                for part in members.chunks(chunk) {
-                    if cancel.load(Ordering::Relaxed) {
-                        return Err(EncodeError::Cancelled);
-                    }
-                    let n = part.len();
-                    let mut values = vec![0f32; n * len * bands];
-                    let mut doys = vec![0f32; n * len];
-                    for (k, &i) in part.iter().enumerate() {
-                        gather.gather(
-                            i as usize,
-                            len,
-                            &mut values[k * len * bands..(k + 1) * len * bands],
-                            &mut doys[k * len..(k + 1) * len],
-                        );
-                    }
-                    let batch = SequenceBatch {
-                        n,
-                        len,
-                        bands,
-                        values: &values,
-                        doys: &doys,
-                    };
-                    let out = self.backend.backbone(m, &batch)?;
-                    if out.len() != n * d {
-                        return Err(EncodeError::backend(
-                            self.backend.name(),
-                            format!("backbone returned {} values for {n} x {d}", out.len()),
-                        ));
-                    }
-                    for (k, &i) in part.iter().enumerate() {
-                        let i = i as usize;
-                        pooled[mi][i * d..(i + 1) * d].copy_from_slice(&out[k * d..(k + 1) * d]);
-                    }
-                    tokens_done(n * len);
-                }
+            // The gatherer only stops early on an error (sent first) or on
+            // `cancel`.
+            let Some(c) = chunks.recv().map_err(|_| EncodeError::Cancelled)?? else {
+                break;
+            };
+            let n = c.members.len();
+            let batch = SequenceBatch {
+                n,
+                len: c.len,
+                bands: c.modality.bands(),
+                values: &c.values,
+                doys: &c.doys,
+            };
+            let out = self.backend.backbone(c.modality, &batch)?;
+            if out.len() != n * d {
+                return Err(EncodeError::backend(
+                    self.backend.name(),
+                    format!("backbone returned {} values for {n} x {d}", out.len()),
+                ));
             }
+            let mi = c.modality as usize;
+            for (k, &i) in c.members.iter().enumerate() {
+                let i = i as usize;
+                pooled[mi][i * d..(i + 1) * d].copy_from_slice(&out[k * d..(k + 1) * d]);
+            }
+            tokens_done(n * c.len);
+            // The gatherer may have finished: then the buffers just go.
+            let _ = spare.send((c.values, c.doys));
         }
         if cancel.load(Ordering::Relaxed) {
             return Err(EncodeError::Cancelled);
         }
         let r = self.weights.config.repr_dim;
         let mut out = Vec::with_capacity(nw * r);
-        for (a, b) in pooled[0].chunks(chunk * d).zip(pooled[1].chunks(chunk * d)) {
+        let (s2, s1) = (&pooled[0][..nw * d], &pooled[1][..nw * d]);
+        for (a, b) in s2.chunks(chunk * d).zip(s1.chunks(chunk * d)) {
             let n = a.len() / d;
             let y = self.backend.head(a, b, n)?;
             if y.len() != n * r {
@@ -285,5 +321,166 @@ impl Encoder {
             out.extend_from_slice(&y);
         }
         Ok(out)
+    }
+}
+
+/// Chunks of tokens the gatherer sends ahead of the backend.
+const GATHER_AHEAD: usize = 2;
+
+/// One chunk of a window to gather: pixels (positions in the window) of
+/// one modality whose sequences have `len` tokens.
+struct ChunkPlan {
+    modality: Modality,
+    len: usize,
+    members: Vec<u32>,
+}
+
+/// A gathered chunk: `members`' tokens, (n, len, bands) standardised
+/// values and (n, len) days of year.
+struct ChunkTokens {
+    modality: Modality,
+    len: usize,
+    members: Vec<u32>,
+    values: Vec<f32>,
+    doys: Vec<f32>,
+}
+
+/// The chunks of the window `win`: per modality (S2, then S1), its pixels
+/// grouped by sequence length, each group cut into chunks of `chunk`.
+fn plan_window(win: &[u32], counts: &[Vec<u16>; 2], chunk: usize) -> Vec<ChunkPlan> {
+    let mut plans = Vec::new();
+    for (mi, m) in [Modality::S2, Modality::S1].into_iter().enumerate() {
+        let mut by_len: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+        for (i, &p) in win.iter().enumerate() {
+            by_len
+                .entry(bin_len(counts[mi][p as usize] as usize))
+                .or_default()
+                .push(i as u32);
+        }
+        for (len, members) in by_len {
+            plans.extend(members.chunks(chunk).map(|part| ChunkPlan {
+                modality: m,
+                len,
+                members: part.to_vec(),
+            }));
+        }
+    }
+    plans
+}
+
+/// Pixels each gathering thread takes at least: below this a chunk is
+/// gathered on one thread (a CPU backend's chunks, tens to hundreds of
+/// pixels, always are: its cores are busy computing).
+const GATHER_PIXELS_PER_THREAD: usize = 1024;
+
+/// Threads that gather one chunk: enough that a GPU's chunks of thousands
+/// of pixels are ready before it wants them (one thread gathered about
+/// 65,000 px/s on the 2-core dev VM, below what an H200 should encode),
+/// leaving a core each to the reader and the thread feeding the device.
+fn gather_threads(pixels: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (pixels / GATHER_PIXELS_PER_THREAD).clamp(1, cores.saturating_sub(2).clamp(1, 8))
+}
+
+/// Gather `plan`'s tokens from the window `part` into `spare`'s buffers
+/// (resized; their old contents are overwritten), on [`gather_threads`]
+/// threads, each filling its own pixels' part of the buffers.
+fn gather_chunk(part: &TileInputs, plan: ChunkPlan, spare: (Vec<f32>, Vec<f32>)) -> ChunkTokens {
+    let threads = gather_threads(plan.members.len());
+    gather_chunk_on(part, plan, spare, threads)
+}
+
+/// [`gather_chunk`] on `threads` threads.
+fn gather_chunk_on(
+    part: &TileInputs,
+    plan: ChunkPlan,
+    spare: (Vec<f32>, Vec<f32>),
+    threads: usize,
+) -> ChunkTokens {
+    let (mut values, mut doys) = spare;
+    let bands = plan.modality.bands();
+    let (n, len) = (plan.members.len(), plan.len);
+    values.resize(n * len * bands, 0.0);
+    doys.resize(n * len, 0.0);
+    let gather = |members: &[u32], values: &mut [f32], doys: &mut [f32]| {
+        let mut g = Gatherer::new(part, plan.modality);
+        let tokens = values
+            .chunks_exact_mut(len * bands)
+            .zip(doys.chunks_exact_mut(len));
+        for (&i, (v, d)) in members.iter().zip(tokens) {
+            g.gather(i as usize, len, v, d);
+        }
+    };
+    if threads <= 1 {
+        gather(&plan.members, &mut values, &mut doys);
+    } else {
+        let per = n.div_ceil(threads);
+        std::thread::scope(|s| {
+            let parts = plan
+                .members
+                .chunks(per)
+                .zip(values.chunks_mut(per * len * bands))
+                .zip(doys.chunks_mut(per * len));
+            for ((members, v), d) in parts {
+                s.spawn(move || gather(members, v, d));
+            }
+        });
+    }
+    ChunkTokens {
+        modality: plan.modality,
+        len,
+        members: plan.members,
+        values,
+        doys,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::SynthTile;
+
+    #[test]
+    fn a_chunk_gathered_on_several_threads_is_the_chunk_gathered_on_one() {
+        let tile = TileInputs::synthetic(&SynthTile {
+            height: 7,
+            width: 45,
+            s2_frames: 40,
+            s1_asc_frames: 12,
+            s1_desc_frames: 9,
+            clear: 0.6,
+            seed: 5,
+        });
+        let counts = tile.valid_counts(&AtomicBool::new(false)).unwrap();
+        let all: Vec<u32> = (0..tile.pixels() as u32).collect();
+        let mut chunks = 0;
+        for plan in plan_window(&all, &counts, 1 << 20) {
+            let copy = |p: &ChunkPlan| ChunkPlan {
+                modality: p.modality,
+                len: p.len,
+                members: p.members.clone(),
+            };
+            let one = gather_chunk_on(&tile, copy(&plan), Default::default(), 1);
+            // Spare buffers with stale contents must not show through.
+            let stale = (vec![f32::NAN; 7], vec![1.0; 99999]);
+            let three = gather_chunk_on(&tile, copy(&plan), stale, 3);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&one.values),
+                bits(&three.values),
+                "{:?} len {}",
+                plan.modality,
+                plan.len
+            );
+            assert_eq!(bits(&one.doys), bits(&three.doys));
+            assert_eq!(
+                one.values.len(),
+                plan.members.len() * plan.len * plan.modality.bands()
+            );
+            assert!(one.values.iter().all(|v| v.is_finite()));
+            chunks += 1;
+        }
+        // Both modalities, several bins each.
+        assert!(chunks >= 4, "{chunks}");
     }
 }

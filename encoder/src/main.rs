@@ -29,6 +29,10 @@ enum Cmd {
     Bench(BenchArgs),
     /// Sweep chunk and block sizes and store the fastest in the device profile.
     Tune(TuneArgs),
+    /// The host side of encoding a tile (read, count, gather, assemble; no
+    /// model compute), against reading its files: whether the host keeps up
+    /// with a device.
+    HostRate(HostRateArgs),
     /// Write a random-weight checkpoint (.safetensors) of the given sizes.
     SynthCkpt(SynthCkptArgs),
     /// Write a random tile in the geotessera layout.
@@ -252,6 +256,28 @@ struct TuneArgs {
 }
 
 #[derive(Args)]
+struct HostRateArgs {
+    /// Tile directory (bands.npy, masks.npy, ...).
+    #[arg(long)]
+    tile: PathBuf,
+    /// Model sizes (the shapes handed over; nothing is computed).
+    #[arg(long, value_enum, default_value_t = Size::Large)]
+    size: Size,
+    /// Pixels per chunk, as a profile's `chunk_pixels`.
+    #[arg(long, default_value_t = 4096)]
+    batch_pixels: usize,
+    #[arg(long, default_value_t = tessera_encoder::encode::WINDOW_PIXELS)]
+    window_pixels: usize,
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Also run against a simulated device of this many pixels/s (each
+    /// chunk sleeps as long as it would keep that device busy): how much
+    /// of such a device's rate the host side leaves.
+    #[arg(long)]
+    device_rate: Option<f64>,
+}
+
+#[derive(Args)]
 struct SynthCkptArgs {
     #[arg(long)]
     out: PathBuf,
@@ -295,6 +321,7 @@ fn main() {
         None => run_encode(cli.encode),
         Some(Cmd::Bench(a)) => run_bench(a),
         Some(Cmd::Tune(a)) => run_tune(a),
+        Some(Cmd::HostRate(a)) => run_host_rate(a),
         Some(Cmd::SynthCkpt(a)) => run_synth_ckpt(a),
         Some(Cmd::SynthTile(a)) => run_synth_tile(a),
         Some(Cmd::Backends) => {
@@ -517,6 +544,54 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+fn run_host_rate(a: HostRateArgs) -> Result<()> {
+    let mut profile = DeviceProfile::default_for(BackendChoice::Cpu);
+    profile.chunk_pixels = a.batch_pixels.max(1);
+    let r = bench::host_rate(
+        &a.tile,
+        &a.size.config(),
+        profile.clone(),
+        a.window_pixels,
+        a.reps,
+        None,
+    )?;
+    println!(
+        "host side of {} ({} px with data, {:.2} GB of .npy), chunk {}, best of {}; load average {}",
+        a.tile.display(),
+        r.pixels,
+        r.bytes as f64 / 1e9,
+        a.batch_pixels,
+        a.reps.max(1),
+        bench::load_average()
+    );
+    println!(
+        "read the files once: {:.3} s ({:.2} GB/s); encode with no compute: {:.3} s = {:.0} px/s ({:.2}x the read time), {:.1} us of CPU per pixel",
+        r.read_s,
+        r.bytes as f64 / r.read_s / 1e9,
+        r.encode_s,
+        r.pixels_per_s(),
+        r.encode_s / r.read_s,
+        r.cpu_s / r.pixels.max(1) as f64 * 1e6
+    );
+    if let Some(rate) = a.device_rate {
+        let d = bench::host_rate(
+            &a.tile,
+            &a.size.config(),
+            profile,
+            a.window_pixels,
+            a.reps,
+            Some(rate),
+        )?;
+        println!(
+            "with a simulated device of {rate:.0} px/s: {:.3} s = {:.0} px/s, {:.1} % of the device's rate",
+            d.encode_s,
+            d.pixels_per_s(),
+            100.0 * d.pixels_per_s() / rate
+        );
+    }
+    Ok(())
+}
+
 fn run_tune(a: TuneArgs) -> Result<()> {
     let choice = a.backend.resolve();
     let gpu = choice == BackendChoice::Cuda;
@@ -592,7 +667,7 @@ fn run_synth_ckpt(a: SynthCkptArgs) -> Result<()> {
         dim_feedforward: a.dim_feedforward,
         repr_dim: 128,
     };
-    if cfg.d_model() % cfg.nhead != 0 {
+    if !cfg.d_model().is_multiple_of(cfg.nhead) {
         bail!("4 x latent_dim must be divisible by nhead");
     }
     write_safetensors(&random_checkpoint(&cfg, a.seed), &a.out)?;

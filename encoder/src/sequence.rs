@@ -1,7 +1,7 @@
 //! Per-pixel observation sequences: the bin a pixel falls in and which frames fill it.
 //!
 //! Which frames are valid and their standardised values come from the tile
-//! (`TileInputs::valid_frames`, `frame_token`, with `normalise.rs`'s statistics).
+//! (`TileInputs::valid_frames`, and `normalise.rs`'s tables of standardised readings).
 //!
 //! Matched against the upstream fixtures: the S2 and the S1 bins are computed
 //! separately; valid frames keep file order (S1: every ascending frame, then
@@ -9,6 +9,7 @@
 
 use crate::config::MAX_SEQ_LEN;
 use crate::model::Modality;
+use crate::normalise::{lookup, s1_table, s2_table};
 use crate::tile::TileInputs;
 
 /// Sequence length for `n` valid observations: the smallest multiple of 8
@@ -95,14 +96,40 @@ impl<'t> Gatherer<'t> {
             return;
         }
         fill_positions(n, len, &mut self.pos);
-        for (k, &i) in self.pos.iter().enumerate() {
-            let frame = self.valid[i];
-            doys[k] = self.tile.frame_token(
-                self.modality,
-                frame,
-                p,
-                &mut values[k * bands..(k + 1) * bands],
-            );
+        let tile = self.tile;
+        let hw = tile.pixels();
+        let tokens = values.chunks_exact_mut(bands).zip(doys.iter_mut());
+        // One loop per modality, the table looked up once: this is the
+        // host's busiest loop in an encode (a token per valid frame kept).
+        match self.modality {
+            Modality::S2 => {
+                let table = s2_table();
+                for ((out, day), &i) in tokens.zip(&self.pos) {
+                    let frame = self.valid[i];
+                    let at = (frame * hw + p) * 10;
+                    for (k, (o, &v)) in out.iter_mut().zip(&tile.bands[at..at + 10]).enumerate() {
+                        *o = lookup(table, k, v);
+                    }
+                    *day = tile.doys[frame] as f32;
+                }
+            }
+            Modality::S1 => {
+                let na = tile.ascending.frames();
+                for ((out, day), &i) in tokens.zip(&self.pos) {
+                    let frame = self.valid[i];
+                    let (pass, t) = if frame < na {
+                        (&tile.ascending, frame)
+                    } else {
+                        (&tile.descending, frame - na)
+                    };
+                    let table = s1_table(pass.is_ascending());
+                    let at = (t * hw + p) * 2;
+                    for (k, (o, &v)) in out.iter_mut().zip(&pass.data[at..at + 2]).enumerate() {
+                        *o = lookup(table, k, v as u16);
+                    }
+                    *day = pass.doys[t] as f32;
+                }
+            }
         }
     }
 }

@@ -4,7 +4,6 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{EncodeError, Result};
 use crate::model::Modality;
-use crate::normalise::{s1_stats, standardise, S2_MEAN, S2_STD};
 use crate::npy::{self, DType};
 
 /// One SAR orbit direction: (T,H,W,2) i16 VV/VH and a day of year per frame.
@@ -12,19 +11,17 @@ use crate::npy::{self, DType};
 pub struct SarPass {
     pub data: Vec<i16>,
     pub doys: Vec<i32>,
-    mean: [f64; 2],
-    std: [f64; 2],
+    /// Which direction's statistics standardise it.
+    ascending: bool,
 }
 
 impl SarPass {
     /// A pass of one orbit direction, standardised with that direction's statistics.
     pub(crate) fn new(data: Vec<i16>, doys: Vec<i32>, ascending: bool) -> Self {
-        let (mean, std) = s1_stats(ascending);
         SarPass {
             data,
             doys,
-            mean,
-            std,
+            ascending,
         }
     }
 
@@ -32,13 +29,17 @@ impl SarPass {
         self.doys.len()
     }
 
+    /// Whether it is the ascending pass (which statistics standardise it).
+    pub(crate) fn is_ascending(&self) -> bool {
+        self.ascending
+    }
+
     /// The same pass with no pixel data (for [`TileInputs::subset`]).
     fn clone_without_data(&self) -> Self {
         SarPass {
             data: Vec::new(),
             doys: self.doys.clone(),
-            mean: self.mean,
-            std: self.std,
+            ascending: self.ascending,
         }
     }
 }
@@ -255,40 +256,6 @@ impl TileInputs {
                         .count()
                 })
                 .sum(),
-        }
-    }
-
-    /// Standardised band values of `frame` at pixel `p` into `out`; returns
-    /// the frame's day of year.
-    pub(crate) fn frame_token(
-        &self,
-        modality: Modality,
-        frame: usize,
-        p: usize,
-        out: &mut [f32],
-    ) -> f32 {
-        let hw = self.pixels();
-        match modality {
-            Modality::S2 => {
-                let i = (frame * hw + p) * 10;
-                for (k, o) in out.iter_mut().enumerate() {
-                    *o = standardise(self.bands[i + k] as f64, S2_MEAN[k], S2_STD[k]);
-                }
-                self.doys[frame] as f32
-            }
-            Modality::S1 => {
-                let na = self.ascending.frames();
-                let (pass, t) = if frame < na {
-                    (&self.ascending, frame)
-                } else {
-                    (&self.descending, frame - na)
-                };
-                let i = (t * hw + p) * 2;
-                for (k, o) in out.iter_mut().enumerate() {
-                    *o = standardise(pass.data[i + k] as f64, pass.mean[k], pass.std[k]);
-                }
-                pass.doys[t] as f32
-            }
         }
     }
 }

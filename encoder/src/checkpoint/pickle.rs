@@ -189,7 +189,7 @@ impl Machine {
             .collect()
     }
     fn pairs(items: Vec<Id>) -> Result<Vec<(Id, Id)>, String> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err("an odd number of items for a dict".into());
         }
         Ok(items.chunks_exact(2).map(|kv| (kv[0], kv[1])).collect())
