@@ -24,6 +24,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{CompileError, Ptx};
 
+use super::device::HalfGemmOut;
 use super::{Arg, Device, Gemm, GemmMath, GpuBackend, Kernel, Launch, KERNELS};
 use crate::error::{EncodeError, Result};
 use crate::model::StudentWeights;
@@ -195,34 +196,26 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
-    /// `g` with f32 matrices in and out and bf16 tensor-core products:
-    /// `cublasGemmStridedBatchedEx` with `CUBLAS_COMPUTE_32F_FAST_16BF`,
-    /// which rounds A and B to bf16 as it reads them and accumulates in
-    /// f32 (cudarc's safe GEMMs offer f32 compute only for f32 data).
+    /// `cublasGemmStridedBatchedEx` of `g` (its sizes in `cfg`) on raw
+    /// device pointers of the given data types, computing as `compute`
+    /// says (f32 accumulation in every use here).
     ///
     /// # Safety
-    /// As [`Device::gemm_unchecked`]: every problem's A, B and C lie in the
-    /// views.
-    unsafe fn gemm_bf16<A, B, C>(
+    /// Every problem's A, B and C lie in memory the pointers own, of their
+    /// types (what [`Device::gemm`] and [`Device::gemm_half`] check).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_ex(
         &self,
         g: &Gemm,
         cfg: &GemmConfig<f32>,
-        a: &A,
-        b: &B,
-        c: &mut C,
-    ) -> Result<()>
-    where
-        A: DevicePtr<f32>,
-        B: DevicePtr<f32>,
-        C: DevicePtrMut<f32>,
-    {
-        let (a, _record_a) = a.device_ptr(&self.stream);
-        let (b, _record_b) = b.device_ptr(&self.stream);
-        let (c, _record_c) = c.device_ptr_mut(&self.stream);
-        let f32_data = cudaDataType_t::CUDA_R_32F;
+        a: (u64, cudaDataType_t),
+        b: (u64, cudaDataType_t),
+        c: (u64, cudaDataType_t),
+        compute: cublasComputeType_t,
+    ) -> Result<()> {
         // SAFETY: the handle is live and bound to this stream; the pointers
-        // come from views the caller checked; alpha and beta outlive the
-        // call, which only enqueues work that reads them at once.
+        // are the caller's; alpha and beta outlive the call, which only
+        // enqueues work that reads them at once.
         let status = unsafe {
             cudarc::cublas::sys::cublasGemmStridedBatchedEx(
                 *self.blas.handle(),
@@ -232,28 +225,53 @@ impl CudaDevice {
                 cfg.n,
                 cfg.k,
                 (&cfg.alpha) as *const f32 as *const _,
-                a as *const _,
-                f32_data,
+                a.0 as *const _,
+                a.1,
                 cfg.lda,
                 g.stride_a as i64,
-                b as *const _,
-                f32_data,
+                b.0 as *const _,
+                b.1,
                 cfg.ldb,
                 g.stride_b as i64,
                 (&cfg.beta) as *const f32 as *const _,
-                c as *mut _,
-                f32_data,
+                c.0 as *mut _,
+                c.1,
                 cfg.ldc,
                 g.stride_c as i64,
                 int(g.batch)?,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+                compute,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
             )
         };
         if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(err("bf16 gemm", status));
+            return Err(err("cublasGemmStridedBatchedEx", status));
         }
         Ok(())
+    }
+
+    /// `g`'s sizes as cuBLAS takes them.
+    fn config(g: &Gemm) -> Result<GemmConfig<f32>> {
+        Ok(GemmConfig {
+            transa: op(g.trans_a),
+            transb: op(g.trans_b),
+            m: int(g.m)?,
+            n: int(g.n)?,
+            k: int(g.k)?,
+            alpha: g.alpha,
+            lda: int(g.lda)?,
+            ldb: int(g.ldb)?,
+            beta: g.beta,
+            ldc: int(g.ldc)?,
+        })
+    }
+
+    /// cuBLAS uses the calling thread's current context; the copies and
+    /// launches bind it themselves, but a GEMM may come first on a thread.
+    fn bind(&self) -> Result<()> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| err("binding the GPU context", e))
     }
 }
 
@@ -274,6 +292,11 @@ static NULL: u64 = 0;
 
 impl Device for CudaDevice {
     type Buf = CudaSlice<f32>;
+    type Half = CudaSlice<u16>;
+
+    fn math(&self) -> GemmMath {
+        self.math
+    }
 
     fn upload(&self, host: &[f32]) -> Result<Self::Buf> {
         self.stream
@@ -327,29 +350,30 @@ impl Device for CudaDevice {
         b: (&Self::Buf, usize),
         c: (&mut Self::Buf, usize),
     ) -> Result<()> {
-        // cuBLAS uses the calling thread's current context; the copies and
-        // launches bind it themselves, but a GEMM may come first on a thread.
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| err("binding the GPU context", e))?;
-        let cfg = GemmConfig {
-            transa: op(g.trans_a),
-            transb: op(g.trans_b),
-            m: int(g.m)?,
-            n: int(g.n)?,
-            k: int(g.k)?,
-            alpha: g.alpha,
-            lda: int(g.lda)?,
-            ldb: int(g.ldb)?,
-            beta: g.beta,
-            ldc: int(g.ldc)?,
-        };
+        self.bind()?;
+        let cfg = Self::config(g)?;
         let (av, bv) = (a.0.slice(a.1..), b.0.slice(b.1..));
         let mut cv = c.0.slice_mut(c.1..);
         if self.math == GemmMath::Bf16 {
-            // SAFETY: as below.
-            return unsafe { self.gemm_bf16(g, &cfg, &av, &bv, &mut cv) };
+            // f32 matrices in and out, bf16 tensor-core products:
+            // CUBLAS_COMPUTE_32F_FAST_16BF rounds A and B to bf16 as it
+            // reads them and accumulates in f32 (the head's few GEMMs; the
+            // backbones keep bf16 copies and use gemm_half).
+            let f = cudaDataType_t::CUDA_R_32F;
+            let (ap, _ra) = av.device_ptr(&self.stream);
+            let (bp, _rb) = bv.device_ptr(&self.stream);
+            let (cp, _rc) = cv.device_ptr_mut(&self.stream);
+            // SAFETY: the caller checked every problem inside the views.
+            return unsafe {
+                self.gemm_ex(
+                    g,
+                    &cfg,
+                    (ap, f),
+                    (bp, f),
+                    (cp, f),
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+                )
+            };
         }
         // SAFETY: the caller checked every problem's A, B and C inside the
         // views (`Device::gemm`).
@@ -370,17 +394,81 @@ impl Device for CudaDevice {
         r.map_err(|e| err("sgemm", e))
     }
 
+    unsafe fn gemm_half_unchecked(
+        &self,
+        g: &Gemm,
+        a: (&Self::Half, usize),
+        b: (&Self::Half, usize),
+        c: HalfGemmOut<'_, Self::Buf, Self::Half>,
+    ) -> Result<()> {
+        self.bind()?;
+        let cfg = Self::config(g)?;
+        let h = cudaDataType_t::CUDA_R_16BF;
+        let (av, bv) = (a.0.slice(a.1..), b.0.slice(b.1..));
+        let (ap, _ra) = av.device_ptr(&self.stream);
+        let (bp, _rb) = bv.device_ptr(&self.stream);
+        let compute = cublasComputeType_t::CUBLAS_COMPUTE_32F;
+        match c {
+            HalfGemmOut::F32(buf, off) => {
+                let mut cv = buf.slice_mut(off..);
+                let (cp, _rc) = cv.device_ptr_mut(&self.stream);
+                let f = cudaDataType_t::CUDA_R_32F;
+                // SAFETY: `Device::gemm_half` checked every problem inside the views.
+                unsafe { self.gemm_ex(g, &cfg, (ap, h), (bp, h), (cp, f), compute) }
+            }
+            HalfGemmOut::Bf16(buf, off) => {
+                let mut cv = buf.slice_mut(off..);
+                let (cp, _rc) = cv.device_ptr_mut(&self.stream);
+                // SAFETY: as above.
+                unsafe { self.gemm_ex(g, &cfg, (ap, h), (bp, h), (cp, h), compute) }
+            }
+        }
+    }
+
+    fn upload_half(&self, host: &[u16]) -> Result<Self::Half> {
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| err("copying to the GPU", e))
+    }
+
+    fn upload_half_into(&self, host: &[u16], buf: &mut Self::Half) -> Result<()> {
+        if host.len() > buf.len() {
+            return Err(EncodeError::backend(
+                NAME,
+                format!(
+                    "copying {} halves into a buffer of {}",
+                    host.len(),
+                    buf.len()
+                ),
+            ));
+        }
+        let mut dst = buf.slice_mut(..host.len());
+        self.stream
+            .memcpy_htod(host, &mut dst)
+            .map_err(|e| err("copying to the GPU", e))
+    }
+
+    fn alloc_half(&self, n: usize) -> Result<Self::Half> {
+        // SAFETY: as `alloc`: written before read.
+        unsafe { self.stream.alloc::<u16>(n) }.map_err(|e| err("allocating GPU memory", e))
+    }
+
+    fn half_len(buf: &Self::Half) -> usize {
+        buf.len()
+    }
+
     fn launch(
         &self,
         kernel: Kernel,
         launch: Launch,
-        args: &mut [Arg<'_, Self::Buf>],
+        args: &mut [Arg<'_, Self::Buf, Self::Half>],
     ) -> Result<()> {
         let mut b = self.stream.launch_builder(&self.kernels[kernel as usize]);
         for a in args.iter_mut() {
             match a {
                 Arg::In(buf) => b.arg(*buf),
                 Arg::Out(buf) => b.arg(&mut **buf),
+                Arg::HalfOut(buf) => b.arg(&mut **buf),
                 Arg::Null => b.arg(&NULL),
                 Arg::I32(v) => b.arg(&*v),
                 Arg::F32(v) => b.arg(&*v),

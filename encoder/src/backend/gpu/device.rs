@@ -224,22 +224,37 @@ impl Launch {
     }
 }
 
-/// A kernel argument, in the kernel signature's order.
-pub(crate) enum Arg<'a, B> {
+/// A kernel argument, in the kernel signature's order: `B` is the device's
+/// f32 buffer, `H` its bf16 one.
+pub(crate) enum Arg<'a, B, H> {
     /// A buffer the kernel reads.
     In(&'a B),
     /// A buffer the kernel writes.
     Out(&'a mut B),
+    /// A bf16 buffer the kernel writes (`unsigned short*`).
+    HalfOut(&'a mut H),
     /// A null pointer (an absent optional buffer).
     Null,
     I32(i32),
     F32(f32),
 }
 
-/// What the GPU path needs from a device: buffers of f32, SGEMM and kernel
-/// launches, all on one in-order stream.
-pub(crate) trait Device {
+/// Where a bf16 GEMM ([`Device::gemm_half`]) writes C: f32, or rounded to
+/// bf16 (nearest, ties to even) from the f32 accumulator; with the offset
+/// of C's start in the buffer.
+pub(crate) enum HalfGemmOut<'a, B, H> {
+    F32(&'a mut B, usize),
+    Bf16(&'a mut H, usize),
+}
+
+/// What the GPU path needs from a device: buffers of f32 and of bf16, GEMMs
+/// and kernel launches, all on one in-order stream.
+pub(crate) trait Device: Sized {
     type Buf;
+    /// bf16 values, as their 16 bits.
+    type Half;
+    /// How its f32 GEMMs compute (fixed when it was opened).
+    fn math(&self) -> GemmMath;
     /// A new buffer holding `host`.
     fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
     /// Copy `host` into the start of `buf`, which holds at least as many
@@ -252,6 +267,14 @@ pub(crate) trait Device {
     fn download_prefix(&self, buf: &Self::Buf, n: usize) -> Result<Vec<f32>>;
     /// How many floats `buf` holds.
     fn len(buf: &Self::Buf) -> usize;
+    /// A new bf16 buffer holding `host` (bf16 bits).
+    fn upload_half(&self, host: &[u16]) -> Result<Self::Half>;
+    /// Copy `host` into the start of `buf` (else an error).
+    fn upload_half_into(&self, host: &[u16], buf: &mut Self::Half) -> Result<()>;
+    /// A bf16 buffer of `n` values, contents undefined (NaN in the emulator).
+    fn alloc_half(&self, n: usize) -> Result<Self::Half>;
+    /// How many bf16 values `buf` holds.
+    fn half_len(buf: &Self::Half) -> usize;
     /// `g` over A, B and C starting `a.1`, `b.1`, `c.1` floats into their
     /// buffers.
     ///
@@ -278,8 +301,63 @@ pub(crate) trait Device {
         // SAFETY: checked just above.
         unsafe { self.gemm_unchecked(g, a, b, c) }
     }
-    fn launch(&self, kernel: Kernel, launch: Launch, args: &mut [Arg<'_, Self::Buf>])
-        -> Result<()>;
+    /// `g` with A and B in bf16 and f32 accumulation (`g.alpha`, `g.beta`
+    /// in f32), C as `c` says; the device's [`GemmMath`] does not apply.
+    ///
+    /// # Safety
+    /// As [`Device::gemm_unchecked`]: [`Device::gemm_half`] checked it.
+    unsafe fn gemm_half_unchecked(
+        &self,
+        g: &Gemm,
+        a: (&Self::Half, usize),
+        b: (&Self::Half, usize),
+        c: HalfGemmOut<'_, Self::Buf, Self::Half>,
+    ) -> Result<()>;
+    /// [`Device::gemm_half_unchecked`] after [`Gemm::check`].
+    fn gemm_half(
+        &self,
+        g: &Gemm,
+        a: (&Self::Half, usize),
+        b: (&Self::Half, usize),
+        c: HalfGemmOut<'_, Self::Buf, Self::Half>,
+    ) -> Result<()> {
+        let rest = |n: usize, off: usize| n.saturating_sub(off);
+        let c_rest = match &c {
+            HalfGemmOut::F32(buf, off) => rest(Self::len(buf), *off),
+            HalfGemmOut::Bf16(buf, off) => rest(Self::half_len(buf), *off),
+        };
+        g.check(
+            rest(Self::half_len(a.0), a.1),
+            rest(Self::half_len(b.0), b.1),
+            c_rest,
+        )?;
+        // SAFETY: checked just above.
+        unsafe { self.gemm_half_unchecked(g, a, b, c) }
+    }
+    fn launch(
+        &self,
+        kernel: Kernel,
+        launch: Launch,
+        args: &mut [Arg<'_, Self::Buf, Self::Half>],
+    ) -> Result<()>;
+}
+
+/// `x` rounded to bfloat16 (8 bits of significand) to nearest, ties to
+/// even, as its 16 bits; NaN stays a (quiet) NaN. What the kernels'
+/// `to_bf16` and cuBLAS's conversions do.
+pub(crate) fn bf16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    let round = 0x7fff + ((bits >> 16) & 1);
+    (bits.wrapping_add(round) >> 16) as u16
+}
+
+/// The f32 a bf16's bits stand for (exact).
+#[cfg(test)]
+pub(crate) fn bf16_value(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
 }
 
 /// Blocks of a launch as CUDA takes them (below 2³¹); `what` names them in the error.

@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
+use super::device::{bf16_bits, bf16_value, HalfGemmOut};
 use super::{Arg, Device, Gemm, GemmMath, Kernel, Launch, KERNELS};
 use crate::error::{EncodeError, Result};
 
@@ -60,6 +61,9 @@ double log(double) noexcept;
 void sincos(double, double*, double*) noexcept;
 }
 static inline float __int_as_float(int i) { float f; __builtin_memcpy(&f, &i, 4); return f; }
+static inline unsigned int __float_as_uint(float f) { unsigned int u; __builtin_memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(unsigned int u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
+#define __device__ static inline
 struct emu_task {
     struct promise_type {
         emu_task get_return_object() {
@@ -122,9 +126,15 @@ const LAUNCHER: &str = r#"
 #include <utility>
 #include <vector>
 
-// 'c': pointer to const (the kernel only reads), 'p': pointer it may write.
+// 'c': pointer to const float (the kernel only reads), 'p': float pointer
+// it may write; 'b' and 'q' the same for unsigned short (bf16).
 template <class T> constexpr char emu_tag() {
-    if constexpr (std::is_pointer_v<T>) return std::is_const_v<std::remove_pointer_t<T>> ? 'c' : 'p';
+    if constexpr (std::is_pointer_v<T>) {
+        using E = std::remove_pointer_t<T>;
+        constexpr bool ro = std::is_const_v<E>;
+        if constexpr (std::is_same_v<std::remove_cv_t<E>, unsigned short>) return ro ? 'b' : 'q';
+        else return ro ? 'c' : 'p';
+    }
     else if constexpr (std::is_same_v<T, int>) return 'i';
     else if constexpr (std::is_same_v<T, float>) return 'f';
     else return '?';
@@ -162,7 +172,8 @@ static int emu_run(const char* name, emu_task (*f)(A...), unsigned grid, unsigne
     bool fits = nargs == n;
     for (int i = 0; fits && i < n; ++i) {
         char w = want[i], g = tags[i];
-        fits = w == g || (g == 'n' && (w == 'c' || w == 'p')) || (g == 'p' && w == 'c');
+        fits = w == g || (g == 'n' && (w == 'c' || w == 'p' || w == 'b' || w == 'q'))
+            || (g == 'p' && w == 'c') || (g == 'q' && w == 'b');
     }
     if (!fits) {
         std::snprintf(err, errlen, "%s takes (%s), was given (%.*s)", name, want, nargs, tags);
@@ -393,6 +404,28 @@ pub(crate) struct EmuBuf {
     data: Vec<f32>,
 }
 
+/// A bf16 buffer in host memory (16-bit values), followed by [`CANARY`]
+/// halves of [`HALF_CANARY`].
+pub(crate) struct EmuHalf {
+    data: Vec<u16>,
+}
+
+/// A bf16 NaN nothing computes.
+const HALF_CANARY: u16 = 0x7fde;
+
+impl EmuHalf {
+    fn new(mut data: Vec<u16>) -> Self {
+        data.extend(std::iter::repeat_n(HALF_CANARY, CANARY));
+        EmuHalf { data }
+    }
+    fn len(&self) -> usize {
+        self.data.len() - CANARY
+    }
+    fn canary_intact(&self) -> bool {
+        self.data[self.len()..].iter().all(|&v| v == HALF_CANARY)
+    }
+}
+
 impl EmuBuf {
     fn new(mut data: Vec<f32>) -> Self {
         data.extend(std::iter::repeat_n(f32::from_bits(CANARY_BITS), CANARY));
@@ -422,9 +455,7 @@ fn bf16(x: f32) -> f32 {
     if x.is_nan() {
         return x;
     }
-    let bits = x.to_bits();
-    let round = 0x7fff + ((bits >> 16) & 1);
-    f32::from_bits(bits.wrapping_add(round) & 0xffff_0000)
+    bf16_value(bf16_bits(x))
 }
 
 /// Fill `dst` with vectors of `k` floats from the column-major `src`
@@ -441,6 +472,39 @@ fn gather(dst: &mut [f32], src: &[f32], k: usize, ld: usize, columns: bool) {
             } else {
                 src[i + l * ld]
             };
+        }
+    }
+}
+
+/// cuBLAS's column-major strided batched GEMM ([`Gemm`]) over f32 slices
+/// starting at each matrix, with `round` applied to every element of A and
+/// B as it is read (the tensor cores' input conversion), dot products in
+/// f32.
+fn gemm_f32(g: &Gemm, am: &[f32], bm: &[f32], cm: &mut [f32], round: fn(f32) -> f32) {
+    // op(A) as m rows of k, op(B) as n columns of k, then dot products.
+    let mut ar = vec![0f32; g.m * g.k];
+    let mut bc = vec![0f32; g.n * g.k];
+    for p in 0..g.batch {
+        let (ao, bo, co) = (p * g.stride_a, p * g.stride_b, p * g.stride_c);
+        // op(A)'s row i is A's column i when transposed; op(B)'s
+        // column j is B's column j unless transposed.
+        gather(&mut ar, &am[ao..], g.k, g.lda, g.trans_a);
+        gather(&mut bc, &bm[bo..], g.k, g.ldb, !g.trans_b);
+        ar.iter_mut()
+            .chain(bc.iter_mut())
+            .for_each(|x| *x = round(*x));
+        for j in 0..g.n {
+            let bj = &bc[j * g.k..(j + 1) * g.k];
+            for i in 0..g.m {
+                let ai = &ar[i * g.k..(i + 1) * g.k];
+                let dot: f32 = ai.iter().zip(bj).map(|(x, y)| x * y).sum();
+                let ci = &mut cm[co + i + j * g.ldc];
+                *ci = if g.beta == 0.0 {
+                    g.alpha * dot
+                } else {
+                    g.alpha * dot + g.beta * *ci
+                };
+            }
         }
     }
 }
@@ -466,6 +530,65 @@ impl EmulatedDevice {
 
 impl Device for EmulatedDevice {
     type Buf = EmuBuf;
+    type Half = EmuHalf;
+
+    fn math(&self) -> GemmMath {
+        self.math
+    }
+
+    fn upload_half(&self, host: &[u16]) -> Result<EmuHalf> {
+        Ok(EmuHalf::new(host.to_vec()))
+    }
+
+    fn upload_half_into(&self, host: &[u16], buf: &mut EmuHalf) -> Result<()> {
+        if host.len() > buf.len() {
+            return Err(err(format!(
+                "copying {} halves into a buffer of {}",
+                host.len(),
+                buf.len()
+            )));
+        }
+        buf.data[..host.len()].copy_from_slice(host);
+        Ok(())
+    }
+
+    /// NaN, so reading what nothing wrote shows.
+    fn alloc_half(&self, n: usize) -> Result<EmuHalf> {
+        Ok(EmuHalf::new(vec![0x7fc0; n]))
+    }
+
+    fn half_len(buf: &EmuHalf) -> usize {
+        buf.len()
+    }
+
+    /// The f32 path's arithmetic on the bf16 values (exact in f32): so a
+    /// model run on bf16 buffers gives the bits of the same model run on
+    /// f32 buffers whose GEMMs round their inputs to bf16.
+    unsafe fn gemm_half_unchecked(
+        &self,
+        g: &Gemm,
+        a: (&EmuHalf, usize),
+        b: (&EmuHalf, usize),
+        c: HalfGemmOut<'_, EmuBuf, EmuHalf>,
+    ) -> Result<()> {
+        let widen = |h: &EmuHalf, off: usize| -> Vec<f32> {
+            h.data[off..].iter().map(|&v| bf16_value(v)).collect()
+        };
+        let (am, bm) = (widen(a.0, a.1), widen(b.0, b.1));
+        match c {
+            HalfGemmOut::F32(buf, off) => gemm_f32(g, &am, &bm, &mut buf.data[off..], |x| x),
+            HalfGemmOut::Bf16(buf, off) => {
+                // Through f32 (beta · C read back from bf16, as cuBLAS does),
+                // rounded on the way out.
+                let mut tmp: Vec<f32> = buf.data[off..].iter().map(|&v| bf16_value(v)).collect();
+                gemm_f32(g, &am, &bm, &mut tmp, |x| x);
+                for (o, v) in buf.data[off..].iter_mut().zip(&tmp) {
+                    *o = bf16_bits(*v);
+                }
+            }
+        }
+        Ok(())
+    }
 
     fn upload(&self, host: &[f32]) -> Result<EmuBuf> {
         Ok(EmuBuf::new(host.to_vec()))
@@ -510,48 +633,29 @@ impl Device for EmulatedDevice {
         b: (&EmuBuf, usize),
         c: (&mut EmuBuf, usize),
     ) -> Result<()> {
-        let (am, bm) = (&a.0.data[a.1..], &b.0.data[b.1..]);
-        let cm = &mut c.0.data[c.1..];
-        // op(A) as m rows of k, op(B) as n columns of k, then dot products.
-        let mut ar = vec![0f32; g.m * g.k];
-        let mut bc = vec![0f32; g.n * g.k];
-        for p in 0..g.batch {
-            let (ao, bo, co) = (p * g.stride_a, p * g.stride_b, p * g.stride_c);
-            // op(A)'s row i is A's column i when transposed; op(B)'s
-            // column j is B's column j unless transposed.
-            gather(&mut ar, &am[ao..], g.k, g.lda, g.trans_a);
-            gather(&mut bc, &bm[bo..], g.k, g.ldb, !g.trans_b);
-            match self.math {
-                GemmMath::F32 => {}
-                GemmMath::Tf32 => ar
-                    .iter_mut()
-                    .chain(bc.iter_mut())
-                    .for_each(|x| *x = tf32(*x)),
-                GemmMath::Bf16 => ar
-                    .iter_mut()
-                    .chain(bc.iter_mut())
-                    .for_each(|x| *x = bf16(*x)),
-            }
-            for j in 0..g.n {
-                let bj = &bc[j * g.k..(j + 1) * g.k];
-                for i in 0..g.m {
-                    let ai = &ar[i * g.k..(i + 1) * g.k];
-                    let dot: f32 = ai.iter().zip(bj).map(|(x, y)| x * y).sum();
-                    let ci = &mut cm[co + i + j * g.ldc];
-                    *ci = if g.beta == 0.0 {
-                        g.alpha * dot
-                    } else {
-                        g.alpha * dot + g.beta * *ci
-                    };
-                }
-            }
-        }
+        let round: fn(f32) -> f32 = match self.math {
+            GemmMath::F32 => |x| x,
+            GemmMath::Tf32 => tf32,
+            GemmMath::Bf16 => bf16,
+        };
+        gemm_f32(
+            g,
+            &a.0.data[a.1..],
+            &b.0.data[b.1..],
+            &mut c.0.data[c.1..],
+            round,
+        );
         Ok(())
     }
 
-    fn launch(&self, kernel: Kernel, launch: Launch, args: &mut [Arg<'_, EmuBuf>]) -> Result<()> {
+    fn launch(
+        &self,
+        kernel: Kernel,
+        launch: Launch,
+        args: &mut [Arg<'_, EmuBuf, EmuHalf>],
+    ) -> Result<()> {
         let n = args.len();
-        let mut ptrs = vec![std::ptr::null_mut::<f32>(); n];
+        let mut ptrs = vec![std::ptr::null_mut::<c_void>(); n];
         let mut ints = vec![0i32; n];
         let mut floats = vec![0f32; n];
         let mut tags = Vec::with_capacity(n + 1);
@@ -561,12 +665,16 @@ impl Device for EmulatedDevice {
                 // mutable because C's `const float*` and `float*` share a
                 // representation.
                 Arg::In(b) => {
-                    ptrs[i] = b.data.as_ptr().cast_mut();
+                    ptrs[i] = b.data.as_ptr().cast_mut().cast();
                     b'c'
                 }
                 Arg::Out(b) => {
-                    ptrs[i] = b.data.as_mut_ptr();
+                    ptrs[i] = b.data.as_mut_ptr().cast();
                     b'p'
+                }
+                Arg::HalfOut(b) => {
+                    ptrs[i] = b.data.as_mut_ptr().cast();
+                    b'q'
                 }
                 Arg::Null => b'n',
                 Arg::I32(v) => {
@@ -581,7 +689,7 @@ impl Device for EmulatedDevice {
         }
         let mut slots: Vec<*mut c_void> = (0..n)
             .map(|i| match tags[i] {
-                b'c' | b'p' | b'n' => (&mut ptrs[i]) as *mut *mut f32 as *mut c_void,
+                b'c' | b'p' | b'q' | b'n' => (&mut ptrs[i]) as *mut *mut c_void as *mut c_void,
                 b'i' => (&mut ints[i]) as *mut i32 as *mut c_void,
                 _ => (&mut floats[i]) as *mut f32 as *mut c_void,
             })
@@ -595,6 +703,7 @@ impl Device for EmulatedDevice {
             let intact = match a {
                 Arg::In(b) => b.canary_intact(),
                 Arg::Out(b) => b.canary_intact(),
+                Arg::HalfOut(b) => b.canary_intact(),
                 _ => true,
             };
             if !intact {
@@ -707,6 +816,41 @@ mod tests {
     }
 
     #[test]
+    fn bf16_buffers_give_the_bits_of_gemms_that_round_their_inputs() {
+        // The bf16 datapath (weights and activations stored in bf16, as on
+        // the GPU) against f32 buffers whose every GEMM rounds A and B to
+        // bf16 as it reads them: the same arithmetic, so the same bits.
+        for name in ["small", "long"] {
+            let dir = Path::new(FIXTURES).join(name);
+            let tile = TileInputs::read(&dir.join("tile")).unwrap();
+            let ckpt = Checkpoint::load(&dir.join("ckpt.safetensors")).unwrap();
+            let weights = Arc::new(StudentWeights::from_checkpoint(&ckpt).unwrap());
+            let run = |half: bool| {
+                let dev = EmulatedDevice::new(GemmMath::Bf16);
+                let backend = GpuBackend::create_with(NAME, dev, weights.clone(), half).unwrap();
+                let profile = DeviceProfile {
+                    chunk_pixels: 64,
+                    ..DeviceProfile::default_for(BackendChoice::Cuda)
+                };
+                let enc = Encoder::with_backend(weights.clone(), Box::new(backend), profile);
+                let emb = enc
+                    .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
+                    .unwrap();
+                emb.values.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let (half, rounded) = (run(true), run(false));
+            assert_eq!(half.len(), rounded.len());
+            let differ = half.iter().zip(&rounded).filter(|(a, b)| a != b).count();
+            assert_eq!(
+                differ,
+                0,
+                "{name}: {differ} of {} values differ",
+                half.len()
+            );
+        }
+    }
+
+    #[test]
     fn bf16_rounds_to_nearest_even() {
         // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1).
         assert_eq!(bf16(1.0 + 1.0 / 256.0), 1.0);
@@ -721,15 +865,22 @@ mod tests {
 
     /// `bias_epilogue` on `y` (no bias, no residual), launched as
     /// `gpu/mod.rs` launches it.
-    fn epilogue(y: &mut EmuBuf, rows: i32, cols: i32, relu: Arg<'_, EmuBuf>) -> Result<()> {
+    fn epilogue(
+        y: &mut EmuBuf,
+        rows: i32,
+        cols: i32,
+        relu: Arg<'_, EmuBuf, EmuHalf>,
+    ) -> Result<()> {
         let launch = Launch::row_segments(rows as usize, cols as usize, "blocks")?;
         let mut args = [
             Arg::Out(y),
             Arg::Null,
             Arg::Null,
+            Arg::Null,
             Arg::I32(rows),
             Arg::I32(cols),
             relu,
+            Arg::I32(1),
         ];
         EmulatedDevice::new(GemmMath::F32).launch(Kernel::BiasEpilogue, launch, &mut args)
     }
@@ -741,7 +892,7 @@ mod tests {
         let e = epilogue(&mut y, 2, 4, Arg::F32(1.0))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("takes (pcciii), was given (pnniif)"), "{e}");
+        assert!(e.contains("takes (pccqiiii), was given (pnnniifi)"), "{e}");
         let launch = Launch {
             grid: 1,
             block: 32,
@@ -758,15 +909,34 @@ mod tests {
             Arg::In(&ro),
             Arg::Null,
             Arg::Null,
+            Arg::Null,
             Arg::I32(2),
             Arg::I32(4),
             Arg::I32(0),
+            Arg::I32(1),
         ];
         let e = EmulatedDevice::new(GemmMath::F32)
             .launch(Kernel::BiasEpilogue, launch, &mut args)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("was given (cnniii)"), "{e}");
+        assert!(e.contains("was given (cnnniiii)"), "{e}");
+        // Nor a bf16 buffer where the kernel takes floats.
+        let mut h = EmuHalf::new(vec![0; 8]);
+        let mut args = [
+            Arg::HalfOut(&mut h),
+            Arg::Null,
+            Arg::Null,
+            Arg::Null,
+            Arg::I32(2),
+            Arg::I32(4),
+            Arg::I32(0),
+            Arg::I32(1),
+        ];
+        let e = EmulatedDevice::new(GemmMath::F32)
+            .launch(Kernel::BiasEpilogue, launch, &mut args)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("was given (qnnniiii)"), "{e}");
     }
 
     #[test]
@@ -877,12 +1047,14 @@ mod tests {
         let gamma = EmuBuf::new((0..cols).map(|j| 1.0 + j as f32 * 0.01).collect());
         let beta = EmuBuf::new((0..cols).map(|j| j as f32 * -0.02).collect());
         let mut fused = EmuBuf::new(x.clone());
+        let mut fused_half = EmuHalf::new(vec![0; rows * cols]);
         let mut args = [
             Arg::Out(&mut fused),
             Arg::In(&bias),
             Arg::In(&residual),
             Arg::In(&gamma),
             Arg::In(&beta),
+            Arg::HalfOut(&mut fused_half),
             Arg::I32(rows as i32),
             Arg::I32(cols as i32),
             Arg::F32(1e-5),
@@ -894,9 +1066,11 @@ mod tests {
             Arg::Out(&mut split),
             Arg::In(&bias),
             Arg::In(&residual),
+            Arg::Null,
             Arg::I32(rows as i32),
             Arg::I32(cols as i32),
             Arg::I32(0),
+            Arg::I32(1),
         ];
         let seg = Launch::row_segments(rows, cols, "blocks").unwrap();
         dev.launch(Kernel::BiasEpilogue, seg, &mut args).unwrap();
@@ -916,14 +1090,59 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(bits(&fused), bits(&split));
+        // The bf16 copy is the f32 result rounded to nearest even.
+        let rounded: Vec<u16> = fused.data[..rows * cols]
+            .iter()
+            .map(|&v| bf16_bits(v))
+            .collect();
+        assert_eq!(&fused_half.data[..rows * cols], &rounded[..]);
         // Softmax: each row sums to 1 and matches the host's.
         let mut sm = EmuBuf::new(x.clone());
         let mut args = [
             Arg::Out(&mut sm),
+            Arg::Null,
             Arg::I32(rows as i32),
             Arg::I32(cols as i32),
         ];
         dev.launch(Kernel::SoftmaxRows, launch, &mut args).unwrap();
+        // Into bf16 only: the f32 scores stay as they were.
+        let mut scores = EmuBuf::new(x.clone());
+        let mut probs = EmuHalf::new(vec![0; rows * cols]);
+        let mut args = [
+            Arg::Out(&mut scores),
+            Arg::HalfOut(&mut probs),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+        ];
+        dev.launch(Kernel::SoftmaxRows, launch, &mut args).unwrap();
+        assert_eq!(&scores.data[..rows * cols], &x[..]);
+        let rounded: Vec<u16> = sm.data[..rows * cols]
+            .iter()
+            .map(|&v| bf16_bits(v))
+            .collect();
+        assert_eq!(&probs.data[..rows * cols], &rounded[..]);
+        // The epilogue into bf16 only (keep 0) leaves y alone.
+        let mut y = EmuBuf::new(x.clone());
+        let mut yh = EmuHalf::new(vec![0; rows * cols]);
+        let mut args = [
+            Arg::Out(&mut y),
+            Arg::In(&bias),
+            Arg::Null,
+            Arg::HalfOut(&mut yh),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+            Arg::I32(1),
+            Arg::I32(0),
+        ];
+        dev.launch(Kernel::BiasEpilogue, seg, &mut args).unwrap();
+        assert_eq!(&y.data[..rows * cols], &x[..]);
+        for (i, (&h, &v)) in yh.data.iter().zip(&x).enumerate() {
+            assert_eq!(
+                h,
+                bf16_bits((v + bias.data[i % cols]).max(0.0)),
+                "element {i}"
+            );
+        }
         for r in 0..rows {
             let row = &x[r * cols..(r + 1) * cols];
             let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;

@@ -13,13 +13,25 @@
 #define WARP_SUM(v) for (int o_ = 16; o_ > 0; o_ >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o_)
 #define WARP_MAX(v) for (int o_ = 16; o_ > 0; o_ >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o_))
 
-// y (rows, cols) in place: + bias (per column; may be null), then ReLU if
-// relu, then + residual (may be null). Blocks of 256 threads cover a row in
-// ceil(cols / 256) segments, so a thread finds its column without a 64-bit
-// division (the element-wise `i % cols` this replaces was most of the
-// kernel's time on an H200).
+// f32 to bf16 bits, to nearest, ties to even; NaN stays NaN. The same as
+// device.rs's bf16_bits, and as cuBLAS rounds a bf16 result.
+__device__ unsigned short to_bf16(float x) {
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+// y (rows, cols): + bias (per column; may be null), then ReLU if relu, then
+// + residual (may be null). The result goes to y, and also as bf16 to half
+// when half is not null; with half given and keep 0, only to half (the
+// next GEMM reads it in bf16 and nothing reads the f32). Blocks of 256
+// threads cover a row in ceil(cols / 256) segments, so a thread finds its
+// column without a 64-bit division (the element-wise `i % cols` this
+// replaces was most of the kernel's time on an H200).
 extern "C" __global__ void bias_epilogue(float* y, const float* bias, const float* residual,
-                                         int rows, int cols, int relu) {
+                                         unsigned short* half, int rows, int cols, int relu,
+                                         int keep) {
     int segments = (cols + blockDim.x - 1) / blockDim.x;
     int row = blockIdx.x / segments;
     int col = (blockIdx.x % segments) * blockDim.x + threadIdx.x;
@@ -28,7 +40,8 @@ extern "C" __global__ void bias_epilogue(float* y, const float* bias, const floa
     float v = bias ? y[i] + bias[col] : y[i];
     if (relu) v = fmaxf(v, 0.0f);
     if (residual) v += residual[i];
-    y[i] = v;
+    if (half) half[i] = to_bf16(v);
+    if (!half || keep) y[i] = v;
 }
 
 // The day-of-year encoding, as model::DoyEncoding computes it on the host
@@ -80,14 +93,14 @@ extern "C" __global__ void layer_norm(float* x, const float* gamma, const float*
 
 // A post-LN encoder layer's `norm(x + sublayer(x))` in one launch: y is the
 // sublayer's GEMM output (rows, cols), in place; bias may be null; residual
-// is x. Each lane first stores v = y + bias + residual (in float, as
+// is x; half, when not null, also gets the result in bf16. Each lane first stores v = y + bias + residual (in float, as
 // bias_epilogue computes it) over its own columns, then layer_norm's
 // passes run over them: the same bits as bias_epilogue then layer_norm,
 // one launch instead of two and the row still in L1 for the later passes.
 extern "C" __global__ void residual_layer_norm(float* y, const float* bias,
                                                const float* residual, const float* gamma,
-                                               const float* beta, int rows, int cols,
-                                               float eps) {
+                                               const float* beta, unsigned short* half,
+                                               int rows, int cols, float eps) {
     int lane = threadIdx.x & 31;
     long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool live = row < rows;
@@ -117,11 +130,13 @@ extern "C" __global__ void residual_layer_norm(float* y, const float* bias,
         float v = (float)(((double)r[j] - mean) * inv);
         if (gamma) v = v * gamma[j] + beta[j];
         r[j] = v;
+        if (half) half[row * cols + j] = to_bf16(v);
     }
 }
 
-// Softmax of each row of x (rows, cols), in place, one warp per row.
-extern "C" __global__ void softmax_rows(float* x, int rows, int cols) {
+// Softmax of each row of x (rows, cols), one warp per row: in place, or
+// only as bf16 into half when half is not null.
+extern "C" __global__ void softmax_rows(float* x, unsigned short* half, int rows, int cols) {
     int lane = threadIdx.x & 31;
     long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool live = row < rows;
@@ -135,7 +150,12 @@ extern "C" __global__ void softmax_rows(float* x, int rows, int cols) {
     WARP_SUM(s);
     if (!live) return;
     float inv = 1.0f / s;
-    for (int j = lane; j < cols; j += 32) r[j] = expf(r[j] - m) * inv;
+    if (half) {
+        unsigned short* h = half + row * cols;
+        for (int j = lane; j < cols; j += 32) h[j] = to_bf16(expf(r[j] - m) * inv);
+    } else {
+        for (int j = lane; j < cols; j += 32) r[j] = expf(r[j] - m) * inv;
+    }
 }
 
 // Attention pooling: one block per pixel; h is (pixels, len, d), out (pixels, d).

@@ -16,6 +16,15 @@
 //! Layout conventions: every activation is row-major (rows = tokens), and
 //! SGEMM (column-major) sees a row-major (r × c) matrix as its transpose.
 //!
+//! Precision: with `dtype = "bf16"` the backbones keep bf16 copies of their
+//! weights and of every activation a GEMM reads (written by the kernel that
+//! produces it, rounded to nearest even), and run their GEMMs on bf16 with
+//! f32 accumulation; the residual stream, LayerNorm, softmax's sums and
+//! pooling stay f32. That is the same arithmetic as f32 GEMMs whose inputs
+//! are rounded to bf16 as they are read (the emulator checks the two give
+//! the same bits), with half the bytes read by each GEMM. The head's few
+//! GEMMs run on f32 buffers with the device's math.
+//!
 //! Determinism: one stream, a fixed kernel and GEMM order, and reductions in
 //! a fixed tree order per block, so the same chunk gives the same bits on the
 //! same GPU and library versions; thread counts do not apply.
@@ -28,76 +37,94 @@ mod emulator;
 
 use std::sync::{Arc, Mutex};
 
-pub(crate) use device::{Arg, Device, Gemm, GemmMath, Kernel, Launch, KERNELS};
+pub(crate) use device::{Arg, Device, Gemm, GemmMath, HalfGemmOut, Kernel, Launch, KERNELS};
 
 use super::{Backend, SequenceBatch};
 use crate::error::{EncodeError, Result};
 use crate::model::{Backbone, LayerNorm, Linear, Modality, StudentWeights};
 
-struct DeviceLinear<B> {
+struct DeviceLinear<D: Device> {
     in_dim: usize,
     out_dim: usize,
     /// (out, in) row-major, as in the checkpoint.
-    weight: B,
-    bias: B,
+    weight: D::Buf,
+    /// The same in bf16, for the bf16 backbones.
+    weight_half: Option<D::Half>,
+    bias: D::Buf,
 }
 
-struct DeviceNorm<B> {
+struct DeviceNorm<D: Device> {
     dim: usize,
-    affine: Option<(B, B)>,
+    affine: Option<(D::Buf, D::Buf)>,
     eps: f32,
 }
 
-struct DeviceLayer<B> {
-    in_proj: DeviceLinear<B>,
-    out_proj: DeviceLinear<B>,
-    linear1: DeviceLinear<B>,
-    linear2: DeviceLinear<B>,
-    norm1: DeviceNorm<B>,
-    norm2: DeviceNorm<B>,
+struct DeviceLayer<D: Device> {
+    in_proj: DeviceLinear<D>,
+    out_proj: DeviceLinear<D>,
+    linear1: DeviceLinear<D>,
+    linear2: DeviceLinear<D>,
+    norm1: DeviceNorm<D>,
+    norm2: DeviceNorm<D>,
 }
 
-struct DeviceBackbone<B> {
+struct DeviceBackbone<D: Device> {
     d: usize,
     nhead: usize,
     ffn: usize,
-    embed0: DeviceLinear<B>,
-    embed2: DeviceLinear<B>,
-    layers: Vec<DeviceLayer<B>>,
-    pool_w: B,
+    embed0: DeviceLinear<D>,
+    embed2: DeviceLinear<D>,
+    layers: Vec<DeviceLayer<D>>,
+    pool_w: D::Buf,
     pool_b: f32,
 }
 
 /// The model's weights on a device, and the device; one caller at a time.
 struct GpuModel<D: Device> {
     dev: D,
-    s2: DeviceBackbone<D::Buf>,
-    s1: DeviceBackbone<D::Buf>,
-    fc1: DeviceLinear<D::Buf>,
-    norm1: DeviceNorm<D::Buf>,
-    fc2: DeviceLinear<D::Buf>,
-    out_norm: DeviceNorm<D::Buf>,
+    /// The backbones run on bf16 copies (profile dtype bf16).
+    half: bool,
+    s2: DeviceBackbone<D>,
+    s1: DeviceBackbone<D>,
+    fc1: DeviceLinear<D>,
+    norm1: DeviceNorm<D>,
+    fc2: DeviceLinear<D>,
+    out_norm: DeviceNorm<D>,
 }
 
 /// A [`Backend`] on any [`Device`]; `name` is what errors and `--backend`
 /// call it.
 pub(crate) struct GpuBackend<D: Device> {
     name: &'static str,
-    model: Mutex<(GpuModel<D>, Scratch<D::Buf>)>,
+    model: Mutex<(GpuModel<D>, Scratch<D>)>,
     d: usize,
     repr_dim: usize,
 }
 
 impl<D: Device> GpuBackend<D> {
-    /// Upload the weights once.
+    /// Upload the weights once (and their bf16 copies when the device
+    /// computes in bf16).
     pub(crate) fn create(name: &'static str, dev: D, weights: Arc<StudentWeights>) -> Result<Self> {
+        let half = dev.math() == GemmMath::Bf16;
+        Self::create_with(name, dev, weights, half)
+    }
+
+    /// [`GpuBackend::create`], the backbones on bf16 copies or not as
+    /// `half` says (the tests compare the two ways of computing bf16).
+    pub(crate) fn create_with(
+        name: &'static str,
+        dev: D,
+        weights: Arc<StudentWeights>,
+        half: bool,
+    ) -> Result<Self> {
         let ffn = weights.config.dim_feedforward;
         let model = GpuModel {
-            s2: backbone(&dev, &weights.s2, ffn)?,
-            s1: backbone(&dev, &weights.s1, ffn)?,
-            fc1: linear(&dev, &weights.head.fc1)?,
+            half,
+            s2: backbone(&dev, &weights.s2, ffn, half)?,
+            s1: backbone(&dev, &weights.s1, ffn, half)?,
+            fc1: linear(&dev, &weights.head.fc1, false)?,
             norm1: norm(&dev, &weights.head.norm1)?,
-            fc2: linear(&dev, &weights.head.fc2)?,
+            fc2: linear(&dev, &weights.head.fc2, false)?,
             out_norm: norm(&dev, &weights.head.out_norm)?,
             dev,
         };
@@ -110,23 +137,29 @@ impl<D: Device> GpuBackend<D> {
     }
 
     #[allow(clippy::type_complexity)]
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, (GpuModel<D>, Scratch<D::Buf>)>> {
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, (GpuModel<D>, Scratch<D>)>> {
         self.model
             .lock()
             .map_err(|_| EncodeError::backend(self.name, "a previous device call panicked"))
     }
 }
 
-fn linear<D: Device>(dev: &D, l: &Linear) -> Result<DeviceLinear<D::Buf>> {
+fn linear<D: Device>(dev: &D, l: &Linear, half: bool) -> Result<DeviceLinear<D>> {
     Ok(DeviceLinear {
         in_dim: l.in_dim,
         out_dim: l.out_dim,
         weight: dev.upload(&l.weight)?,
+        weight_half: if half {
+            let bits: Vec<u16> = l.weight.iter().map(|&w| device::bf16_bits(w)).collect();
+            Some(dev.upload_half(&bits)?)
+        } else {
+            None
+        },
         bias: dev.upload(&l.bias)?,
     })
 }
 
-fn norm<D: Device>(dev: &D, n: &LayerNorm) -> Result<DeviceNorm<D::Buf>> {
+fn norm<D: Device>(dev: &D, n: &LayerNorm) -> Result<DeviceNorm<D>> {
     Ok(DeviceNorm {
         dim: n.dim,
         affine: match &n.affine {
@@ -137,7 +170,7 @@ fn norm<D: Device>(dev: &D, n: &LayerNorm) -> Result<DeviceNorm<D::Buf>> {
     })
 }
 
-fn backbone<D: Device>(dev: &D, b: &Backbone, ffn: usize) -> Result<DeviceBackbone<D::Buf>> {
+fn backbone<D: Device>(dev: &D, b: &Backbone, ffn: usize, half: bool) -> Result<DeviceBackbone<D>> {
     if !b.d_model.is_multiple_of(2) {
         return Err(EncodeError::backend(
             "gpu",
@@ -150,10 +183,10 @@ fn backbone<D: Device>(dev: &D, b: &Backbone, ffn: usize) -> Result<DeviceBackbo
     let mut layers = Vec::with_capacity(b.layers.len());
     for l in &b.layers {
         layers.push(DeviceLayer {
-            in_proj: linear(dev, &l.in_proj)?,
-            out_proj: linear(dev, &l.out_proj)?,
-            linear1: linear(dev, &l.linear1)?,
-            linear2: linear(dev, &l.linear2)?,
+            in_proj: linear(dev, &l.in_proj, half)?,
+            out_proj: linear(dev, &l.out_proj, half)?,
+            linear1: linear(dev, &l.linear1, half)?,
+            linear2: linear(dev, &l.linear2, half)?,
             norm1: norm(dev, &l.norm1)?,
             norm2: norm(dev, &l.norm2)?,
         });
@@ -162,8 +195,8 @@ fn backbone<D: Device>(dev: &D, b: &Backbone, ffn: usize) -> Result<DeviceBackbo
         d: b.d_model,
         nhead: b.nhead,
         ffn,
-        embed0: linear(dev, &b.embed0)?,
-        embed2: linear(dev, &b.embed2)?,
+        embed0: linear(dev, &b.embed0, half)?,
+        embed2: linear(dev, &b.embed2, half)?,
         layers,
         pool_w: dev.upload(&b.pool.weight)?,
         pool_b: b.pool.bias[0],
@@ -176,53 +209,136 @@ fn int(v: usize, what: &str) -> Result<i32> {
         .map_err(|_| EncodeError::backend("gpu", format!("{what} {v} exceeds a kernel's int")))
 }
 
+/// `Gemm` of a Linear over `m` rows: `y (m, out) = x (m, in) · Wᵀ`, all
+/// row-major. Column-major it is `yᵀ (out, m) = W · xᵀ`: W's row-major
+/// storage is Wᵀ column-major (so `trans_a`, lda = in), x's is xᵀ (no
+/// `trans_b`, ldb = in).
+fn linear_gemm(in_dim: usize, out_dim: usize, m: usize) -> Gemm {
+    Gemm {
+        trans_a: true,
+        trans_b: false,
+        m: out_dim,
+        n: m,
+        k: in_dim,
+        alpha: 1.0,
+        lda: in_dim,
+        ldb: in_dim,
+        beta: 0.0,
+        ldc: out_dim,
+        batch: 1,
+        stride_a: 0,
+        stride_b: 0,
+        stride_c: 0,
+    }
+}
+
+/// Attention's two batched GEMMs for head `h` of `px` pixels' sequences of
+/// `len` over the packed (px·len, 3d) `qkv`: the scores S (len × len per
+/// pixel, row-major) = Q Kᵀ / √hd, then O (len × hd per pixel, row-major,
+/// ld d) = P V. Column-major: Sᵀ = K Qᵀ (K's row-major storage, ld 3d, is
+/// Kᵀ column-major, so `trans_a`; Q's is Qᵀ) and Oᵀ = Vᵀ Pᵀ (V's storage
+/// is Vᵀ, P's is Pᵀ). Returns the GEMMs and the offsets of K, Q, V and O.
+fn attention_gemms(
+    px: usize,
+    len: usize,
+    d: usize,
+    hd: usize,
+    h: usize,
+) -> ([Gemm; 2], [usize; 4]) {
+    let d3 = 3 * d;
+    let scores = Gemm {
+        trans_a: true,
+        trans_b: false,
+        m: len,
+        n: len,
+        k: hd,
+        alpha: 1.0 / (hd as f32).sqrt(),
+        lda: d3,
+        ldb: d3,
+        beta: 0.0,
+        ldc: len,
+        batch: px,
+        stride_a: len * d3,
+        stride_b: len * d3,
+        stride_c: len * len,
+    };
+    let out = Gemm {
+        trans_a: false,
+        trans_b: false,
+        m: hd,
+        n: len,
+        k: len,
+        alpha: 1.0,
+        lda: d3,
+        ldb: len,
+        beta: 0.0,
+        ldc: d,
+        batch: px,
+        stride_a: len * d3,
+        stride_b: len * len,
+        stride_c: len * d,
+    };
+    ([scores, out], [d + h * hd, h * hd, 2 * d + h * hd, h * hd])
+}
+
+/// A kernel argument on device `D`'s buffers.
+type DevArg<'a, D> = Arg<'a, <D as Device>::Buf, <D as Device>::Half>;
+
+/// The arguments of a kernel that takes (gamma, beta) or two nulls.
+fn affine<D: Device>(n: &DeviceNorm<D>) -> (DevArg<'_, D>, DevArg<'_, D>) {
+    match &n.affine {
+        Some((g, b)) => (Arg::In(g), Arg::In(b)),
+        None => (Arg::Null, Arg::Null),
+    }
+}
+
 impl<D: Device> GpuModel<D> {
-    /// `y (m, out) = epilogue(x (m, in) · Wᵀ + b)`, all row-major. SGEMM
-    /// computes the column-major `yᵀ (out, m) = W · xᵀ`: W's row-major
-    /// storage is Wᵀ column-major (so `trans_a`, lda = in), x's is xᵀ
-    /// (no `trans_b`, ldb = in).
+    /// `y (m, out) = epilogue(x (m, in) · Wᵀ + b)` on f32 buffers.
     fn linear(
         &self,
-        l: &DeviceLinear<D::Buf>,
+        l: &DeviceLinear<D>,
         x: &D::Buf,
         m: usize,
         y: &mut D::Buf,
         relu: bool,
         residual: Option<&D::Buf>,
     ) -> Result<()> {
-        self.gemm_linear(l, x, m, y)?;
-        self.epilogue(y, Some(&l.bias), m, l.out_dim, relu, residual)
+        let g = linear_gemm(l.in_dim, l.out_dim, m);
+        self.dev.gemm(&g, (&l.weight, 0), (x, 0), (&mut *y, 0))?;
+        self.epilogue(y, Some(&l.bias), m, l.out_dim, relu, residual, None)
     }
 
-    /// `y = x · Wᵀ`, the GEMM of [`GpuModel::linear`] without its bias.
-    fn gemm_linear(
+    /// The same on a bf16 `x` and the weights' bf16 copy, the product in
+    /// f32 into `y`; the epilogue's result also goes to `half` in bf16
+    /// (only there when `keep` is false).
+    #[allow(clippy::too_many_arguments)]
+    fn linear_half(
         &self,
-        l: &DeviceLinear<D::Buf>,
-        x: &D::Buf,
+        l: &DeviceLinear<D>,
+        x: &D::Half,
         m: usize,
         y: &mut D::Buf,
+        relu: bool,
+        residual: Option<&D::Buf>,
+        half: (&mut D::Half, bool),
     ) -> Result<()> {
-        let g = Gemm {
-            trans_a: true,
-            trans_b: false,
-            m: l.out_dim,
-            n: m,
-            k: l.in_dim,
-            alpha: 1.0,
-            lda: l.in_dim,
-            ldb: l.in_dim,
-            beta: 0.0,
-            ldc: l.out_dim,
-            batch: 1,
-            stride_a: 0,
-            stride_b: 0,
-            stride_c: 0,
-        };
-        self.dev.gemm(&g, (&l.weight, 0), (x, 0), (&mut *y, 0))
+        let w = self.weight_half(l)?;
+        let g = linear_gemm(l.in_dim, l.out_dim, m);
+        self.dev
+            .gemm_half(&g, (w, 0), (x, 0), HalfGemmOut::F32(&mut *y, 0))?;
+        self.epilogue(y, Some(&l.bias), m, l.out_dim, relu, residual, Some(half))
+    }
+
+    fn weight_half<'w>(&self, l: &'w DeviceLinear<D>) -> Result<&'w D::Half> {
+        l.weight_half
+            .as_ref()
+            .ok_or_else(|| EncodeError::backend("gpu", "bf16 weights were not uploaded"))
     }
 
     /// In place on the (rows, cols) `y`: add `bias` (per column), then ReLU
-    /// if asked, then add `residual` — one pass of `bias_epilogue`.
+    /// if asked, then add `residual` — one pass of `bias_epilogue`; with
+    /// `half`, the result also (or, `half.1` false, only) in bf16 there.
+    #[allow(clippy::too_many_arguments)]
     fn epilogue(
         &self,
         y: &mut D::Buf,
@@ -231,44 +347,48 @@ impl<D: Device> GpuModel<D> {
         cols: usize,
         relu: bool,
         residual: Option<&D::Buf>,
+        half: Option<(&mut D::Half, bool)>,
     ) -> Result<()> {
         let launch = Launch::row_segments(rows, cols, "epilogue blocks")?;
+        let (half, keep) = match half {
+            Some((h, keep)) => (Arg::HalfOut(h), keep),
+            None => (Arg::Null, true),
+        };
         let mut args = [
             Arg::Out(y),
             bias.map_or(Arg::Null, Arg::In),
             residual.map_or(Arg::Null, Arg::In),
+            half,
             Arg::I32(int(rows, "rows")?),
             Arg::I32(int(cols, "cols")?),
             Arg::I32(i32::from(relu)),
+            Arg::I32(i32::from(keep)),
         ];
         self.dev.launch(Kernel::BiasEpilogue, launch, &mut args)
     }
 
-    /// `y (m, out) = norm(x · Wᵀ + b + residual)`: the GEMM of
-    /// [`GpuModel::linear`], then bias, residual and LayerNorm in one
-    /// `residual_layer_norm` pass (the same bits as `linear` with the
-    /// residual followed by `layer_norm`).
-    fn linear_add_norm(
+    /// `y = norm(y + b + residual)` in place on the (m, dim) `y` (a GEMM's
+    /// output), in one `residual_layer_norm` launch (the same bits as the
+    /// epilogue with the residual followed by `layer_norm`); with `half`,
+    /// also in bf16 there.
+    fn add_norm(
         &self,
-        l: &DeviceLinear<D::Buf>,
-        x: &D::Buf,
-        m: usize,
+        bias: &D::Buf,
         y: &mut D::Buf,
+        m: usize,
         residual: &D::Buf,
-        n: &DeviceNorm<D::Buf>,
+        n: &DeviceNorm<D>,
+        half: Option<&mut D::Half>,
     ) -> Result<()> {
-        self.gemm_linear(l, x, m, y)?;
         let launch = Launch::warp_rows(m, "rows")?;
-        let (gamma, beta) = match &n.affine {
-            Some((g, b)) => (Arg::In(g), Arg::In(b)),
-            None => (Arg::Null, Arg::Null),
-        };
+        let (gamma, beta) = affine(n);
         let mut args = [
             Arg::Out(y),
-            Arg::In(&l.bias),
+            Arg::In(bias),
             Arg::In(residual),
             gamma,
             beta,
+            half.map_or(Arg::Null, Arg::HalfOut),
             Arg::I32(int(m, "rows")?),
             Arg::I32(int(n.dim, "dim")?),
             Arg::F32(n.eps),
@@ -277,12 +397,9 @@ impl<D: Device> GpuModel<D> {
             .launch(Kernel::ResidualLayerNorm, launch, &mut args)
     }
 
-    fn layer_norm(&self, n: &DeviceNorm<D::Buf>, x: &mut D::Buf, rows: usize) -> Result<()> {
+    fn layer_norm(&self, n: &DeviceNorm<D>, x: &mut D::Buf, rows: usize) -> Result<()> {
         let launch = Launch::warp_rows(rows, "rows")?;
-        let (gamma, beta) = match &n.affine {
-            Some((g, b)) => (Arg::In(g), Arg::In(b)),
-            None => (Arg::Null, Arg::Null),
-        };
+        let (gamma, beta) = affine(n);
         let mut args = [
             Arg::Out(x),
             gamma,
@@ -292,6 +409,25 @@ impl<D: Device> GpuModel<D> {
             Arg::F32(n.eps),
         ];
         self.dev.launch(Kernel::LayerNorm, launch, &mut args)
+    }
+
+    /// Softmax of the `rows` score rows of `len`, in place, or into `half`
+    /// in bf16.
+    fn softmax(
+        &self,
+        scores: &mut D::Buf,
+        half: Option<&mut D::Half>,
+        rows: usize,
+        len: usize,
+    ) -> Result<()> {
+        let launch = Launch::warp_rows(rows, "score rows")?;
+        let mut args = [
+            Arg::Out(scores),
+            half.map_or(Arg::Null, Arg::HalfOut),
+            Arg::I32(int(rows, "score rows")?),
+            Arg::I32(int(len, "len")?),
+        ];
+        self.dev.launch(Kernel::SoftmaxRows, launch, &mut args)
     }
 
     /// Multi-head self-attention of `px` pixels' sequences of `len` over the
@@ -308,70 +444,91 @@ impl<D: Device> GpuModel<D> {
         nhead: usize,
     ) -> Result<()> {
         let hd = d / nhead;
-        let d3 = 3 * d;
         for h in 0..nhead {
-            // Scores S (len × len, row-major) = Q Kᵀ / √hd. Column-major:
-            // Sᵀ = K Qᵀ; K's row-major storage (ld 3d) is Kᵀ column-major,
-            // so trans_a; Q's is Qᵀ, no trans_b.
-            let g = Gemm {
-                trans_a: true,
-                trans_b: false,
-                m: len,
-                n: len,
-                k: hd,
-                alpha: 1.0 / (hd as f32).sqrt(),
-                lda: d3,
-                ldb: d3,
-                beta: 0.0,
-                ldc: len,
-                batch: px,
-                stride_a: len * d3,
-                stride_b: len * d3,
-                stride_c: len * len,
-            };
+            let ([sg, og], [k, q, v, o]) = attention_gemms(px, len, d, hd, h);
+            self.dev.gemm(&sg, (qkv, k), (qkv, q), (&mut *scores, 0))?;
+            self.softmax(scores, None, px * len, len)?;
             self.dev
-                .gemm(&g, (qkv, d + h * hd), (qkv, h * hd), (&mut *scores, 0))?;
-            let launch = Launch::warp_rows(px * len, "score rows")?;
-            let mut args = [
-                Arg::Out(&mut *scores),
-                Arg::I32(int(px * len, "score rows")?),
-                Arg::I32(int(len, "len")?),
-            ];
-            self.dev.launch(Kernel::SoftmaxRows, launch, &mut args)?;
-            // O (len × hd, row-major, ld d) = P V. Column-major: Oᵀ = Vᵀ Pᵀ;
-            // V's storage (ld 3d) is Vᵀ (no trans_a), P's is Pᵀ (no trans_b).
-            let g = Gemm {
-                trans_a: false,
-                trans_b: false,
-                m: hd,
-                n: len,
-                k: len,
-                alpha: 1.0,
-                lda: d3,
-                ldb: len,
-                beta: 0.0,
-                ldc: d,
-                batch: px,
-                stride_a: len * d3,
-                stride_b: len * len,
-                stride_c: len * d,
-            };
-            self.dev.gemm(
-                &g,
-                (qkv, 2 * d + h * hd),
-                (&*scores, 0),
-                (&mut *attn, h * hd),
+                .gemm(&og, (qkv, v), (&*scores, 0), (&mut *attn, o))?;
+        }
+        Ok(())
+    }
+
+    /// [`GpuModel::attention`] on bf16: `qkv` in bf16, the scores in f32
+    /// (`scores`), the probabilities in bf16 (`probs`), `attn` written in
+    /// bf16 by the second GEMM.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_half(
+        &self,
+        qkv: &D::Half,
+        attn: &mut D::Half,
+        scores: &mut D::Buf,
+        probs: &mut D::Half,
+        px: usize,
+        len: usize,
+        d: usize,
+        nhead: usize,
+    ) -> Result<()> {
+        let hd = d / nhead;
+        for h in 0..nhead {
+            let ([sg, og], [k, q, v, o]) = attention_gemms(px, len, d, hd, h);
+            self.dev
+                .gemm_half(&sg, (qkv, k), (qkv, q), HalfGemmOut::F32(&mut *scores, 0))?;
+            self.softmax(scores, Some(&mut *probs), px * len, len)?;
+            self.dev.gemm_half(
+                &og,
+                (qkv, v),
+                (&*probs, 0),
+                HalfGemmOut::Bf16(&mut *attn, o),
             )?;
         }
         Ok(())
     }
 
+    /// The day-of-year encoding of `doys` (m rows) into `pe` (m, d).
+    fn doy_encoding(&self, doys: &D::Buf, pe: &mut D::Buf, m: usize, d: usize) -> Result<()> {
+        let launch = Launch::elements(m * (d / 2), "day-of-year encoding blocks")?;
+        let mut args = [
+            Arg::Out(pe),
+            Arg::In(doys),
+            Arg::I32(int(m, "rows")?),
+            Arg::I32(int(d, "d")?),
+        ];
+        self.dev.launch(Kernel::DoyEncoding, launch, &mut args)
+    }
+
+    /// Attention pooling of `px` pixels' (len, d) rows of `h` into `pooled`.
+    fn pool(
+        &self,
+        bb: &DeviceBackbone<D>,
+        h: &D::Buf,
+        pooled: &mut D::Buf,
+        px: usize,
+        len: usize,
+    ) -> Result<()> {
+        let weights_bytes = u32::try_from(len * 4)
+            .map_err(|_| EncodeError::backend("gpu", format!("sequence of {len}")))?;
+        let launch = Launch::rows(px, "pixels", weights_bytes)?;
+        let mut args = [
+            Arg::In(h),
+            Arg::In(&bb.pool_w),
+            Arg::F32(bb.pool_b),
+            Arg::Out(pooled),
+            Arg::I32(int(len, "len")?),
+            Arg::I32(int(bb.d, "d")?),
+        ];
+        self.dev.launch(Kernel::AttentionPool, launch, &mut args)
+    }
+
     fn backbone(
         &self,
-        bb: &DeviceBackbone<D::Buf>,
+        bb: &DeviceBackbone<D>,
         batch: &SequenceBatch<'_>,
-        scratch: &mut Scratch<D::Buf>,
+        scratch: &mut Scratch<D>,
     ) -> Result<Vec<f32>> {
+        if self.half {
+            return self.backbone_half(bb, batch, scratch);
+        }
         let (px, len, d) = (batch.n, batch.len, bb.d);
         let m = px * len;
         let dev = &self.dev;
@@ -390,38 +547,23 @@ impl<D: Device> GpuModel<D> {
         let mut scores = scratch.take(dev, Slot::Scores, px * len * len)?;
         let mut pooled = scratch.take(dev, Slot::Pooled, px * d)?;
         // The encoding lives in `attn` until the first attention needs it.
-        let pe = &mut attn;
-        let launch = Launch::elements(m * (d / 2), "day-of-year encoding blocks")?;
-        let mut args = [
-            Arg::Out(pe),
-            Arg::In(&doys),
-            Arg::I32(int(m, "rows")?),
-            Arg::I32(int(d, "d")?),
-        ];
-        dev.launch(Kernel::DoyEncoding, launch, &mut args)?;
+        self.doy_encoding(&doys, &mut attn, m, d)?;
         self.linear(&bb.embed0, &values, m, &mut t, true, None)?;
         self.linear(&bb.embed2, &t, m, &mut h, false, Some(&attn))?;
         for l in &bb.layers {
             self.linear(&l.in_proj, &h, m, &mut qkv, false, None)?;
             self.attention(&qkv, &mut attn, &mut scores, px, len, d, bb.nhead)?;
-            self.linear_add_norm(&l.out_proj, &attn, m, &mut t, &h, &l.norm1)?;
+            let g = linear_gemm(l.out_proj.in_dim, l.out_proj.out_dim, m);
+            dev.gemm(&g, (&l.out_proj.weight, 0), (&attn, 0), (&mut t, 0))?;
+            self.add_norm(&l.out_proj.bias, &mut t, m, &h, &l.norm1, None)?;
             std::mem::swap(&mut t, &mut h);
             self.linear(&l.linear1, &h, m, &mut ff, true, None)?;
-            self.linear_add_norm(&l.linear2, &ff, m, &mut t, &h, &l.norm2)?;
+            let g = linear_gemm(l.linear2.in_dim, l.linear2.out_dim, m);
+            dev.gemm(&g, (&l.linear2.weight, 0), (&ff, 0), (&mut t, 0))?;
+            self.add_norm(&l.linear2.bias, &mut t, m, &h, &l.norm2, None)?;
             std::mem::swap(&mut t, &mut h);
         }
-        let weights_bytes = u32::try_from(len * 4)
-            .map_err(|_| EncodeError::backend("gpu", format!("sequence of {len}")))?;
-        let launch = Launch::rows(px, "pixels", weights_bytes)?;
-        let mut args = [
-            Arg::In(&h),
-            Arg::In(&bb.pool_w),
-            Arg::F32(bb.pool_b),
-            Arg::Out(&mut pooled),
-            Arg::I32(int(len, "len")?),
-            Arg::I32(int(d, "d")?),
-        ];
-        dev.launch(Kernel::AttentionPool, launch, &mut args)?;
+        self.pool(bb, &h, &mut pooled, px, len)?;
         let out = dev.download_prefix(&pooled, px * d)?;
         // `t` and `h` were swapped an even number of times per layer, so
         // each goes back to its own slot either way; sizes are what count.
@@ -441,13 +583,126 @@ impl<D: Device> GpuModel<D> {
         Ok(out)
     }
 
+    /// [`GpuModel::backbone`] on bf16 copies: every GEMM reads bf16 (the
+    /// weights' copies, and activations written in bf16 by the kernel that
+    /// made them) and accumulates in f32; the residual stream `h`, the
+    /// LayerNorms, the softmax's sums and the pooling are f32.
+    fn backbone_half(
+        &self,
+        bb: &DeviceBackbone<D>,
+        batch: &SequenceBatch<'_>,
+        scratch: &mut Scratch<D>,
+    ) -> Result<Vec<f32>> {
+        let (px, len, d) = (batch.n, batch.len, bb.d);
+        let m = px * len;
+        let dev = &self.dev;
+        // The bands go up in bf16 (half the bytes): embedding.0 reads
+        // nothing else.
+        let bits: Vec<u16> = batch.values.iter().map(|&v| device::bf16_bits(v)).collect();
+        let mut values = scratch.take_half(dev, HalfSlot::Values, bits.len())?;
+        dev.upload_half_into(&bits, &mut values)?;
+        let mut doys = scratch.take(dev, Slot::Doys, batch.doys.len())?;
+        dev.upload_into(batch.doys, &mut doys)?;
+        let mut t = scratch.take(dev, Slot::T, m * d)?;
+        let mut h = scratch.take(dev, Slot::H, m * d)?;
+        let mut pe = scratch.take(dev, Slot::Attn, m * d)?;
+        // GEMM outputs wider than d (qkv, the FFN) share one f32 buffer.
+        let wide = (3 * d).max(bb.ffn);
+        let mut y = scratch.take(dev, Slot::Ff, m * wide)?;
+        let mut scores = scratch.take(dev, Slot::Scores, px * len * len)?;
+        let mut pooled = scratch.take(dev, Slot::Pooled, px * d)?;
+        let mut t_h = scratch.take_half(dev, HalfSlot::T, m * d)?;
+        let mut h_h = scratch.take_half(dev, HalfSlot::H, m * d)?;
+        let mut qkv_h = scratch.take_half(dev, HalfSlot::Qkv, m * 3 * d)?;
+        let mut attn_h = scratch.take_half(dev, HalfSlot::Attn, m * d)?;
+        let mut ff_h = scratch.take_half(dev, HalfSlot::Ff, m * bb.ffn)?;
+        let mut probs_h = scratch.take_half(dev, HalfSlot::Probs, px * len * len)?;
+        self.doy_encoding(&doys, &mut pe, m, d)?;
+        self.linear_half(
+            &bb.embed0,
+            &values,
+            m,
+            &mut t,
+            true,
+            None,
+            (&mut t_h, false),
+        )?;
+        // The residual stream starts here: f32 in `h`, bf16 in `h_h`.
+        self.linear_half(
+            &bb.embed2,
+            &t_h,
+            m,
+            &mut h,
+            false,
+            Some(&pe),
+            (&mut h_h, true),
+        )?;
+        for l in &bb.layers {
+            self.linear_half(
+                &l.in_proj,
+                &h_h,
+                m,
+                &mut y,
+                false,
+                None,
+                (&mut qkv_h, false),
+            )?;
+            self.attention_half(
+                &qkv_h,
+                &mut attn_h,
+                &mut scores,
+                &mut probs_h,
+                px,
+                len,
+                d,
+                bb.nhead,
+            )?;
+            let g = linear_gemm(l.out_proj.in_dim, l.out_proj.out_dim, m);
+            let w = self.weight_half(&l.out_proj)?;
+            dev.gemm_half(&g, (w, 0), (&attn_h, 0), HalfGemmOut::F32(&mut t, 0))?;
+            self.add_norm(&l.out_proj.bias, &mut t, m, &h, &l.norm1, Some(&mut h_h))?;
+            std::mem::swap(&mut t, &mut h);
+            self.linear_half(&l.linear1, &h_h, m, &mut y, true, None, (&mut ff_h, false))?;
+            let g = linear_gemm(l.linear2.in_dim, l.linear2.out_dim, m);
+            let w = self.weight_half(&l.linear2)?;
+            dev.gemm_half(&g, (w, 0), (&ff_h, 0), HalfGemmOut::F32(&mut t, 0))?;
+            self.add_norm(&l.linear2.bias, &mut t, m, &h, &l.norm2, Some(&mut h_h))?;
+            std::mem::swap(&mut t, &mut h);
+        }
+        self.pool(bb, &h, &mut pooled, px, len)?;
+        let out = dev.download_prefix(&pooled, px * d)?;
+        for (slot, buf) in [
+            (Slot::Doys, doys),
+            (Slot::T, t),
+            (Slot::H, h),
+            (Slot::Attn, pe),
+            (Slot::Ff, y),
+            (Slot::Scores, scores),
+            (Slot::Pooled, pooled),
+        ] {
+            scratch.give(slot, buf);
+        }
+        for (slot, buf) in [
+            (HalfSlot::Values, values),
+            (HalfSlot::T, t_h),
+            (HalfSlot::H, h_h),
+            (HalfSlot::Qkv, qkv_h),
+            (HalfSlot::Attn, attn_h),
+            (HalfSlot::Ff, ff_h),
+            (HalfSlot::Probs, probs_h),
+        ] {
+            scratch.give_half(slot, buf);
+        }
+        Ok(out)
+    }
+
     fn head(
         &self,
         s2: &[f32],
         s1: &[f32],
         n: usize,
         d: usize,
-        scratch: &mut Scratch<D::Buf>,
+        scratch: &mut Scratch<D>,
     ) -> Result<Vec<f32>> {
         let mut z = vec![0f32; n * 2 * d];
         for (i, row) in z.chunks_exact_mut(2 * d).enumerate() {
@@ -461,7 +716,7 @@ impl<D: Device> GpuModel<D> {
         self.linear(&self.fc1, &zd, n, &mut y, false, None)?;
         self.layer_norm(&self.norm1, &mut y, n)?;
         // ReLU after the norm.
-        self.epilogue(&mut y, None, n, self.fc1.out_dim, true, None)?;
+        self.epilogue(&mut y, None, n, self.fc1.out_dim, true, None, None)?;
         let mut out = scratch.take(dev, Slot::H, n * self.fc2.out_dim)?;
         self.linear(&self.fc2, &y, n, &mut out, false, None)?;
         self.layer_norm(&self.out_norm, &mut out, n)?;
@@ -473,7 +728,7 @@ impl<D: Device> GpuModel<D> {
     }
 }
 
-/// The device buffers a chunk works in, by role.
+/// The f32 device buffers a chunk works in, by role.
 #[derive(Debug, Clone, Copy)]
 enum Slot {
     Values,
@@ -489,25 +744,41 @@ enum Slot {
 
 const SLOTS: usize = Slot::Pooled as usize + 1;
 
+/// The bf16 device buffers of a bf16 chunk, by role.
+#[derive(Debug, Clone, Copy)]
+enum HalfSlot {
+    Values,
+    T,
+    H,
+    Qkv,
+    Attn,
+    Ff,
+    Probs,
+}
+
+const HALF_SLOTS: usize = HalfSlot::Probs as usize + 1;
+
 /// Device buffers kept from chunk to chunk, each grown to the largest size
 /// asked of it, so a chunk allocates and frees nothing on the device (a
 /// free can wait for the GPU, and a fresh buffer had to be zeroed). Every
 /// buffer is written before it is read within a chunk, so what an earlier
 /// chunk left in it never matters; the emulator fills new buffers with NaN
 /// to show it.
-struct Scratch<B> {
-    slots: [Option<B>; SLOTS],
+struct Scratch<D: Device> {
+    slots: [Option<D::Buf>; SLOTS],
+    halves: [Option<D::Half>; HALF_SLOTS],
 }
 
-impl<B> Scratch<B> {
+impl<D: Device> Scratch<D> {
     fn new() -> Self {
         Scratch {
             slots: std::array::from_fn(|_| None),
+            halves: std::array::from_fn(|_| None),
         }
     }
 
     /// The buffer of `slot` if it holds `n` floats, else a new one of `n`.
-    fn take<D: Device<Buf = B>>(&mut self, dev: &D, slot: Slot, n: usize) -> Result<B> {
+    fn take(&mut self, dev: &D, slot: Slot, n: usize) -> Result<D::Buf> {
         match self.slots[slot as usize].take() {
             Some(b) if D::len(&b) >= n => Ok(b),
             old => {
@@ -518,14 +789,30 @@ impl<B> Scratch<B> {
         }
     }
 
-    fn give(&mut self, slot: Slot, buf: B) {
+    fn give(&mut self, slot: Slot, buf: D::Buf) {
         self.slots[slot as usize] = Some(buf);
+    }
+
+    /// [`Scratch::take`] for bf16 buffers.
+    fn take_half(&mut self, dev: &D, slot: HalfSlot, n: usize) -> Result<D::Half> {
+        match self.halves[slot as usize].take() {
+            Some(b) if D::half_len(&b) >= n => Ok(b),
+            old => {
+                drop(old);
+                dev.alloc_half(n)
+            }
+        }
+    }
+
+    fn give_half(&mut self, slot: HalfSlot, buf: D::Half) {
+        self.halves[slot as usize] = Some(buf);
     }
 }
 
 impl<D: Device + Send> Backend for GpuBackend<D>
 where
     D::Buf: Send,
+    D::Half: Send,
 {
     fn name(&self) -> &'static str {
         self.name
