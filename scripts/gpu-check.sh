@@ -9,7 +9,8 @@
 # `prepare` builds `tessera-encode` and the encoder's fixture-test binary
 # with only the `cuda` feature (nothing to install there), a second
 # `tessera-encode-cpu` with oneDNN for the host CPU, and packs Debian's
-# libdnnl 2.x (and libOpenCL, which it links) next to it, xz-compressed;
+# libdnnl 2.x (and libOpenCL and libgomp, which it links) and oneDNN 3.2
+# (PyPI's onednn-cpu-gomp, opened at run time) next to it, xz-compressed;
 # the encoder fixtures come along (the test binary finds them at the path
 # it was built with, which `run` recreates).
 #
@@ -24,11 +25,15 @@
 #      and bf16, with each precision's fidelity against f32;
 #   3. the host side of the same encode alone (`tessera-encode host-rate`);
 #   4. the chunk sweep (`tune`, bf16);
-#   5. the host CPU: onednn against PyTorch CPU on a 32 x 32 tile, f32
-#      and bf16, with the oneDNN kernels it ran (ONEDNN_VERBOSE).
+#   5. the host CPU: onednn on oneDNN 2.6 (linked), 2.6 with AMX forced,
+#      and 3.2 (opened at run time), f32 and bf16, with the kernels each ran
+#      (ONEDNN_VERBOSE), bf16 on the fixtures, against PyTorch CPU on the
+#      same 32 x 32 tile.
 # A failed check makes it exit 1 at the end; its log is also written to
 # $OUT/gpu-check.log when OUT is set. GPU_CHECK_SKIP=compile,cpu skips
-# torch.compile or the CPU part.
+# torch.compile or the CPU part; GPU_CHECK_ONLY=cpu runs only the CPU part
+# (which needs no GPU: `prepare` then `run` checks it on any x86 Linux;
+# GPU_CHECK_CPU_SIDE=4 makes its tile 4 x 4 for a quick look).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.gpucheck
@@ -53,10 +58,22 @@ for l in sys.stdin:
     cargo build --release -p tessera-encoder
     cp "$target/release/tessera-encode" "$dest/tessera-encode-cpu"
     strip "$dest/tessera-encode" "$dest/fixtures-test" "$dest/tessera-encode-cpu"
-    for lib in libdnnl.so.2 libOpenCL.so.1; do
+    for lib in libdnnl.so.2 libOpenCL.so.1 libgomp.so.1; do
         f=$(ldd "$dest/tessera-encode-cpu" | awk -v l="$lib" '$1 == l {print $3}')
         [ -n "$f" ] && cp -L "$f" "$dest/lib/$lib"
     done
+    # oneDNN 3.2 (what scripts/test.sh fetches), opened at run time.
+    dnnl3="$target/onednn-3/libdnnl.so.3"
+    if [ ! -e "$dnnl3" ]; then
+        wheels=$(mktemp -d)
+        python3 -m pip download -q --no-deps -d "$wheels" 'onednn-cpu-gomp==2023.2.0'
+        mkdir -p "$(dirname "$dnnl3")"
+        python3 -c 'import glob, sys, zipfile
+z = zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0])
+open(sys.argv[2], "wb").write(z.read(next(n for n in z.namelist() if n.endswith("/lib/libdnnl.so.3"))))' "$wheels" "$dnnl3"
+        rm -rf "$wheels"
+    fi
+    cp "$dnnl3" "$dest/lib/libdnnl.so.3"
     xz -T0 -6 "$dest"/lib/*
     cp -r ../shared/fixtures/encoder "$dest/fixtures-encoder"
     chmod -R u+w "$dest"
@@ -122,7 +139,10 @@ PY
     peer=encoder/peers/torch_peer.py
     work=$(mktemp -d)
     failed=0
+    "$enc" synth-ckpt --out "$work/large.safetensors" --seed 1 >/dev/null
+    only="${GPU_CHECK_ONLY:-}"
 
+    if [ "$only" != cpu ]; then
     echo "== 1. backends, fixture tests (every usable backend, CUDA included if listed)"
     "$enc" backends
     timeout 120 "$dest/fixtures-test" --test-threads 1 || failed=1
@@ -159,7 +179,6 @@ PY
     stamp
 
     echo "== 2. whole tile: 256 x 256 px, 64 S2 + 32 + 32 S1 observations, Large random weights"
-    "$enc" synth-ckpt --out "$work/large.safetensors" --seed 1 >/dev/null
     "$enc" synth-tile --out "$work/tile" --height 256 --width 256 --s2-frames 64 \
         --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
     compile=""
@@ -240,28 +259,58 @@ PY
     timeout 75 "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
         --out "${OUT:-/tmp}/tessera-profiles.toml" || echo "tune failed or timed out"
     stamp
+    fi
 
     if [[ ",$skip," != *",cpu,"* ]]; then
-        echo "== 5. host CPU: onednn against PyTorch CPU, 32 x 32 px, same weights, all cores"
+        echo "== 5. host CPU: onednn (oneDNN 2.6 linked, 2.6 with AMX forced, 3.2 opened at run time) against PyTorch CPU, 32 x 32 px, all cores"
         mkdir -p "$work/lib"
         for f in "$dest"/lib/*.xz; do xz -dc "$f" >"$work/lib/$(basename "$f" .xz)"; done
         cpu="$dest/tessera-encode-cpu"
-        "$enc" synth-tile --out "$work/tile32" --height 32 --width 32 --s2-frames 64 \
+        side="${GPU_CHECK_CPU_SIDE:-32}"
+        "$enc" synth-tile --out "$work/tile32" --height "$side" --width "$side" --s2-frames 64 \
             --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
-        LD_LIBRARY_PATH="$work/lib:$LD_LIBRARY_PATH" "$cpu" backends || true
+        libs="$work/lib:$LD_LIBRARY_PATH"
+        LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" "$cpu" backends || true
         for dt in f32 bf16; do
-            for isa in default AVX512_CORE_AMX; do
-                envs=(LD_LIBRARY_PATH="$work/lib:$LD_LIBRARY_PATH" ONEDNN_VERBOSE=1)
-                [ "$isa" = default ] || envs+=(ONEDNN_MAX_CPU_ISA="$isa")
+            for run in "2.6:FLOTILLA_ONEDNN3=0" "2.6-amx:FLOTILLA_ONEDNN3=0 ONEDNN_MAX_CPU_ISA=AVX512_CORE_AMX" \
+                "3.2:FLOTILLA_ONEDNN3=$work/lib/libdnnl.so.3"; do
+                label=${run%%:*}
                 t0=$(date +%s%N)
-                env "${envs[@]}" timeout 60 "$cpu" --backend onednn --dtype "$dt" --ckpt "$work/large.safetensors" \
-                    --tile "$work/tile32" --out-dir "$work/cpu-$dt-$isa" >"$work/cpu-$dt-$isa.log" 2>&1 || true
+                # shellcheck disable=SC2086 # the settings are words
+                env LD_LIBRARY_PATH="$libs" ONEDNN_VERBOSE=1 ${run#*:} timeout 60 "$cpu" --backend onednn \
+                    --dtype "$dt" --ckpt "$work/large.safetensors" --tile "$work/tile32" \
+                    --out-dir "$work/cpu-$dt-$label" >"$work/cpu-$dt-$label.log" 2>&1 || echo "onednn $dt $label failed"
                 ms=$((($(date +%s%N) - t0) / 1000000))
-                kernels=$(grep -o 'brg[a-z_:0-9]*\|jit:[a-z_0-9]*\|gemm:[a-z_0-9]*' "$work/cpu-$dt-$isa.log" |
+                kernels=$(grep -o 'brg[a-z_:0-9]*\|jit:[a-z_0-9]*\|gemm:[a-z_0-9]*' "$work/cpu-$dt-$label.log" |
                     sort | uniq -c | sort -rn | head -3 | awk '{printf "%s x%s; ", $2, $1}')
-                echo "onednn $dt (ISA cap: $isa): $((1024000 / (ms > 0 ? ms : 1))) px/s whole process ($ms ms); kernels: $kernels"
+                echo "onednn $dt, oneDNN $label: $((side * side * 1000 / (ms > 0 ? ms : 1))) px/s whole process ($ms ms); kernels: $kernels"
             done
         done
+        echo "-- bf16 on the CPU against upstream f32 on the fixtures (oneDNN 3.2)"
+        for case in small long; do
+            env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" "$cpu" --backend onednn \
+                --dtype bf16 --int8 --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
+                --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fxcpu-$case" >/dev/null || failed=1
+            env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" "$cpu" --backend onednn \
+                --dtype bf16 --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
+                --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fxcpu-$case-f" >/dev/null || failed=1
+        done
+        python3 - "$work" "$dest/fixtures-encoder" <<'PY' || failed=1
+import sys, numpy as np
+work, fx = sys.argv[1], sys.argv[2]
+bad = False
+for case in ("small", "long"):
+    want = np.load(f"{fx}/{case}/expected/emb_f32.npy").astype(np.float64)
+    codes_want = np.load(f"{fx}/{case}/expected/tile.npy").astype(np.int32)
+    k = ~np.load(f"{fx}/{case}/expected/nodata.npy").reshape(want.shape[:-1])
+    got = np.load(f"{work}/fxcpu-{case}-f/tile.npy").astype(np.float64)
+    d = np.abs(np.load(f"{work}/fxcpu-{case}/tile.npy").astype(np.int32)[k] - codes_want[k])
+    cos = (got[k] * want[k]).sum(-1) / np.linalg.norm(got[k], axis=-1) / np.linalg.norm(want[k], axis=-1)
+    bad |= cos.min() < 0.9999
+    print(f"{case} onednn bf16: worst cosine {cos.min():.7f}, int8 codes equal {100 * (d == 0).mean():.1f} %, "
+          f"within one {100 * (d <= 1).mean():.1f} %, largest difference {d.max()}")
+sys.exit(1 if bad else 0)
+PY
         timeout 120 python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile32" --device cpu \
             --dtype fp32,bf16 --mode whole --chunk 1024 || echo "PyTorch CPU peer failed or timed out"
         stamp

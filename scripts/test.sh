@@ -47,6 +47,30 @@ fi
 export LD_LIBRARY_PATH="$(cd "$nvrtc_dir" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FLOTILLA_REQUIRE_NVRTC=1
 
+# oneDNN 3.2 (PyPI's onednn-cpu-gomp: GNU OpenMP, nothing else needed) for
+# the tests of the encoder's run-time 3.x path (onednn/tests/v3.rs,
+# encoder/tests/onednn3.rs). Only they load it: FLOTILLA_ONEDNN3_TEST names
+# it, and they hand it on as FLOTILLA_ONEDNN3; the rest keeps the linked 2.x.
+dnnl3_dir="$target/onednn-3"
+if [ ! -e "$dnnl3_dir/libdnnl.so.3" ]; then
+    echo "test: fetching oneDNN 3.2 (onednn-cpu-gomp from PyPI) into $dnnl3_dir"
+    wheels=$(mktemp -d)
+    python3 -m pip download -q --no-deps -d "$wheels" 'onednn-cpu-gomp==2023.2.0'
+    mkdir -p "$dnnl3_dir"
+    python3 - "$wheels" "$dnnl3_dir" <<'PY'
+import glob, os, sys, zipfile
+wheel = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.endswith("/lib/libdnnl.so.3"):
+            with open(os.path.join(sys.argv[2], "libdnnl.so.3"), "wb") as out:
+                out.write(z.read(name))
+PY
+    rm -rf "$wheels"
+fi
+export FLOTILLA_ONEDNN3_TEST="$(cd "$dnnl3_dir" && pwd)/libdnnl.so.3"
+export FLOTILLA_REQUIRE_ONEDNN3=1
+
 # Binaries first: the end-to-end tests run them as real processes.
 cargo build --workspace --bins --tests
 cargo test --workspace --no-fail-fast -- --test-threads "${FLOTILLA_TEST_THREADS:-2}"

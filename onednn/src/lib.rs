@@ -15,6 +15,9 @@
 //! - `matmul`: [`MatMul`], a linear layer with weights packed once and primitives cached per M.
 //! - `batched`: [`BatchedMatMul`], batched (optionally strided) matmul on runtime operands, for attention.
 //! - `rate`: [`sgemm_rate`] and [`matmul_rate`], this machine's GEMM roofline.
+//! - `v3`: oneDNN 3.x opened at run time where a `libdnnl.so.3` is found
+//!   ([`v3::runtime`]), and [`v3::MatMul3`], the same matmul on it (AMX by
+//!   default where the CPU has it; 2.x needs `ONEDNN_MAX_CPU_ISA`).
 //!
 //! # Threading
 //!
@@ -62,6 +65,8 @@ mod primitive;
 mod rate;
 mod sys;
 mod threading;
+#[cfg(target_os = "linux")]
+pub mod v3;
 
 pub use batched::{BatchedMatMul, BatchedMatMulSpec};
 pub use bf16::{bf16_to_f32, f32_to_bf16, to_bf16_vec, Bf16};

@@ -386,7 +386,10 @@ impl Drop for MemorySet {
 /// One buffer per thread, reused by every primitive the thread executes: a
 /// primitive needs its scratchpad only during `execute`, and a thread runs one
 /// primitive at a time.
-fn with_scratchpad<R>(bytes: usize, f: impl FnOnce(*mut c_void) -> Result<R>) -> Result<R> {
+pub(crate) fn with_scratchpad<R>(
+    bytes: usize,
+    f: impl FnOnce(*mut c_void) -> Result<R>,
+) -> Result<R> {
     thread_local! {
         static SCRATCH: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::zeroed(0));
     }

@@ -184,16 +184,7 @@ pub fn device_name(choice: BackendChoice) -> String {
 pub fn isa(choice: BackendChoice) -> String {
     match choice.resolve() {
         #[cfg(all(feature = "onednn", target_os = "linux"))]
-        BackendChoice::Onednn => {
-            let v = ::onednn::version();
-            format!(
-                "oneDNN {}.{}.{}, ISA {}",
-                v.major,
-                v.minor,
-                v.patch,
-                ::onednn::effective_isa()
-            )
-        }
+        BackendChoice::Onednn => onednn::describe(),
         BackendChoice::Cuda => format!("GPU {}", device_name(BackendChoice::Cuda)),
         _ => cpu_vector_isa().to_string(),
     }

@@ -20,13 +20,19 @@
 //!
 //! dtype: `f32` always works. `bf16` (profile `dtype = "bf16"`) packs the
 //! weights as bf16 and converts each block's input before the GEMM, but only
-//! where [`onednn::bf16_supported`] (AMX or AVX512-BF16); elsewhere oneDNN 2.6
-//! has no usable bf16 matmul, so the backend falls back to f32.
+//! where [`bf16_supported`] (AMX or AVX512-BF16); elsewhere oneDNN has no
+//! usable bf16 matmul, so the backend falls back to f32.
+//!
+//! Which oneDNN: a 3.x opened at run time where one is found
+//! (`onednn::v3`: `FLOTILLA_ONEDNN3`, else `libdnnl.so.3` on the loader's
+//! path), else the linked 2.x. 3.x uses AMX by default; Debian's 2.6 stops
+//! at `avx512_core_bf16` unless `ONEDNN_MAX_CPU_ISA` says otherwise.
 
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use onednn::{Bf16, DataType, Engine, MatMul, MatMulSpec, PostOp};
+use onednn::v3::{self, MatMul3};
+use onednn::{Bf16, DataType, Element, Engine, MatMul, MatMulSpec, PostOp};
 
 use super::block::{apply_epilogue, BlockBackend, Epilogue, Fused, LinearKernel};
 use super::{Backend, SequenceBatch};
@@ -40,11 +46,85 @@ use crate::profile::{DeviceProfile, Dtype};
 /// picks another layout gets one more packed copy (see `onednn::matmul`).
 const HINT_LEN: usize = 64;
 
+/// A Linear's matmul on the linked oneDNN 2.x, or on a 3.x opened at run
+/// time (`onednn::v3`, AMX by default where the CPU has it).
+enum Mm {
+    V2(MatMul),
+    V3(MatMul3),
+}
+
+impl Mm {
+    fn spec(&self) -> &MatMulSpec {
+        match self {
+            Mm::V2(m) => m.spec(),
+            Mm::V3(m) => m.spec(),
+        }
+    }
+
+    fn execute<T: Element>(
+        &self,
+        src: &[T],
+        dst: &mut [f32],
+        residual: Option<&[f32]>,
+    ) -> onednn::Result<()> {
+        match self {
+            Mm::V2(m) => m.execute(src, dst, residual),
+            Mm::V3(m) => m.execute(src, dst, residual),
+        }
+    }
+
+    #[cfg(test)]
+    fn prepare(&self, m: usize) -> onednn::Result<String> {
+        match self {
+            Mm::V2(mm) => mm.prepare(m),
+            Mm::V3(mm) => mm.prepare(m),
+        }
+    }
+}
+
+/// Whether the oneDNN in use here runs bf16 natively: the 3.x one if
+/// loaded, else the linked 2.x.
+pub fn bf16_supported() -> bool {
+    match v3::runtime() {
+        Some(rt) => rt.bf16_supported(),
+        None => onednn::bf16_supported(),
+    }
+}
+
+/// Which oneDNN the backend computes with and the ISA it dispatches to, for
+/// `tessera-encode backends` and the agent's registration.
+pub fn describe() -> String {
+    match v3::runtime() {
+        Some(rt) => {
+            let v = rt.version();
+            format!(
+                "oneDNN {}.{}.{} ({}), ISA {}",
+                v.major,
+                v.minor,
+                v.patch,
+                rt.path().display(),
+                rt.effective_isa()
+            )
+        }
+        None => {
+            let v = onednn::version();
+            format!(
+                "oneDNN {}.{}.{}, ISA {} (no 3.x: {})",
+                v.major,
+                v.minor,
+                v.patch,
+                onednn::effective_isa(),
+                v3::unavailable_reason().unwrap_or_default()
+            )
+        }
+    }
+}
+
 /// One Linear on oneDNN, with its epilogue fused.
 pub(crate) struct DnnlLinear {
     name: String,
     fused: Fused,
-    mm: MatMul,
+    mm: Mm,
 }
 
 thread_local! {
@@ -73,8 +153,11 @@ impl DnnlLinear {
             post_ops,
             threads: 1,
         };
-        let mm = MatMul::new(engine, spec, &l.weight, Some(&l.bias), m_hint)
-            .map_err(|e| EncodeError::backend("onednn", format!("`{name}`: {e}")))?;
+        let mm = match v3::runtime() {
+            Some(rt) => MatMul3::new(rt, spec, &l.weight, Some(&l.bias), m_hint).map(Mm::V3),
+            None => MatMul::new(engine, spec, &l.weight, Some(&l.bias), m_hint).map(Mm::V2),
+        }
+        .map_err(|e| EncodeError::backend("onednn", format!("`{name}`: {e}")))?;
         Ok(DnnlLinear {
             name: name.to_string(),
             fused,
@@ -136,8 +219,8 @@ impl OnednnBackend {
     pub fn new(weights: Arc<StudentWeights>, profile: &DeviceProfile) -> Result<Self> {
         let data_type = match profile.dtype {
             Dtype::F32 => DataType::F32,
-            Dtype::Bf16 if onednn::bf16_supported() => DataType::Bf16,
-            // No native bf16 here: oneDNN 2.6 would refuse or emulate it.
+            Dtype::Bf16 if bf16_supported() => DataType::Bf16,
+            // No native bf16 here: oneDNN would refuse or emulate it.
             Dtype::Bf16 => DataType::F32,
             other => return Err(other.unsupported("onednn", &[Dtype::F32, Dtype::Bf16])),
         };

@@ -1,0 +1,172 @@
+//! oneDNN 3.x opened at run time (`onednn::v3`) next to the linked 2.x.
+//!
+//! Needs a `libdnnl.so.3`: `scripts/test.sh` fetches oneDNN 3.2 (PyPI's
+//! `onednn-cpu-gomp`), names it in `FLOTILLA_ONEDNN3_TEST` (which these
+//! tests hand to `onednn::v3` as `FLOTILLA_ONEDNN3`, so the rest of the
+//! suite keeps the linked 2.x) and sets `FLOTILLA_REQUIRE_ONEDNN3`, which
+//! makes its absence a failure; without that variable a machine with no
+//! 3.x skips these tests, saying so.
+
+mod common;
+
+use common::{data, linear, max_abs_diff};
+use onednn::v3::{self, MatMul3};
+use onednn::{DataType, Engine, MatMul, MatMulSpec, PostOp};
+
+fn runtime() -> Option<&'static v3::Runtime3> {
+    static SETUP: std::sync::Once = std::sync::Once::new();
+    // Before the first look-up, and once: every test comes through here.
+    SETUP.call_once(|| {
+        if let Some(p) = std::env::var_os("FLOTILLA_ONEDNN3_TEST") {
+            std::env::set_var("FLOTILLA_ONEDNN3", p);
+        }
+    });
+    match v3::runtime() {
+        Some(rt) => Some(rt),
+        None => {
+            let why = v3::unavailable_reason().unwrap_or_default();
+            assert!(
+                std::env::var_os("FLOTILLA_REQUIRE_ONEDNN3").is_none(),
+                "FLOTILLA_REQUIRE_ONEDNN3 is set but oneDNN 3.x did not load: {why}"
+            );
+            eprintln!("oneDNN 3.x not loaded ({why}): skipped");
+            None
+        }
+    }
+}
+
+#[test]
+fn loads_as_3x_beside_the_linked_2x() {
+    let Some(rt) = runtime() else { return };
+    let v = rt.version();
+    assert_eq!(v.major, 3, "{v:?}");
+    // The linked library is still 2.x, untouched by the 3.x one's symbols.
+    assert_eq!(onednn::version().major, 2);
+    eprintln!(
+        "oneDNN {}.{}.{} from {}, ISA {}",
+        v.major,
+        v.minor,
+        v.patch,
+        rt.path().display(),
+        rt.effective_isa()
+    );
+}
+
+#[test]
+fn matmul3_matches_the_reference_and_2x_for_every_post_op() {
+    let Some(rt) = runtime() else { return };
+    let engine = Engine::cpu().unwrap();
+    let (k, n) = (48, 80);
+    let w = data(n * k, 1);
+    let bias = data(n, 2);
+    for post_ops in [
+        vec![],
+        vec![PostOp::Relu],
+        vec![PostOp::BinaryAdd],
+        vec![PostOp::Linear {
+            alpha: 0.5,
+            beta: -1.0,
+        }],
+    ] {
+        let spec = MatMulSpec {
+            k,
+            n,
+            data_type: DataType::F32,
+            post_ops: post_ops.clone(),
+            threads: 1,
+        };
+        let mm3 = MatMul3::new(rt, spec.clone(), &w, Some(&bias), 64).unwrap();
+        let mm2 = MatMul::new(&engine, spec, &w, Some(&bias), 64).unwrap();
+        // Several M, one of them new after construction (a second primitive).
+        for m in [64, 7, 130] {
+            let x = data(m * k, 3 + m as u64);
+            let res = data(m * n, 4);
+            let residual = post_ops.contains(&PostOp::BinaryAdd).then_some(&res[..]);
+            let mut want = linear(&x, &w, Some(&bias), m, k, n);
+            for (i, v) in want.iter_mut().enumerate() {
+                for op in &post_ops {
+                    *v = match op {
+                        PostOp::Relu => v.max(0.0),
+                        PostOp::BinaryAdd => *v + res[i],
+                        PostOp::Linear { alpha, beta } => alpha * *v + beta,
+                        PostOp::Sum => unreachable!(),
+                    };
+                }
+            }
+            let mut got3 = vec![f32::NAN; m * n];
+            mm3.execute(&x, &mut got3, residual).unwrap();
+            let mut got2 = vec![f32::NAN; m * n];
+            mm2.execute(&x, &mut got2, residual).unwrap();
+            let d = max_abs_diff(&got3, &want);
+            assert!(
+                d <= 1e-4,
+                "{post_ops:?} m {m}: 3.x off the reference by {d}"
+            );
+            let d = max_abs_diff(&got3, &got2);
+            assert!(d <= 1e-4, "{post_ops:?} m {m}: 3.x and 2.x differ by {d}");
+        }
+        let name = mm3.prepare(64).unwrap();
+        eprintln!("{post_ops:?}: {name}");
+        assert!(!name.starts_with("ref"), "{post_ops:?}: 3.x chose {name}");
+    }
+}
+
+#[test]
+fn matmul3_refuses_what_matmul_refuses() {
+    let Some(rt) = runtime() else { return };
+    let spec = MatMulSpec {
+        k: 4,
+        n: 3,
+        data_type: DataType::F32,
+        post_ops: vec![PostOp::BinaryAdd],
+        threads: 1,
+    };
+    let w = data(12, 5);
+    assert!(MatMul3::new(rt, spec.clone(), &w[..11], None, 2).is_err());
+    let mm = MatMul3::new(rt, spec, &w, None, 2).unwrap();
+    let mut out = vec![0f32; 6];
+    // A ragged source, and a missing residual, are errors, not calls.
+    let e = mm
+        .execute(&data(7, 6), &mut out, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("whole number of rows"), "{e}");
+    let e = mm
+        .execute(&data(8, 6), &mut out, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("residual"), "{e}");
+    mm.execute(&data(8, 6), &mut out, Some(&data(6, 7)))
+        .unwrap();
+}
+
+#[test]
+fn bf16_runs_where_3x_says_the_cpu_has_it() {
+    let Some(rt) = runtime() else { return };
+    let (k, n, m) = (64, 32, 16);
+    let w = data(n * k, 8);
+    let spec = MatMulSpec {
+        k,
+        n,
+        data_type: DataType::Bf16,
+        post_ops: vec![],
+        threads: 1,
+    };
+    let made = MatMul3::new(rt, spec, &w, None, m);
+    if !rt.bf16_supported() {
+        eprintln!(
+            "no bf16 on this CPU ({}): 3.x may refuse it",
+            rt.effective_isa()
+        );
+        return;
+    }
+    let mm = made.unwrap();
+    let x = data(m * k, 9);
+    let xb = onednn::to_bf16_vec(&x);
+    let mut out = vec![0f32; m * n];
+    mm.execute(&xb, &mut out, None).unwrap();
+    let want = linear(&x, &w, None, m, k, n);
+    let d = max_abs_diff(&out, &want);
+    assert!(d <= 0.1, "bf16 off the f32 reference by {d}");
+    eprintln!("bf16: {}", mm.prepare(m).unwrap());
+}
