@@ -431,23 +431,6 @@ impl Device for CudaDevice {
             .map_err(|e| err("copying to the GPU", e))
     }
 
-    fn upload_half_into(&self, host: &[u16], buf: &mut Self::Half) -> Result<()> {
-        if host.len() > buf.len() {
-            return Err(EncodeError::backend(
-                NAME,
-                format!(
-                    "copying {} halves into a buffer of {}",
-                    host.len(),
-                    buf.len()
-                ),
-            ));
-        }
-        let mut dst = buf.slice_mut(..host.len());
-        self.stream
-            .memcpy_htod(host, &mut dst)
-            .map_err(|e| err("copying to the GPU", e))
-    }
-
     fn alloc_half(&self, n: usize) -> Result<Self::Half> {
         // SAFETY: as `alloc`: written before read.
         unsafe { self.stream.alloc::<u16>(n) }.map_err(|e| err("allocating GPU memory", e))

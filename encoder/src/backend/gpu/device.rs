@@ -30,6 +30,7 @@ pub(crate) const KERNELS: &str = include_str!("kernels.cu");
 /// The kernels of [`KERNELS`], by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kernel {
+    F32ToBf16,
     BiasEpilogue,
     DoyEncoding,
     LayerNorm,
@@ -49,7 +50,8 @@ const _: () = {
 };
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 6] = [
+    pub(crate) const ALL: [Kernel; 7] = [
+        Kernel::F32ToBf16,
         Kernel::BiasEpilogue,
         Kernel::DoyEncoding,
         Kernel::LayerNorm,
@@ -60,6 +62,7 @@ impl Kernel {
 
     pub(crate) fn name(self) -> &'static str {
         match self {
+            Kernel::F32ToBf16 => "f32_to_bf16",
             Kernel::BiasEpilogue => "bias_epilogue",
             Kernel::DoyEncoding => "doy_encoding",
             Kernel::LayerNorm => "layer_norm",
@@ -269,8 +272,6 @@ pub(crate) trait Device: Sized {
     fn len(buf: &Self::Buf) -> usize;
     /// A new bf16 buffer holding `host` (bf16 bits).
     fn upload_half(&self, host: &[u16]) -> Result<Self::Half>;
-    /// Copy `host` into the start of `buf` (else an error).
-    fn upload_half_into(&self, host: &[u16], buf: &mut Self::Half) -> Result<()>;
     /// A bf16 buffer of `n` values, contents undefined (NaN in the emulator).
     fn alloc_half(&self, n: usize) -> Result<Self::Half>;
     /// How many bf16 values `buf` holds.

@@ -540,18 +540,6 @@ impl Device for EmulatedDevice {
         Ok(EmuHalf::new(host.to_vec()))
     }
 
-    fn upload_half_into(&self, host: &[u16], buf: &mut EmuHalf) -> Result<()> {
-        if host.len() > buf.len() {
-            return Err(err(format!(
-                "copying {} halves into a buffer of {}",
-                host.len(),
-                buf.len()
-            )));
-        }
-        buf.data[..host.len()].copy_from_slice(host);
-        Ok(())
-    }
-
     /// NaN, so reading what nothing wrote shows.
     fn alloc_half(&self, n: usize) -> Result<EmuHalf> {
         Ok(EmuHalf::new(vec![0x7fc0; n]))

@@ -22,6 +22,12 @@ __device__ unsigned short to_bf16(float x) {
     return (unsigned short)(u >> 16);
 }
 
+// h = x rounded to bf16, n elements, one thread each.
+extern "C" __global__ void f32_to_bf16(const float* x, unsigned short* h, int n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) h[i] = to_bf16(x[i]);
+}
+
 // y (rows, cols): + bias (per column; may be null), then ReLU if relu, then
 // + residual (may be null). The result goes to y, and also as bf16 to half
 // when half is not null; with half given and keep 0, only to half (the

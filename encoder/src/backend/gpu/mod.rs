@@ -596,11 +596,23 @@ impl<D: Device> GpuModel<D> {
         let (px, len, d) = (batch.n, batch.len, bb.d);
         let m = px * len;
         let dev = &self.dev;
-        // The bands go up in bf16 (half the bytes): embedding.0 reads
-        // nothing else.
-        let bits: Vec<u16> = batch.values.iter().map(|&v| device::bf16_bits(v)).collect();
-        let mut values = scratch.take_half(dev, HalfSlot::Values, bits.len())?;
-        dev.upload_half_into(&bits, &mut values)?;
+        // The bands go up as they are and are rounded to bf16 there: a
+        // conversion on the host would hold up the device (this thread
+        // feeds it).
+        let n = batch.values.len();
+        let mut values_f32 = scratch.take(dev, Slot::Values, n)?;
+        dev.upload_into(batch.values, &mut values_f32)?;
+        let mut values = scratch.take_half(dev, HalfSlot::Values, n)?;
+        let mut args = [
+            Arg::In(&values_f32),
+            Arg::HalfOut(&mut values),
+            Arg::I32(int(n, "band values")?),
+        ];
+        dev.launch(
+            Kernel::F32ToBf16,
+            Launch::elements(n, "conversion blocks")?,
+            &mut args,
+        )?;
         let mut doys = scratch.take(dev, Slot::Doys, batch.doys.len())?;
         dev.upload_into(batch.doys, &mut doys)?;
         let mut t = scratch.take(dev, Slot::T, m * d)?;
@@ -672,6 +684,7 @@ impl<D: Device> GpuModel<D> {
         self.pool(bb, &h, &mut pooled, px, len)?;
         let out = dev.download_prefix(&pooled, px * d)?;
         for (slot, buf) in [
+            (Slot::Values, values_f32),
             (Slot::Doys, doys),
             (Slot::T, t),
             (Slot::H, h),
