@@ -64,15 +64,7 @@ for l in sys.stdin:
     done
     # oneDNN 3.2 (what scripts/test.sh fetches), opened at run time.
     dnnl3="$target/onednn-3/libdnnl.so.3"
-    if [ ! -e "$dnnl3" ]; then
-        wheels=$(mktemp -d)
-        python3 -m pip download -q --no-deps -d "$wheels" 'onednn-cpu-gomp==2023.2.0'
-        mkdir -p "$(dirname "$dnnl3")"
-        python3 -c 'import glob, sys, zipfile
-z = zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0])
-open(sys.argv[2], "wb").write(z.read(next(n for n in z.namelist() if n.endswith("/lib/libdnnl.so.3"))))' "$wheels" "$dnnl3"
-        rm -rf "$wheels"
-    fi
+    [ -e "$dnnl3" ] || scripts/wheel-libs.sh 'onednn-cpu-gomp==2023.2.0' "$(dirname "$dnnl3")" 'lib/libdnnl\.so\.3'
     cp "$dnnl3" "$dest/lib/libdnnl.so.3"
     xz -T0 -6 "$dest"/lib/*
     cp -r ../shared/fixtures/encoder "$dest/fixtures-encoder"
@@ -147,35 +139,19 @@ PY
     "$enc" backends
     timeout 120 "$dest/fixtures-test" --test-threads 1 || failed=1
     echo "== fixtures in bf16 and tf32 on CUDA against upstream f32 (rule for bf16: worst cosine >= 0.9999)"
-    for case in small long; do
-        for dt in bf16 tf32; do
-            "$enc" --backend cuda --dtype "$dt" --int8 --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
-                --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fx-$case-$dt" >/dev/null || failed=1
-            "$enc" --backend cuda --dtype "$dt" --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
-                --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fx-$case-$dt-f" >/dev/null || failed=1
+    for dt in bf16 tf32; do
+        for case in small long; do
+            for form in "--int8:" ":-f"; do
+                "$enc" --backend cuda --dtype "$dt" ${form%%:*} --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
+                    --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fx-cuda-$dt-$case${form#*:}" \
+                    >/dev/null || failed=1
+            done
         done
+        rule=""
+        [ "$dt" = bf16 ] && rule="--rule 0.9999"
+        # shellcheck disable=SC2086 # empty or two words
+        python3 encoder/peers/fidelity.py "$dest/fixtures-encoder" "cuda $dt" "$work/fx-cuda-$dt" $rule || failed=1
     done
-    python3 - "$work" "$dest/fixtures-encoder" <<'PY' || failed=1
-import sys, numpy as np
-work, fx = sys.argv[1], sys.argv[2]
-bad = False
-for case in ("small", "long"):
-    want = np.load(f"{fx}/{case}/expected/emb_f32.npy").astype(np.float64)
-    codes_want = np.load(f"{fx}/{case}/expected/tile.npy").astype(np.int32)
-    nodata = np.load(f"{fx}/{case}/expected/nodata.npy").reshape(want.shape[:-1])
-    for dt in ("bf16", "tf32"):
-        got = np.load(f"{work}/fx-{case}-{dt}-f/tile.npy").astype(np.float64)
-        codes = np.load(f"{work}/fx-{case}-{dt}/tile.npy").astype(np.int32)
-        k = ~nodata
-        cos = (got[k] * want[k]).sum(-1) / np.linalg.norm(got[k], axis=-1) / np.linalg.norm(want[k], axis=-1)
-        diff = np.abs(codes[k] - codes_want[k])
-        ok = dt != "bf16" or cos.min() >= 0.9999
-        bad |= not ok
-        print(f"{case} {dt}: worst cosine {cos.min():.7f}, max abs error {np.abs(got[k] - want[k]).max():.2e}, "
-              f"int8 codes equal {100 * (diff == 0).mean():.1f} %, within one {100 * (diff <= 1).mean():.1f} %, "
-              f"largest difference {diff.max()} -> {'OK' if ok else 'FAILS the fidelity rule'}")
-sys.exit(1 if bad else 0)
-PY
     stamp
 
     echo "== 2. whole tile: 256 x 256 px, 64 S2 + 32 + 32 S1 observations, Large random weights"
@@ -288,29 +264,15 @@ PY
         done
         echo "-- bf16 on the CPU against upstream f32 on the fixtures (oneDNN 3.2)"
         for case in small long; do
-            env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" "$cpu" --backend onednn \
-                --dtype bf16 --int8 --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
-                --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fxcpu-$case" >/dev/null || failed=1
-            env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" "$cpu" --backend onednn \
-                --dtype bf16 --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
-                --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fxcpu-$case-f" >/dev/null || failed=1
+            for form in "--int8:" ":-f"; do
+                env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" "$cpu" --backend onednn \
+                    --dtype bf16 ${form%%:*} --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
+                    --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fx-cpu-bf16-$case${form#*:}" \
+                    >/dev/null || failed=1
+            done
         done
-        python3 - "$work" "$dest/fixtures-encoder" <<'PY' || failed=1
-import sys, numpy as np
-work, fx = sys.argv[1], sys.argv[2]
-bad = False
-for case in ("small", "long"):
-    want = np.load(f"{fx}/{case}/expected/emb_f32.npy").astype(np.float64)
-    codes_want = np.load(f"{fx}/{case}/expected/tile.npy").astype(np.int32)
-    k = ~np.load(f"{fx}/{case}/expected/nodata.npy").reshape(want.shape[:-1])
-    got = np.load(f"{work}/fxcpu-{case}-f/tile.npy").astype(np.float64)
-    d = np.abs(np.load(f"{work}/fxcpu-{case}/tile.npy").astype(np.int32)[k] - codes_want[k])
-    cos = (got[k] * want[k]).sum(-1) / np.linalg.norm(got[k], axis=-1) / np.linalg.norm(want[k], axis=-1)
-    bad |= cos.min() < 0.9999
-    print(f"{case} onednn bf16: worst cosine {cos.min():.7f}, int8 codes equal {100 * (d == 0).mean():.1f} %, "
-          f"within one {100 * (d <= 1).mean():.1f} %, largest difference {d.max()}")
-sys.exit(1 if bad else 0)
-PY
+        python3 encoder/peers/fidelity.py "$dest/fixtures-encoder" "onednn bf16" "$work/fx-cpu-bf16" \
+            --rule 0.9999 || failed=1
         timeout 120 python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile32" --device cpu \
             --dtype fp32,bf16 --mode whole --chunk 1024 || echo "PyTorch CPU peer failed or timed out"
         stamp

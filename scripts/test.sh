@@ -30,19 +30,7 @@ trap stop_pg EXIT
 nvrtc_dir="$target/nvrtc-12.6"
 if [ ! -e "$nvrtc_dir/libnvrtc.so.12" ]; then
     echo "test: fetching NVRTC 12.6 (nvidia-cuda-nvrtc-cu12 from PyPI) into $nvrtc_dir"
-    wheels=$(mktemp -d)
-    python3 -m pip download -q --no-deps -d "$wheels" 'nvidia-cuda-nvrtc-cu12==12.6.85'
-    mkdir -p "$nvrtc_dir"
-    python3 - "$wheels" "$nvrtc_dir" <<'PY'
-import glob, os, sys, zipfile
-wheel = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
-with zipfile.ZipFile(wheel) as z:
-    for name in z.namelist():
-        if name.startswith("nvidia/cuda_nvrtc/lib/lib"):
-            with open(os.path.join(sys.argv[2], os.path.basename(name)), "wb") as out:
-                out.write(z.read(name))
-PY
-    rm -rf "$wheels"
+    scripts/wheel-libs.sh 'nvidia-cuda-nvrtc-cu12==12.6.85' "$nvrtc_dir" 'cuda_nvrtc/lib/lib[^/]*'
 fi
 export LD_LIBRARY_PATH="$(cd "$nvrtc_dir" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FLOTILLA_REQUIRE_NVRTC=1
@@ -54,19 +42,7 @@ export FLOTILLA_REQUIRE_NVRTC=1
 dnnl3_dir="$target/onednn-3"
 if [ ! -e "$dnnl3_dir/libdnnl.so.3" ]; then
     echo "test: fetching oneDNN 3.2 (onednn-cpu-gomp from PyPI) into $dnnl3_dir"
-    wheels=$(mktemp -d)
-    python3 -m pip download -q --no-deps -d "$wheels" 'onednn-cpu-gomp==2023.2.0'
-    mkdir -p "$dnnl3_dir"
-    python3 - "$wheels" "$dnnl3_dir" <<'PY'
-import glob, os, sys, zipfile
-wheel = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
-with zipfile.ZipFile(wheel) as z:
-    for name in z.namelist():
-        if name.endswith("/lib/libdnnl.so.3"):
-            with open(os.path.join(sys.argv[2], "libdnnl.so.3"), "wb") as out:
-                out.write(z.read(name))
-PY
-    rm -rf "$wheels"
+    scripts/wheel-libs.sh 'onednn-cpu-gomp==2023.2.0' "$dnnl3_dir" 'lib/libdnnl\.so\.3'
 fi
 export FLOTILLA_ONEDNN3_TEST="$(cd "$dnnl3_dir" && pwd)/libdnnl.so.3"
 export FLOTILLA_REQUIRE_ONEDNN3=1

@@ -573,6 +573,13 @@ fn run_host_rate(a: HostRateArgs) -> Result<()> {
         r.encode_s / r.read_s,
         r.cpu_s / r.pixels.max(1) as f64 * 1e6
     );
+    if let Some(kib) = bench::peak_resident_kib() {
+        println!(
+            "peak resident memory: {} MiB (the host's share of an encode on a device: the model's \
+             weights, windows, chunks in flight, pooled features, the embedding)",
+            kib / 1024
+        );
+    }
     if let Some(rate) = a.device_rate {
         let d = bench::host_rate(
             &a.tile,

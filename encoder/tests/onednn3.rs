@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use tessera_encoder::backend::isa;
-use tessera_encoder::{golden, BackendChoice, DeviceProfile, Encoder, TileInputs};
+use tessera_encoder::{golden, BackendChoice, DeviceProfile, Dtype, Encoder, TileInputs};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/encoder");
 
@@ -35,6 +35,31 @@ fn on_3x() -> bool {
     false
 }
 
+/// Encode fixture `name` on the onednn backend in `dtype` and compare with upstream.
+fn report(name: &str, dtype: Dtype) -> golden::GoldenReport {
+    let dir = Path::new(FIXTURES).join(name);
+    let tile = TileInputs::read(&dir.join("tile")).unwrap();
+    let profile = DeviceProfile {
+        threads: 2,
+        chunk_pixels: 16,
+        block_pixels: 4,
+        dtype,
+        ..DeviceProfile::default_for(BackendChoice::Onednn)
+    };
+    let enc = Encoder::load(
+        &dir.join("ckpt.safetensors"),
+        BackendChoice::Onednn,
+        profile,
+    )
+    .unwrap();
+    let emb = enc
+        .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
+        .unwrap();
+    let r = golden::compare(&dir, &emb).unwrap_or_else(|e| panic!("{name} on oneDNN 3.x: {e}"));
+    eprintln!("{name} {dtype:?} on oneDNN 3.x: {r:?}");
+    r
+}
+
 #[test]
 fn fixtures_match_upstream_on_onednn_3() {
     if !on_3x() {
@@ -42,27 +67,9 @@ fn fixtures_match_upstream_on_onednn_3() {
     }
     eprintln!("{}", isa(BackendChoice::Onednn));
     for name in ["small", "long"] {
-        let dir = Path::new(FIXTURES).join(name);
-        let tile = TileInputs::read(&dir.join("tile")).unwrap();
-        let profile = DeviceProfile {
-            threads: 2,
-            chunk_pixels: 16,
-            block_pixels: 4,
-            ..DeviceProfile::default_for(BackendChoice::Onednn)
-        };
-        let enc = Encoder::load(
-            &dir.join("ckpt.safetensors"),
-            BackendChoice::Onednn,
-            profile,
-        )
-        .unwrap();
-        let emb = enc
-            .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
-            .unwrap();
-        let report = golden::compare(&dir, &emb)
-            .and_then(|r| r.meets_thresholds().map(|()| r))
+        report(name, Dtype::F32)
+            .meets_thresholds()
             .unwrap_or_else(|e| panic!("{name} on oneDNN 3.x: {e}"));
-        eprintln!("{name} on oneDNN 3.x: {report:?}");
     }
 }
 
@@ -78,26 +85,7 @@ fn bf16_on_onednn_3_meets_the_fidelity_rule_where_it_runs() {
         return;
     }
     for name in ["small", "long"] {
-        let dir = Path::new(FIXTURES).join(name);
-        let tile = TileInputs::read(&dir.join("tile")).unwrap();
-        let profile = DeviceProfile {
-            threads: 2,
-            chunk_pixels: 16,
-            block_pixels: 4,
-            dtype: tessera_encoder::Dtype::Bf16,
-            ..DeviceProfile::default_for(BackendChoice::Onednn)
-        };
-        let enc = Encoder::load(
-            &dir.join("ckpt.safetensors"),
-            BackendChoice::Onednn,
-            profile,
-        )
-        .unwrap();
-        let emb = enc
-            .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
-            .unwrap();
-        let r = golden::compare(&dir, &emb).unwrap();
-        eprintln!("{name} bf16 on oneDNN 3.x: {r:?}");
+        let r = report(name, Dtype::Bf16);
         assert!(r.worst_cosine >= 0.9999, "{name}: {r:?}");
     }
 }

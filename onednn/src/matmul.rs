@@ -189,44 +189,7 @@ impl MatMul {
                 why: "the stream belongs to another engine than the primitive".into(),
             });
         }
-        if T::DATA_TYPE != self.spec.data_type {
-            return Err(Error::DataType {
-                what: "matmul src",
-                expected: self.spec.data_type,
-                got: T::DATA_TYPE,
-            });
-        }
-        // `is_multiple_of` needs Rust 1.87; the workspace allows 1.85.
-        #[allow(clippy::manual_is_multiple_of)]
-        let ragged = src.len() % self.spec.k != 0;
-        if ragged {
-            return Err(Error::Invalid {
-                what: "matmul src",
-                why: format!(
-                    "{} elements is not a whole number of rows of k = {}",
-                    src.len(),
-                    self.spec.k
-                ),
-            });
-        }
-        let m = src.len() / self.spec.k;
-        check_len("matmul dst (M x n)", m * self.spec.n, dst.len())?;
-        let wants_residual = self.spec.post_ops.contains(&PostOp::BinaryAdd);
-        match residual {
-            Some(r) if wants_residual => {
-                check_len("matmul residual (M x n)", m * self.spec.n, r.len())?
-            }
-            None if !wants_residual => {}
-            _ => {
-                return Err(Error::Invalid {
-                    what: "matmul residual",
-                    why: format!(
-                    "a residual must be given exactly when the post-ops include BinaryAdd ({:?})",
-                    self.spec.post_ops
-                ),
-                })
-            }
-        }
+        let m = check_execute(&self.spec, T::DATA_TYPE, src.len(), dst.len(), residual)?;
         if m == 0 {
             return Ok(());
         }
@@ -341,6 +304,51 @@ impl MatMul {
         // Another thread may have created the same M meanwhile; keep the first.
         Ok(Arc::clone(instances.entry(m).or_insert(inst)))
     }
+}
+
+/// Checks an `execute`'s buffers against `spec` (the source's element type
+/// and length, a whole number of rows; dst's length; a residual exactly
+/// when a `BinaryAdd` post-op wants one, of dst's length) and returns M.
+pub(crate) fn check_execute(
+    spec: &MatMulSpec,
+    src_type: DataType,
+    src_len: usize,
+    dst_len: usize,
+    residual: Option<&[f32]>,
+) -> Result<usize> {
+    if src_type != spec.data_type {
+        return Err(Error::DataType {
+            what: "matmul src",
+            expected: spec.data_type,
+            got: src_type,
+        });
+    }
+    if !src_len.is_multiple_of(spec.k) {
+        return Err(Error::Invalid {
+            what: "matmul src",
+            why: format!(
+                "{src_len} elements is not a whole number of rows of k = {}",
+                spec.k
+            ),
+        });
+    }
+    let m = src_len / spec.k;
+    check_len("matmul dst (M x n)", m * spec.n, dst_len)?;
+    let wants_residual = spec.post_ops.contains(&PostOp::BinaryAdd);
+    match residual {
+        Some(r) if wants_residual => check_len("matmul residual (M x n)", m * spec.n, r.len())?,
+        None if !wants_residual => {}
+        _ => {
+            return Err(Error::Invalid {
+                what: "matmul residual",
+                why: format!(
+                    "a residual must be given exactly when the post-ops include BinaryAdd ({:?})",
+                    spec.post_ops
+                ),
+            })
+        }
+    }
+    Ok(m)
 }
 
 /// The weights layout oneDNN chose for `pd` (the packed layout the weights

@@ -40,7 +40,7 @@ use std::ptr;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use crate::error::{check, Error, Result};
-use crate::matmul::{check_len, validate_post_ops};
+use crate::matmul::{check_execute, check_len, validate_post_ops};
 use crate::memory::{AlignedBuf, DataType, Element};
 use crate::primitive::{with_scratchpad, PostOp};
 use crate::threading::ThreadScope;
@@ -758,41 +758,7 @@ impl MatMul3 {
         dst: &mut [f32],
         residual: Option<&[f32]>,
     ) -> Result<()> {
-        if T::DATA_TYPE != self.spec.data_type {
-            return Err(Error::DataType {
-                what: "matmul src",
-                expected: self.spec.data_type,
-                got: T::DATA_TYPE,
-            });
-        }
-        if !src.len().is_multiple_of(self.spec.k) {
-            return Err(Error::Invalid {
-                what: "matmul src",
-                why: format!(
-                    "{} elements is not a whole number of rows of k = {}",
-                    src.len(),
-                    self.spec.k
-                ),
-            });
-        }
-        let m = src.len() / self.spec.k;
-        check_len("matmul dst (M x n)", m * self.spec.n, dst.len())?;
-        let wants_residual = self.spec.post_ops.contains(&PostOp::BinaryAdd);
-        match residual {
-            Some(r) if wants_residual => {
-                check_len("matmul residual (M x n)", m * self.spec.n, r.len())?
-            }
-            None if !wants_residual => {}
-            _ => {
-                return Err(Error::Invalid {
-                    what: "matmul residual",
-                    why: format!(
-                    "a residual must be given exactly when the post-ops include BinaryAdd ({:?})",
-                    self.spec.post_ops
-                ),
-                })
-            }
-        }
+        let m = check_execute(&self.spec, T::DATA_TYPE, src.len(), dst.len(), residual)?;
         if m == 0 {
             return Ok(());
         }
