@@ -158,7 +158,7 @@ PY
     "$enc" synth-tile --out "$work/tile" --height 256 --width 256 --s2-frames 64 \
         --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
     compile=""
-    [[ ",$skip," == *",compile,"* ]] || compile="--compile"
+    [[ ",$skip," == *",compile,"* ]] || compile="--compile bf16"
     echo "-- PyTorch (peer): encoder/peers/torch_peer.py tile --chunk 4096 $compile"
     timeout 200 python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile" --device cuda \
         --dtype fp32,tf32,bf16 --mode whole,forward --chunk 4096 $compile --out-dir "$work/torch" \

@@ -10,14 +10,15 @@ student (not copied from upstream), with PyTorch's own TransformerEncoderLayer
     torch_peer.py bench --ckpt large.safetensors --tile TILE_DIR --threads 1,2 \
         [--batch 16,64,256] [--onnx model.onnx] [--reps 2]
     torch_peer.py tile --ckpt large.safetensors --tile TILE_DIR [--device cuda] \
-        [--dtype fp32,tf32,bf16] [--mode whole,forward] [--chunk 4096] [--compile] \
+        [--dtype fp32,tf32,bf16] [--mode whole,forward] [--chunk 4096] [--compile bf16] \
         [--out-dir DIR]
 
 `tile` is issue 16's peer: the whole tile as one run of an encoder would do it
 (read the .npy files, prepare tokens, group by sequence length, forward in
 chunks, embeddings back on the host: "whole") and the forward pass alone on
 inputs already on the device ("forward"), on CUDA or the CPU, in fp32, tf32
-or bf16 (autocast); `--compile` adds torch.compile's forward pass.
+or bf16 (autocast); `--compile bf16` adds torch.compile's forward pass in
+bf16 (each precision compiles anew, a minute or so on a GPU).
 
 Needs: torch, numpy, and for the ONNX column onnx and onnxruntime (pip).
 Prints Markdown table rows; `scripts/bench-encoder-peers.sh` runs it next to
@@ -429,13 +430,14 @@ def cmd_tile(a):
         runs = []
         if "whole" in a.mode:
             runs.append(("pytorch encode_tile", "whole", lambda: encode_whole(model, a.tile, a.chunk, device, dtype)))
-        if "forward" in a.mode or a.compile:
+        compile_here = dtype in a.compile
+        if "forward" in a.mode or compile_here:
             s2c, s1c = chunks_of(g2, a.chunk, device), chunks_of(g1, a.chunk, device)
             sync(device)
             if "forward" in a.mode:
                 runs.append(("pytorch forward", "forward",
                              lambda s2c=s2c, s1c=s1c: run_forward(model, s2c, s1c, p, a.chunk, device, dtype)))
-            if a.compile:
+            if compile_here:
                 compiled = (torch.compile(model.s2_backbone), torch.compile(model.s1_backbone))
                 runs.append(("torch.compile forward", "forward",
                              lambda s2c=s2c, s1c=s1c, c=compiled: run_forward(model, s2c, s1c, p, a.chunk,
@@ -489,7 +491,8 @@ def main():
     t.add_argument("--dtype", type=lambda s: s.split(","), default=["fp32", "tf32", "bf16"])
     t.add_argument("--mode", type=lambda s: s.split(","), default=["whole", "forward"])
     t.add_argument("--chunk", type=int, default=4096, help="pixels per forward call")
-    t.add_argument("--compile", action="store_true", help="also time torch.compile's forward pass")
+    t.add_argument("--compile", type=lambda s: s.split(","), default=[], metavar="DTYPES",
+                   help="also time torch.compile's forward pass in these precisions (e.g. bf16)")
     t.add_argument("--reps", type=int, default=1)
     t.add_argument("--out-dir", help="save each whole-tile embedding as DIR/torch_DTYPE.npy (H, W, 128) f32")
     a = p.parse_args()
