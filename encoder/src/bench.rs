@@ -240,6 +240,8 @@ struct HostOnly {
     d: usize,
     repr_dim: usize,
     device_px_per_s: Option<f64>,
+    /// When the first chunk arrived: before it a device would sit idle.
+    first_chunk: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Backend for HostOnly {
@@ -249,6 +251,9 @@ impl Backend for HostOnly {
 
     fn backbone(&self, _: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
         batch.check(self.name())?;
+        if let Ok(mut first) = self.first_chunk.lock() {
+            first.get_or_insert_with(Instant::now);
+        }
         if let Some(rate) = self.device_px_per_s {
             std::thread::sleep(std::time::Duration::from_secs_f64(
                 batch.n as f64 / rate / 2.0,
@@ -277,6 +282,10 @@ pub struct HostRate {
     pub encode_s: f64,
     /// CPU time (user + system) of the best rep's encode, every thread.
     pub cpu_s: f64,
+    /// The best rep's time from opening the files to the first chunk handed
+    /// to the backend (counting the tile's valid observations, reading and
+    /// gathering the first window): time a device waits at the start.
+    pub first_chunk_s: f64,
 }
 
 impl HostRate {
@@ -300,12 +309,13 @@ pub fn host_rate(
     device_px_per_s: Option<f64>,
 ) -> Result<HostRate> {
     let weights = Arc::new(StudentWeights::from_checkpoint(&random_checkpoint(cfg, 1))?);
-    let backend = HostOnly {
+    let backend = Arc::new(HostOnly {
         d: cfg.d_model(),
         repr_dim: cfg.repr_dim,
         device_px_per_s,
-    };
-    let mut enc = Encoder::with_backend(weights, Box::new(backend), profile);
+        first_chunk: std::sync::Mutex::new(None),
+    });
+    let mut enc = Encoder::with_backend(weights, Box::new(Shared(backend.clone())), profile);
     enc.set_window_pixels(window_pixels);
     let cancel = AtomicBool::new(false);
     let mut files = Vec::new();
@@ -316,7 +326,7 @@ pub fn host_rate(
         }
     }
     let (mut read_s, mut encode_s, mut bytes, mut pixels) = (f64::INFINITY, f64::INFINITY, 0, 0);
-    let mut cpu_s = 0.0;
+    let (mut cpu_s, mut first_chunk_s) = (0.0, 0.0);
     let mut buf = vec![0u8; 1 << 20];
     for _ in 0..reps.max(1) {
         let t = Instant::now();
@@ -333,6 +343,9 @@ pub fn host_rate(
             }
         }
         read_s = read_s.min(t.elapsed().as_secs_f64());
+        if let Ok(mut first) = backend.first_chunk.lock() {
+            *first = None;
+        }
         let t = Instant::now();
         let cpu = process_cpu_s();
         let reader = TileReader::open(dir)?;
@@ -341,6 +354,12 @@ pub fn host_rate(
         if took < encode_s {
             encode_s = took;
             cpu_s = process_cpu_s() - cpu;
+            first_chunk_s = backend
+                .first_chunk
+                .lock()
+                .ok()
+                .and_then(|f| *f)
+                .map_or(0.0, |f| (f - t).as_secs_f64());
         }
         pixels = emb.nodata.iter().filter(|&&n| !n).count();
     }
@@ -350,7 +369,23 @@ pub fn host_rate(
         read_s,
         encode_s,
         cpu_s,
+        first_chunk_s,
     })
+}
+
+/// A backend shared with the caller (who reads what it recorded).
+struct Shared<B>(Arc<B>);
+
+impl<B: Backend> Backend for Shared<B> {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn backbone(&self, m: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
+        self.0.backbone(m, batch)
+    }
+    fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>> {
+        self.0.head(s2, s1, n)
+    }
 }
 
 /// This process's CPU time so far, user and system, every thread

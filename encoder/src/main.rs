@@ -573,6 +573,10 @@ fn run_host_rate(a: HostRateArgs) -> Result<()> {
         r.encode_s / r.read_s,
         r.cpu_s / r.pixels.max(1) as f64 * 1e6
     );
+    println!(
+        "first chunk handed over after {:.3} s (counting every pixel's observations, reading and gathering the first window: a device's idle start)",
+        r.first_chunk_s
+    );
     if let Some(kib) = bench::peak_resident_kib() {
         println!(
             "peak resident memory: {} MiB (the host's share of an encode on a device: the model's \
