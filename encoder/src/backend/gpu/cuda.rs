@@ -240,7 +240,7 @@ impl CudaDevice {
                 g.stride_c as i64,
                 int(g.batch)?,
                 compute,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         };
         if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
@@ -263,15 +263,6 @@ impl CudaDevice {
             beta: g.beta,
             ldc: int(g.ldc)?,
         })
-    }
-
-    /// cuBLAS uses the calling thread's current context; the copies and
-    /// launches bind it themselves, but a GEMM may come first on a thread.
-    fn bind(&self) -> Result<()> {
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| err("binding the GPU context", e))
     }
 }
 
@@ -296,6 +287,16 @@ impl Device for CudaDevice {
 
     fn math(&self) -> GemmMath {
         self.math
+    }
+
+    /// cuBLAS and frees use the calling thread's current context; the
+    /// copies and launches bind it themselves, but a GEMM or a free may
+    /// come first on a thread.
+    fn bind(&self) -> Result<()> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| err("binding the GPU context", e))
     }
 
     fn upload(&self, host: &[f32]) -> Result<Self::Buf> {

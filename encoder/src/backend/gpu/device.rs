@@ -8,7 +8,7 @@ use crate::error::{EncodeError, Result};
 use crate::profile::Dtype;
 
 /// Threads per block of the row kernels (LayerNorm, softmax, pooling): a
-/// multiple of the 32-thread warp, and a power of two for pooling's tree.
+/// multiple of the 32-thread warp.
 pub(crate) const ROW_THREADS: u32 = 256;
 
 /// Rows per block of the warp-per-row kernels (LayerNorm, softmax): one
@@ -23,8 +23,8 @@ const ELEMENT_THREADS: u32 = 256;
 /// The kernels besides the GEMMs, compiled by NVRTC on a GPU. NVRTC has no
 /// standard headers: only CUDA's built-in device functions are available
 /// (no `INFINITY`, no `<cmath>`), which the emulator's build enforces.
-/// Reductions are tree reductions in shared memory over a fixed number of
-/// threads, so their order never changes.
+/// Reductions run in a fixed order (a warp's butterfly shuffles, pooling's
+/// loops), so the same launch gives the same bits.
 pub(crate) const KERNELS: &str = include_str!("kernels.cu");
 
 /// The kernels of [`KERNELS`], by name.
@@ -258,6 +258,10 @@ pub(crate) trait Device: Sized {
     type Half;
     /// How its f32 GEMMs compute (fixed when it was opened).
     fn math(&self) -> GemmMath;
+    /// Make the device current on the calling thread. CUDA frees buffers on
+    /// the current context, and cudarc's drop does not bind it, so a buffer
+    /// dropped on a thread without it would leak (the emulator: nothing).
+    fn bind(&self) -> Result<()>;
     /// A new buffer holding `host`.
     fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
     /// Copy `host` into the start of `buf`, which holds at least as many

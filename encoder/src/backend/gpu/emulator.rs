@@ -536,6 +536,10 @@ impl Device for EmulatedDevice {
         self.math
     }
 
+    fn bind(&self) -> Result<()> {
+        Ok(())
+    }
+
     fn upload_half(&self, host: &[u16]) -> Result<EmuHalf> {
         Ok(EmuHalf::new(host.to_vec()))
     }
@@ -712,7 +716,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::backend::gpu::GpuBackend;
+    use crate::backend::gpu::{GpuBackend, MAX_ROWS};
     use crate::backend::BackendChoice;
     use crate::checkpoint::Checkpoint;
     use crate::encode::Encoder;
@@ -836,6 +840,31 @@ mod tests {
                 half.len()
             );
         }
+    }
+
+    #[test]
+    fn a_chunk_past_the_row_budget_runs_in_parts_with_the_same_result() {
+        let dir = Path::new(FIXTURES).join("small");
+        let tile = TileInputs::read(&dir.join("tile")).unwrap();
+        let ckpt = Checkpoint::load(&dir.join("ckpt.safetensors")).unwrap();
+        let weights = Arc::new(StudentWeights::from_checkpoint(&ckpt).unwrap());
+        let run = |max_rows: usize| {
+            let dev = EmulatedDevice::new(GemmMath::F32);
+            let mut backend = GpuBackend::create(NAME, dev, weights.clone()).unwrap();
+            backend.max_rows = max_rows;
+            let profile = DeviceProfile {
+                chunk_pixels: 64,
+                ..DeviceProfile::default_for(BackendChoice::Cuda)
+            };
+            let enc = Encoder::with_backend(weights.clone(), Box::new(backend), profile);
+            let emb = enc
+                .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
+                .unwrap();
+            emb.values.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        // 40 tokens per pass: every chunk of this tile is cut into parts
+        // (down to one pixel where a sequence is longer).
+        assert_eq!(run(40), run(MAX_ROWS));
     }
 
     #[test]

@@ -99,6 +99,8 @@ pub(crate) struct GpuBackend<D: Device> {
     model: Mutex<(GpuModel<D>, Scratch<D>)>,
     d: usize,
     repr_dim: usize,
+    /// [`MAX_ROWS`] (smaller in a test, to make parts).
+    max_rows: usize,
 }
 
 impl<D: Device> GpuBackend<D> {
@@ -133,6 +135,7 @@ impl<D: Device> GpuBackend<D> {
             model: Mutex::new((model, Scratch::new())),
             d: weights.config.d_model(),
             repr_dim: weights.config.repr_dim,
+            max_rows: MAX_ROWS,
         })
     }
 
@@ -741,6 +744,14 @@ impl<D: Device> GpuModel<D> {
     }
 }
 
+/// Tokens (pixels x sequence length) one backbone pass takes at most; a
+/// chunk with more is run in parts (a pixel's result does not depend on
+/// the others in its pass, though cuBLAS may pick another algorithm for
+/// another size). 2^19 is 8,192 px of 64 tokens, above the best chunk an
+/// H200 showed in f32 (4,096 px), and keeps every buffer's element count
+/// (at most 2^19 x the FFN's width) far inside a kernel's and cuBLAS's int.
+pub(crate) const MAX_ROWS: usize = 1 << 19;
+
 /// The f32 device buffers a chunk works in, by role.
 #[derive(Debug, Clone, Copy)]
 enum Slot {
@@ -795,7 +806,9 @@ impl<D: Device> Scratch<D> {
         match self.slots[slot as usize].take() {
             Some(b) if D::len(&b) >= n => Ok(b),
             old => {
-                // Free the small one first: the new one may need its room.
+                // Free the small one first: the new one may need its room
+                // (on the device's context, which a free needs current).
+                dev.bind()?;
                 drop(old);
                 dev.alloc(n)
             }
@@ -811,6 +824,7 @@ impl<D: Device> Scratch<D> {
         match self.halves[slot as usize].take() {
             Some(b) if D::half_len(&b) >= n => Ok(b),
             old => {
+                dev.bind()?;
                 drop(old);
                 dev.alloc_half(n)
             }
@@ -835,11 +849,32 @@ where
         batch.check(self.name)?;
         let mut guard = self.lock()?;
         let (model, scratch) = &mut *guard;
+        model.dev.bind()?;
         let bb = match modality {
             Modality::S2 => &model.s2,
             Modality::S1 => &model.s1,
         };
-        model.backbone(bb, batch, scratch)
+        // At most MAX_ROWS tokens per pass, so device memory is bounded by
+        // that, not by a chunk of long sequences (16,384 px of 256 tokens
+        // would want 136 GB in bf16; MAX_ROWS about 16 GB).
+        let per = (self.max_rows / batch.len.max(1)).max(1);
+        if batch.n <= per {
+            return model.backbone(bb, batch, scratch);
+        }
+        let mut out = Vec::with_capacity(batch.n * self.d);
+        for start in (0..batch.n).step_by(per) {
+            let n = per.min(batch.n - start);
+            let part = SequenceBatch {
+                n,
+                len: batch.len,
+                bands: batch.bands,
+                values: &batch.values
+                    [start * batch.len * batch.bands..(start + n) * batch.len * batch.bands],
+                doys: &batch.doys[start * batch.len..(start + n) * batch.len],
+            };
+            out.extend(model.backbone(bb, &part, scratch)?);
+        }
+        Ok(out)
     }
 
     fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>> {
@@ -857,6 +892,7 @@ where
         }
         let mut guard = self.lock()?;
         let (model, scratch) = &mut *guard;
+        model.dev.bind()?;
         let out = model.head(s2, s1, n, d, scratch)?;
         debug_assert_eq!(out.len(), n * self.repr_dim);
         Ok(out)
