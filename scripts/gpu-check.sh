@@ -33,10 +33,87 @@
 # $OUT/gpu-check.log when OUT is set. GPU_CHECK_SKIP=compile,cpu skips
 # torch.compile or the CPU part; GPU_CHECK_ONLY=cpu runs only the CPU part
 # (which needs no GPU: `prepare` then `run` checks it on any x86 Linux;
-# GPU_CHECK_CPU_SIDE=4 makes its tile 4 x 4 for a quick look).
+# GPU_CHECK_CPU_SIDE=4 makes its tile 4 x 4 for a quick look);
+# GPU_CHECK_DTYPES="bf16" limits the GPU part to those precisions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.gpucheck
+
+link_cuda_libs() {
+    # cudarc asks for libcublas.so / libcublasLt.so / libnvrtc.so (or
+    # .so.12). Pick the newest of each that the driver serves (toolkit or
+    # pip wheels), link it under the plain name, and put its folder on the
+    # path too (for libnvrtc-builtins, loaded by its versioned name).
+    links=$(mktemp -d)
+    picked=$(python3 - <<'PY'
+import glob, os, re, subprocess
+try:
+    out = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
+    driver = int(re.search(r"CUDA Version: (\d+)", out).group(1))
+except Exception:
+    driver = 99
+dirs = set(glob.glob("/usr/local/cuda*/lib64") + glob.glob("/usr/local/cuda*/targets/*/lib"))
+try:
+    import nvidia
+    for p in nvidia.__path__:
+        dirs |= set(glob.glob(os.path.join(p, "*", "lib")))
+except Exception:
+    pass
+best = {}
+for d in dirs:
+    for lib in ("libcublas", "libcublasLt", "libnvrtc"):
+        for f in glob.glob(os.path.join(d, lib + ".so.*")):
+            m = re.fullmatch(re.escape(lib) + r"\.so\.(\d+)", os.path.basename(f))
+            if m and int(m.group(1)) <= driver and (lib not in best or int(m.group(1)) > best[lib][0]):
+                best[lib] = (int(m.group(1)), os.path.realpath(f))
+for lib, (_, f) in sorted(best.items()):
+    print(lib, f)
+PY
+)
+    libpath="$links"
+    while read -r lib file; do
+        [ -n "$lib" ] || continue
+        ln -sf "$file" "$links/$lib.so"
+        libpath="$libpath:$(dirname "$file")"
+        echo "$lib.so -> $file"
+    done <<<"$picked"
+    export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+# Kernel time by kernel for one 4,096-px chunk in precision $1 (Nsight
+# Compute, durations only); needs $enc, $work/large.safetensors and a
+# 64 x 64 tile at $work/tile64.
+ncu_kernels() {
+    local dt=$1
+    echo "== GPU $dt kernels on one 4,096-px chunk (ncu gpu__time_duration)"
+    if timeout 150 ncu --csv --page raw --metrics gpu__time_duration.sum --log-file "$work/ncu-$dt.csv" \
+        "$enc" --backend cuda --dtype "$dt" --batch-pixels 4096 --ckpt "$work/large.safetensors" \
+        --tile "$work/tile64" --out-dir "$work/ncu-out" >/dev/null 2>&1; then
+        python3 - "$work/ncu-$dt.csv" <<'PY'
+import csv, sys, collections
+rows = list(csv.reader(l for l in open(sys.argv[1]) if not l.startswith("==")))
+head = rows[0]
+i_name, i_t = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
+unit = rows[1][i_t] if len(rows) > 1 and not rows[1][i_t].replace(".", "").isdigit() else "ns"
+scale = {"ns": 1e-6, "us": 1e-3, "usecond": 1e-3, "msecond": 1.0, "ms": 1.0, "nsecond": 1e-6}.get(unit, 1e-6)
+agg = collections.defaultdict(lambda: [0.0, 0])
+for r in rows[1:]:
+    try:
+        t = float(r[i_t].replace(",", ""))
+    except ValueError:
+        continue
+    name = r[i_name]
+    agg[name][0] += t * scale
+    agg[name][1] += 1
+total = sum(v[0] for v in agg.values())
+print(f"kernel time {total:.1f} ms in {sum(v[1] for v in agg.values())} launches ({4096 / total * 1e3:,.0f} px/s if nothing else took time)")
+for name, (t, n) in sorted(agg.items(), key=lambda kv: -kv[1][0])[:18]:
+    print(f"{100 * t / total:5.1f} %  {t:8.2f} ms  x{n:>4}  {name[:100]}")
+PY
+    else
+        echo "ncu failed or timed out"; tail -5 "$work/ncu-$dt.csv" 2>/dev/null || true
+    fi
+}
 
 case "${1:-}" in
 prepare)
@@ -82,44 +159,7 @@ run)
     skip="${GPU_CHECK_SKIP:-}"
     stamp() { echo "-- $(($(date +%s) - started)) s"; }
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
-    # cudarc asks for libcublas.so / libcublasLt.so / libnvrtc.so (or
-    # .so.12). Pick the newest of each that the driver serves (toolkit or
-    # pip wheels), link it under the plain name, and put its folder on the
-    # path too (for libnvrtc-builtins, loaded by its versioned name).
-    links=$(mktemp -d)
-    picked=$(python3 - <<'PY'
-import glob, os, re, subprocess
-try:
-    out = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
-    driver = int(re.search(r"CUDA Version: (\d+)", out).group(1))
-except Exception:
-    driver = 99
-dirs = set(glob.glob("/usr/local/cuda*/lib64") + glob.glob("/usr/local/cuda*/targets/*/lib"))
-try:
-    import nvidia
-    for p in nvidia.__path__:
-        dirs |= set(glob.glob(os.path.join(p, "*", "lib")))
-except Exception:
-    pass
-best = {}
-for d in dirs:
-    for lib in ("libcublas", "libcublasLt", "libnvrtc"):
-        for f in glob.glob(os.path.join(d, lib + ".so.*")):
-            m = re.fullmatch(re.escape(lib) + r"\.so\.(\d+)", os.path.basename(f))
-            if m and int(m.group(1)) <= driver and (lib not in best or int(m.group(1)) > best[lib][0]):
-                best[lib] = (int(m.group(1)), os.path.realpath(f))
-for lib, (_, f) in sorted(best.items()):
-    print(lib, f)
-PY
-)
-    libpath="$links"
-    while read -r lib file; do
-        [ -n "$lib" ] || continue
-        ln -sf "$file" "$links/$lib.so"
-        libpath="$libpath:$(dirname "$file")"
-        echo "$lib.so -> $file"
-    done <<<"$picked"
-    export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    link_cuda_libs
     manifest=$(cat "$dest/manifest-dir")
     # Recreate the fixtures where the test binary looks, unless they are
     # there already (as on the machine that built it).
@@ -133,6 +173,8 @@ PY
     failed=0
     "$enc" synth-ckpt --out "$work/large.safetensors" --seed 1 >/dev/null
     only="${GPU_CHECK_ONLY:-}"
+    dts="${GPU_CHECK_DTYPES:-f32 tf32 bf16}"
+    peer_dts=$(echo "$dts" | sed 's/\bf32\b/fp32/' | tr ' ' ',')
 
     if [ "$only" != cpu ]; then
     echo "== 1. backends, fixture tests (every usable backend, CUDA included if listed)"
@@ -146,6 +188,7 @@ PY
     fi
     echo "== fixtures in bf16 and tf32 on CUDA against upstream f32 (rule for bf16: worst cosine >= 0.9999)"
     for dt in bf16 tf32; do
+        [[ " $dts " == *" $dt "* ]] || continue
         for case in small long; do
             for form in "--int8:" ":-f"; do
                 "$enc" --backend cuda --dtype "$dt" ${form%%:*} --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
@@ -160,23 +203,38 @@ PY
     done
     stamp
 
-    echo "== 2. whole tile: 256 x 256 px, 64 S2 + 32 + 32 S1 observations, Large random weights"
+    echo "== 2. chunk sweep, bf16 (tune; best written to ${OUT:-/tmp}/tessera-profiles.toml)"
+    timeout 75 "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
+        --out "${OUT:-/tmp}/tessera-profiles.toml" | tee "$work/tune.txt" || echo "tune failed or timed out"
+    best_chunk=$(sed -n 's/^best: chunk \([0-9]*\).*/\1/p' "$work/tune.txt")
+    best_chunk=${best_chunk:-4096}
+    stamp
+
+    echo "== 3. whole tile: 256 x 256 px, 64 S2 + 32 + 32 S1 observations, Large random weights"
     "$enc" synth-tile --out "$work/tile" --height 256 --width 256 --s2-frames 64 \
         --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
     compile=""
-    [[ ",$skip," == *",compile,"* ]] || compile="--compile bf16"
+    [[ ",$skip," == *",compile,"* || " $dts " != *" bf16 "* ]] || compile="--compile bf16"
     echo "-- PyTorch (peer): encoder/peers/torch_peer.py tile --chunk 4096 $compile"
     timeout 200 python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile" --device cuda \
-        --dtype fp32,tf32,bf16 --mode whole,forward --chunk 4096 $compile --out-dir "$work/torch" \
+        --dtype "$peer_dts" --mode whole,forward --chunk 4096 $compile --out-dir "$work/torch" \
         | tee "$work/torch.md" || echo "PyTorch peer failed or timed out"
     stamp
-    echo "-- tessera-encode --backend cuda, whole process (checkpoint, files, encode, outputs)"
-    for dt in f32 tf32 bf16; do
-        # Once to warm the page cache and the driver's caches, then timed.
-        "$enc" --backend cuda --dtype "$dt" --batch-pixels 4096 --ckpt "$work/large.safetensors" \
-            --tile "$work/tile" --out-dir "$work/ours-$dt" >/dev/null 2>&1 || true
+    echo "-- tessera-encode --backend cuda: the tile twice in one process (the second is the"
+    echo "   running encoder's figure, as PyTorch's after its warm-up), then the whole process"
+    echo "   (start-up, checkpoint, files, encode, outputs); chunk 4,096 px, bf16 at tune's best ($best_chunk)"
+    mkdir -p "$work/tiles"
+    cp -r "$work/tile" "$work/tiles/a"
+    cp -r "$work/tile" "$work/tiles/b"
+    for dt in $dts; do
+        chunk=4096
+        [ "$dt" = bf16 ] && chunk=$best_chunk
+        "$enc" --backend cuda --dtype "$dt" --batch-pixels "$chunk" --ckpt "$work/large.safetensors" \
+            --data-root "$work/tiles" --out-dir "$work/twice-$dt" >"$work/twice-$dt.log" 2>&1 || true
+        sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' "$work/twice-$dt.log" |
+            awk -v dt="$dt" '{print dt, $1}' >>"$work/ours-warm.txt"
         t0=$(date +%s%N)
-        if "$enc" --backend cuda --dtype "$dt" --batch-pixels 4096 --ckpt "$work/large.safetensors" \
+        if "$enc" --backend cuda --dtype "$dt" --batch-pixels "$chunk" --ckpt "$work/large.safetensors" \
             --tile "$work/tile" --out-dir "$work/ours-$dt" >"$work/ours-$dt.log" 2>&1; then
             echo "$dt $(($(date +%s%N) - t0))" >>"$work/ours.txt"
         else
@@ -194,11 +252,15 @@ if os.path.exists(f"{work}/torch.md"):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 6 and re.fullmatch(r"[0-9.]+", cells[4] or "x"):
             torch_rows[(cells[0], cells[1])] = float(cells[4])
-ours = {}
+ours, warm = {}, {}
 if os.path.exists(f"{work}/ours.txt"):
     for line in open(f"{work}/ours.txt"):
         dt, ns = line.split()
         ours[dt] = px / (int(ns) / 1e9)
+if os.path.exists(f"{work}/ours-warm.txt"):
+    for line in open(f"{work}/ours-warm.txt"):
+        dt, s = line.split()
+        warm[dt] = px / float(s)
 print("| pixels/s | fp32 | tf32 | bf16 |")
 print("|---|---|---|---|")
 def row(name, get):
@@ -208,12 +270,14 @@ row("PyTorch encode_tile (whole tile, its own preparation)", lambda dt: fmt(torc
 row("PyTorch forward only, inputs on the GPU, 4,096-px chunks", lambda dt: fmt(torch_rows.get(("pytorch forward", dt))))
 row("torch.compile forward only", lambda dt: fmt(torch_rows.get(("torch.compile forward", dt))))
 ours_dt = {"fp32": "f32", "tf32": "tf32", "bf16": "bf16"}
-row("tessera-encode --backend cuda, whole process", lambda dt: fmt(ours.get(ours_dt[dt])))
-def ratio(dt, peer):
-    a, b = ours.get(ours_dt[dt]), torch_rows.get((peer, dt))
+row("tessera-encode --backend cuda, whole tile (read, encode, write; running encoder)", lambda dt: fmt(warm.get(ours_dt[dt])))
+row("tessera-encode --backend cuda, whole process (start-up and checkpoint too)", lambda dt: fmt(ours.get(ours_dt[dt])))
+def ratio(dt, peer, mine=warm):
+    a, b = mine.get(ours_dt[dt]), torch_rows.get((peer, dt))
     return f"{a / b:.2f}x" if a and b else "-"
-row("ours / PyTorch encode_tile", lambda dt: ratio(dt, "pytorch encode_tile"))
-row("ours / torch.compile forward", lambda dt: ratio(dt, "torch.compile forward"))
+row("ours whole tile / PyTorch encode_tile", lambda dt: ratio(dt, "pytorch encode_tile"))
+row("ours whole process / PyTorch encode_tile", lambda dt: ratio(dt, "pytorch encode_tile", ours))
+row("ours whole tile / torch.compile forward", lambda dt: ratio(dt, "torch.compile forward"))
 # Fidelity on this tile: each precision against our f32, and our f32 against PyTorch's fp32.
 def load(p):
     return np.load(p).reshape(-1, 128).astype(np.float64) if os.path.exists(p) else None
@@ -233,14 +297,10 @@ for name, path in [("ours tf32", f"{work}/ours-tf32/tile.npy"), ("ours bf16", f"
 PY
     stamp
 
-    echo "== 3. the host side of the same encode alone (no model compute), against reading the files"
+    echo "== 4. the host side of the same encode alone (no model compute), against reading the files"
     "$enc" host-rate --tile "$work/tile" --batch-pixels 4096 --reps 2 || failed=1
     stamp
 
-    echo "== 4. chunk sweep, bf16 (tune; best written to ${OUT:-/tmp}/tessera-profiles.toml)"
-    timeout 75 "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
-        --out "${OUT:-/tmp}/tessera-profiles.toml" || echo "tune failed or timed out"
-    stamp
     fi
 
     if [[ ",$skip," != *",cpu,"* ]]; then
@@ -284,14 +344,92 @@ PY
         stamp
     fi
 
+    # Where the GPU time goes, when Nsight Compute is installed and time
+    # is left: kernel time by kernel for one bf16 chunk.
+    if [ "$only" != cpu ] && command -v ncu >/dev/null && [ $(($(date +%s) - started)) -lt 400 ]; then
+        "$enc" synth-tile --out "$work/tile64" --height 64 --width 64 --s2-frames 64 \
+            --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
+        ncu_kernels bf16
+        stamp
+    fi
+
     if [ "$failed" != 0 ]; then
         echo "gpu-check: FAILED (see above)"
         exit 1
     fi
     echo "gpu-check: all checks passed"
     ;;
+profile)
+    # Where the time goes, for the goals `run` shows unmet: the GPU's bf16
+    # kernels on one 4,096-px chunk (Nsight Compute, kernel durations only),
+    # in-process rates without the process's start, and oneDNN's own
+    # per-call times on the host CPU. Writes $OUT/gpu-profile.log.
+    log="${OUT:-/tmp}/gpu-profile.log"
+    exec > >(tee "$log") 2>&1
+    started=$(date +%s)
+    stamp() { echo "-- $(($(date +%s) - started)) s"; }
+    link_cuda_libs
+    enc="$dest/tessera-encode"
+    cpu="$dest/tessera-encode-cpu"
+    work=$(mktemp -d)
+    "$enc" synth-ckpt --out "$work/large.safetensors" --seed 1 >/dev/null
+    "$enc" synth-tile --out "$work/tile" --height 64 --width 64 --s2-frames 64 \
+        --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
+    "$enc" synth-tile --out "$work/tile64" --height 64 --width 64 --s2-frames 64 \
+        --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
+    for dt in ${GPU_PROFILE_DTYPES:-bf16}; do
+        ncu_kernels "$dt"
+        stamp
+    done
+    if [ -n "${GPU_PROFILE_DTYPES-bf16}" ]; then
+        echo "== in process (no start-up): cuda bf16 and tf32, 16,384 px"
+        timeout 60 "$enc" bench --backends cuda --dtype bf16 --pixels 16384 --batch-pixels 4096 --reps 2 || true
+        timeout 60 "$enc" bench --backends cuda --dtype tf32 --pixels 16384 --batch-pixels 4096 --reps 2 || true
+        stamp
+    fi
+    mkdir -p "$work/lib"
+    for f in "$dest"/lib/*.xz; do xz -dc "$f" >"$work/lib/$(basename "$f" .xz)"; done
+    libs="$work/lib:$LD_LIBRARY_PATH"
+    echo "== host CPU in process: onednn bf16, 1,024 px, 16 threads"
+    for v in "2.6:0" "3.2:$work/lib/libdnnl.so.3"; do
+        echo "-- oneDNN ${v%%:*}"
+        LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="${v#*:}" timeout 60 "$cpu" bench --backends onednn \
+            --dtype bf16 --pixels 1024 --threads 16 --reps 2 || true
+    done
+    "$enc" synth-tile --out "$work/tile32" --height 32 --width 32 --s2-frames 64 \
+        --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
+    echo "== host CPU whole process, oneDNN 3.2 bf16, 32 x 32: oneDNN's time per primitive (ONEDNN_VERBOSE=profile)"
+    t0=$(date +%s%N)
+    LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" ONEDNN_VERBOSE=profile timeout 60 \
+        "$cpu" --backend onednn --dtype bf16 --ckpt "$work/large.safetensors" --tile "$work/tile32" \
+        --out-dir "$work/cpu-out" >"$work/dnnl.log" 2>&1 || echo "failed"
+    wall=$((($(date +%s%N) - t0) / 1000000))
+    python3 - "$work/dnnl.log" "$wall" <<'PY'
+import sys, collections
+wall = float(sys.argv[2])
+agg = collections.defaultdict(lambda: [0.0, 0])
+for line in open(sys.argv[1]):
+    if not line.startswith("onednn_verbose,") or ",exec," not in line and ",create:" not in line:
+        continue
+    f = line.strip().split(",")
+    try:
+        t = float(f[-1])
+    except ValueError:
+        continue
+    kind = "exec" if ",exec," in line else [x for x in f if x.startswith("create:")][0]
+    prim = f[f.index("cpu") + 1] if "cpu" in f else "?"
+    isa = f[f.index("cpu") + 2] if "cpu" in f else "?"
+    key = (kind, prim, isa)
+    agg[key][0] += t
+    agg[key][1] += 1
+print(f"whole process {wall:.0f} ms; summed oneDNN times (ms; exec is summed over 16 threads):")
+for (kind, prim, isa), (t, n) in sorted(agg.items(), key=lambda kv: -kv[1][0])[:10]:
+    print(f"  {kind:18} {prim:10} {isa:30} {t:9.1f} ms  x{n}")
+PY
+    stamp
+    ;;
 *)
-    echo "usage: $0 prepare|run" >&2
+    echo "usage: $0 prepare|run|profile" >&2
     exit 2
     ;;
 esac

@@ -103,6 +103,7 @@ impl EncoderSetup {
                 dtype: p.dtype.name().to_string(),
                 file: self.profile_file.as_ref().map(|f| f.display().to_string()),
                 tuned: self.tuned,
+                library: Some(tessera_encoder::backend::isa(self.choice)),
             }),
             unavailable,
         }
@@ -169,6 +170,11 @@ mod tests {
         assert!(p.tuned && p.chunk_pixels == 64, "{p:?}");
         assert_eq!(p.file.as_deref(), Some(default.to_str().unwrap()));
         assert!(p.summary().contains("tuned, from"), "{}", p.summary());
+        // And what computes: oneDNN's version and ISA, or the GPU, or the
+        // vector ISA of the pure-Rust backends.
+        let library = p.library.clone().unwrap();
+        assert_eq!(library, tessera_encoder::backend::isa(choice));
+        assert!(p.summary().ends_with(&library), "{}", p.summary());
 
         // A file with no entry for this device: untuned, and it says so.
         ProfileSet::default().save(&named).unwrap();

@@ -376,6 +376,24 @@ fn run_backends() {
         auto.name(),
         tessera_encoder::backend::isa(auto)
     );
+    #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
+    if tessera_encoder::backend::unavailable_reason(BackendChoice::Cuda).is_none() {
+        println!(
+            "cuda:      {}",
+            tessera_encoder::backend::cuda::fused_epilogue_report()
+        );
+    }
+    #[cfg(all(feature = "onednn", target_os = "linux"))]
+    println!(
+        "onednn:    {}",
+        match onednn::v3::unavailable_reason() {
+            None => tessera_encoder::backend::isa(BackendChoice::Onednn),
+            Some(why) => format!(
+                "{} (the linked one; no oneDNN 3.x: {why})",
+                tessera_encoder::backend::isa(BackendChoice::Onednn)
+            ),
+        }
+    );
 }
 
 fn run_encode(a: EncodeArgs) -> Result<()> {
@@ -406,6 +424,7 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
     }
     for dir in &tiles {
         let name = tile_name(dir)?;
+        let started = std::time::Instant::now();
         let inputs = TileReader::open(dir)?;
         eprintln!(
             "encoding {name}: {}x{} px, {} S2 + {} S1 frames ({:.1} MB), {} backend",
@@ -445,6 +464,14 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
         for f in files {
             eprintln!("wrote {}", f.display());
         }
+        // The tile alone, as a running encoder sees it (the first tile of a
+        // process also pays for the device's warm-up).
+        let took = started.elapsed().as_secs_f64();
+        eprintln!(
+            "tile {name}: {} px in {took:.3} s, {:.0} px/s (read, encoded, written)",
+            inputs.pixels(),
+            inputs.pixels() as f64 / took.max(1e-9)
+        );
     }
     if let Some(kib) = bench::peak_resident_kib() {
         eprintln!("peak resident memory: {} MiB", kib / 1024);

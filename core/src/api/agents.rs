@@ -162,6 +162,11 @@ pub struct EncoderProfile {
     /// file, no entry for this device there, or an agent too old to say).
     #[serde(default)]
     pub tuned: bool,
+    /// What computes, as `tessera-encode backends` says it: which oneDNN
+    /// (the linked 2.x, or a 3.x found at run time) and the ISA it
+    /// dispatches to, or the GPU; `None` from an agent too old to say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub library: Option<String>,
 }
 
 impl EncoderProfile {
@@ -173,8 +178,12 @@ impl EncoderProfile {
             (Some(f), false) => format!("untuned defaults ({f} has no entry for this device)"),
             (None, _) => "untuned defaults (no profile file)".to_string(),
         };
+        let library = self
+            .library
+            .as_ref()
+            .map_or(String::new(), |l| format!("; {l}"));
         format!(
-            "{} on {}: chunk {} px, block {} px, {} threads, {}; {origin}",
+            "{} on {}: chunk {} px, block {} px, {} threads, {}; {origin}{library}",
             self.backend,
             self.device,
             self.chunk_pixels,

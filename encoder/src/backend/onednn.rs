@@ -109,12 +109,11 @@ pub fn describe() -> String {
         None => {
             let v = onednn::version();
             format!(
-                "oneDNN {}.{}.{}, ISA {} (no 3.x: {})",
+                "oneDNN {}.{}.{}, ISA {}",
                 v.major,
                 v.minor,
                 v.patch,
-                onednn::effective_isa(),
-                v3::unavailable_reason().unwrap_or_default()
+                onednn::effective_isa()
             )
         }
     }

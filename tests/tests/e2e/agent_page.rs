@@ -318,6 +318,12 @@ async fn agent_page_charts_its_health_work_and_silence() {
         !profile.is_empty() && !profile.contains("not reported"),
         "encoder profile: {profile}"
     );
+    // Ending with what computes (this build's agent runs onednn, or cuda
+    // where a GPU answers): the library and its ISA, or the GPU.
+    assert!(
+        profile.contains("; oneDNN ") || profile.contains("; GPU "),
+        "encoder profile without its library: {profile}"
+    );
     steer_from_the_page(&server, &ui, &html).await;
     // The day: 24 hourly buckets, the same samples.
     let (status, day) = page(&ui, &format!("/ui/agents/{AGENT}?window=day")).await;

@@ -11,13 +11,16 @@
 //! NVRTC, has NOT yet run on a GPU. The fixture tests (`tests/fixtures.rs`)
 //! include this backend and skip it where [`probe`] fails.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cublasOperation_t, cublasStatus_t,
     cudaDataType_t,
 };
 use cudarc::cublas::{CudaBlas, Gemm as _, GemmConfig, StridedBatchedConfig};
+use cudarc::cublaslt::result as ltr;
+use cudarc::cublaslt::sys as lt;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
     PushKernelArg,
@@ -116,6 +119,54 @@ fn kernels_ptx() -> std::result::Result<Ptx, String> {
     .clone()
 }
 
+/// Whether GEMMs with bias and ReLU fused run here, for `tessera-encode
+/// backends`: cuBLASLt's answer for a bf16 Linear of the Large model (640
+/// in, 1,920 out, 262,144 rows) with an f32 bias and with a bf16 one.
+pub fn fused_epilogue_report() -> String {
+    if let Err(why) = probe() {
+        return format!("no GPU: {why}");
+    }
+    let dev = match CudaDevice::build() {
+        Ok(dev) => dev,
+        Err(why) => return why,
+    };
+    let Some(lt) = &dev.lt else {
+        return "unfused: no cuBLASLt (libcublasLt did not load, or FLOTILLA_CUDA_UNFUSED is set): \
+                bias and ReLU run as kernels"
+            .into();
+    };
+    let bias = match dev.alloc(2048) {
+        Ok(b) => b,
+        Err(e) => return e.to_string(),
+    };
+    let (ptr, _r) = bias.device_ptr(&dev.stream);
+    let key = LtKey {
+        trans_a: true,
+        trans_b: false,
+        m: 1920,
+        n: 262_144,
+        k: 640,
+        lda: 640,
+        ldb: 640,
+        ldc: 1920,
+        out_bf16: true,
+        relu: false,
+        bias_bf16: false,
+    };
+    let answer = |key: &LtKey| match lt.plan(key, ptr) {
+        Ok(_) => "yes".to_string(),
+        Err(status) => format!("no ({status:?})"),
+    };
+    format!(
+        "cuBLASLt bias epilogue, bf16 out: f32 bias {}; bf16 bias {}",
+        answer(&key),
+        answer(&LtKey {
+            bias_bf16: true,
+            ..key
+        })
+    )
+}
+
 /// The name of GPU 0, for device profiles.
 pub fn device_name() -> Option<String> {
     if probe().is_err() {
@@ -148,6 +199,9 @@ pub(crate) struct CudaDevice {
     kernels: Vec<CudaFunction>,
     /// How every GEMM computes.
     math: GemmMath,
+    /// cuBLASLt, for GEMMs with bias and ReLU in their epilogue; `None`
+    /// where libcublasLt did not load (the kernels do that work instead).
+    lt: Option<Lt>,
 }
 
 impl CudaDevice {
@@ -186,13 +240,216 @@ impl CudaDevice {
                     .map_err(|e| format!("kernel {}: {e:?}", k.name()))
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        // Without cuBLASLt the GEMMs run unfused: slower, the same results.
+        let lt = Lt::new(&stream).ok();
         Ok(CudaDevice {
             stream,
             blas,
             kernels,
             math: GemmMath::F32,
+            lt,
         })
     }
+}
+
+/// cuBLASLt's handle, its workspace, and a plan per GEMM shape.
+///
+/// Written on cudarc's raw cuBLASLt calls rather than its `Matmul` trait,
+/// which takes one element type for A, B, C and the bias: here A and B are
+/// bf16, C bf16 or f32, and the bias stays f32 (rounding it to bf16 would
+/// change the bits against `bias_epilogue`).
+struct Lt {
+    handle: lt::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    /// By shape; `None`: cuBLASLt has no algorithm for it (asked once).
+    plans: Mutex<HashMap<LtKey, Option<LtPlan>>>,
+}
+
+// SAFETY: the handle and the plans' descriptors are host objects used
+// under the model's lock (one caller at a time) and the plans' mutex.
+unsafe impl Send for Lt {}
+unsafe impl Sync for Lt {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct LtKey {
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    lda: usize,
+    ldb: usize,
+    ldc: usize,
+    out_bf16: bool,
+    relu: bool,
+    /// The bias in bf16 (else f32).
+    bias_bf16: bool,
+}
+
+/// A matmul descriptor with its epilogue, the three layouts and the
+/// algorithm cuBLASLt's heuristic chose for them.
+struct LtPlan {
+    desc: lt::cublasLtMatmulDesc_t,
+    a: lt::cublasLtMatrixLayout_t,
+    b: lt::cublasLtMatrixLayout_t,
+    c: lt::cublasLtMatrixLayout_t,
+    algo: lt::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for LtPlan {
+    fn drop(&mut self) {
+        // SAFETY: created by `Lt::plan`, destroyed once, here.
+        unsafe {
+            let _ = ltr::destroy_matrix_layout(self.a);
+            let _ = ltr::destroy_matrix_layout(self.b);
+            let _ = ltr::destroy_matrix_layout(self.c);
+            let _ = ltr::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        if let Ok(mut plans) = self.plans.lock() {
+            plans.clear();
+        }
+        // SAFETY: created in `Lt::new`, destroyed once, here.
+        let _ = unsafe { ltr::destroy_handle(self.handle) };
+    }
+}
+
+/// Hopper wants 32 MiB of workspace for its best cuBLASLt kernels.
+const LT_WORKSPACE: usize = 32 << 20;
+
+impl Lt {
+    fn new(stream: &Arc<CudaStream>) -> std::result::Result<Self, String> {
+        // An operator's way back to the unfused path, should a cuBLASLt
+        // version misbehave.
+        if std::env::var_os("FLOTILLA_CUDA_UNFUSED").is_some() {
+            return Err("FLOTILLA_CUDA_UNFUSED is set".into());
+        }
+        // SAFETY: only probes whether the shared library can be opened.
+        if !unsafe { lt::is_culib_present() } {
+            return Err("libcublasLt did not load".into());
+        }
+        let handle = ltr::create_handle().map_err(|e| format!("cublasLtCreate: {e:?}"))?;
+        // SAFETY: a workspace cuBLASLt may overwrite as it likes.
+        let workspace = unsafe { stream.alloc::<u8>(LT_WORKSPACE) }
+            .map_err(|e| format!("cuBLASLt workspace: {e:?}"))?;
+        Ok(Lt {
+            handle,
+            workspace,
+            plans: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Descriptor, layouts and algorithm for `key`, the bias at `bias`
+    /// (the heuristic sees its alignment); `Err` when cuBLASLt has none.
+    fn plan(&self, key: &LtKey, bias: u64) -> std::result::Result<LtPlan, lt::cublasStatus_t> {
+        let status = |e: ltr::CublasError| e.0;
+        let bf16 = lt::cudaDataType_t::CUDA_R_16BF;
+        let f32t = lt::cudaDataType_t::CUDA_R_32F;
+        let dims = |trans: bool, rows: usize, cols: usize| {
+            if trans {
+                (cols as u64, rows as u64)
+            } else {
+                (rows as u64, cols as u64)
+            }
+        };
+        let (ar, ac) = dims(key.trans_a, key.m, key.k);
+        let (br, bc) = dims(key.trans_b, key.k, key.n);
+        let desc = ltr::create_matmul_desc(lt::cublasComputeType_t::CUBLAS_COMPUTE_32F, f32t)
+            .map_err(status)?;
+        let mut plan = LtPlan {
+            desc,
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            c: std::ptr::null_mut(),
+            algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
+        };
+        plan.a = ltr::create_matrix_layout(bf16, ar, ac, key.lda as i64).map_err(status)?;
+        plan.b = ltr::create_matrix_layout(bf16, br, bc, key.ldb as i64).map_err(status)?;
+        let out = if key.out_bf16 { bf16 } else { f32t };
+        plan.c = ltr::create_matrix_layout(out, key.m as u64, key.n as u64, key.ldc as i64)
+            .map_err(status)?;
+        let epilogue = if key.relu {
+            lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS
+        } else {
+            lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS
+        };
+        // cublasOperation_t: 0 = N, 1 = T.
+        let op = |t: bool| i32::from(t);
+        // SAFETY: each attribute gets a value of its documented type and size.
+        unsafe {
+            set_attr(
+                plan.desc,
+                Attr::CUBLASLT_MATMUL_DESC_TRANSA,
+                &op(key.trans_a),
+            )?;
+            set_attr(
+                plan.desc,
+                Attr::CUBLASLT_MATMUL_DESC_TRANSB,
+                &op(key.trans_b),
+            )?;
+            set_attr(plan.desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
+            let bias_type = if key.bias_bf16 { bf16 } else { f32t };
+            set_attr(
+                plan.desc,
+                Attr::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                &bias_type,
+            )?;
+            set_attr(plan.desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
+        }
+        let pref = ltr::create_matmul_pref().map_err(status)?;
+        // SAFETY: as above; the preference is destroyed right after.
+        let found = unsafe {
+            let size = LT_WORKSPACE;
+            ltr::set_matmul_pref_attribute(
+                pref,
+                lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&size) as *const usize as *const _,
+                std::mem::size_of::<usize>(),
+            )
+            .and_then(|()| {
+                ltr::get_matmul_algo_heuristic(
+                    self.handle,
+                    plan.desc,
+                    plan.a,
+                    plan.b,
+                    plan.c,
+                    plan.c,
+                    pref,
+                )
+            })
+        };
+        // SAFETY: created above, not used again.
+        let _ = unsafe { ltr::destroy_matmul_pref(pref) };
+        plan.algo = found.map_err(status)?.algo;
+        Ok(plan)
+    }
+}
+
+type Attr = lt::cublasLtMatmulDescAttributes_t;
+
+/// Set one attribute of a matmul descriptor to `value`.
+///
+/// # Safety
+/// `T` is the attribute's documented type.
+unsafe fn set_attr<T>(
+    desc: lt::cublasLtMatmulDesc_t,
+    attr: Attr,
+    value: &T,
+) -> std::result::Result<(), lt::cublasStatus_t> {
+    // SAFETY: the caller's; the value is read during the call only.
+    unsafe {
+        ltr::set_matmul_desc_attribute(
+            desc,
+            attr,
+            value as *const T as *const _,
+            std::mem::size_of::<T>(),
+        )
+    }
+    .map_err(|e| e.0)
 }
 
 impl CudaDevice {
@@ -424,6 +681,104 @@ impl Device for CudaDevice {
                 unsafe { self.gemm_ex(g, &cfg, (ap, h), (bp, h), (cp, h), compute) }
             }
         }
+    }
+
+    unsafe fn gemm_half_bias_unchecked(
+        &self,
+        g: &Gemm,
+        a: (&Self::Half, usize),
+        b: (&Self::Half, usize),
+        bias: &Self::Buf,
+        bias_half: Option<&Self::Half>,
+        relu: bool,
+        c: HalfGemmOut<'_, Self::Buf, Self::Half>,
+    ) -> Result<bool> {
+        let Some(lt) = &self.lt else {
+            return Ok(false);
+        };
+        self.bind()?;
+        let key = LtKey {
+            trans_a: g.trans_a,
+            trans_b: g.trans_b,
+            m: g.m,
+            n: g.n,
+            k: g.k,
+            lda: g.lda,
+            ldb: g.ldb,
+            ldc: g.ldc,
+            out_bf16: matches!(c, HalfGemmOut::Bf16(..)),
+            relu,
+            bias_bf16: false,
+        };
+        let mut plans = lt
+            .plans
+            .lock()
+            .map_err(|_| err("cuBLASLt plans", "a previous call panicked"))?;
+        // The f32 bias if cuBLASLt takes it with this C, else the bf16 copy.
+        let biases = [
+            (key, Some(bias.device_ptr(&self.stream).0)),
+            (
+                LtKey {
+                    bias_bf16: true,
+                    ..key
+                },
+                bias_half.map(|h| h.device_ptr(&self.stream).0),
+            ),
+        ];
+        let mut chosen = None;
+        for (key, ptr) in biases {
+            let Some(ptr) = ptr else { continue };
+            // No algorithm for a shape: asked once, then unfused or the next bias.
+            let plan = plans.entry(key).or_insert_with(|| lt.plan(&key, ptr).ok());
+            if plan.is_some() {
+                chosen = Some((key, ptr));
+                break;
+            }
+        }
+        let Some((key, biasp)) = chosen else {
+            return Ok(false);
+        };
+        let Some(plan) = plans.get(&key).and_then(Option::as_ref) else {
+            return Ok(false);
+        };
+        let (av, bv) = (a.0.slice(a.1..), b.0.slice(b.1..));
+        let (ap, _ra) = av.device_ptr(&self.stream);
+        let (bp, _rb) = bv.device_ptr(&self.stream);
+        // The stream orders every use (event tracking is off), so only the
+        // address is kept.
+        let cp = match c {
+            HalfGemmOut::F32(buf, off) => buf.slice_mut(off..).device_ptr_mut(&self.stream).0,
+            HalfGemmOut::Bf16(buf, off) => buf.slice_mut(off..).device_ptr_mut(&self.stream).0,
+        };
+        let (wp, _rw) = lt.workspace.device_ptr(&self.stream);
+        let (alpha, beta) = (g.alpha, 0f32);
+        // SAFETY: the caller checked A, B and C inside the views and the
+        // bias's length; the plan was made for this shape; alpha and beta
+        // are read during the call, which only enqueues the work.
+        unsafe {
+            set_attr(plan.desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &biasp)
+                .map_err(|s| err("cuBLASLt bias", s))?;
+            ltr::matmul(
+                lt.handle,
+                plan.desc,
+                (&alpha) as *const f32 as *const _,
+                (&beta) as *const f32 as *const _,
+                ap as *const _,
+                plan.a,
+                bp as *const _,
+                plan.b,
+                cp as *const _,
+                plan.c,
+                cp as *mut _,
+                plan.c,
+                &plan.algo,
+                wp as *mut _,
+                LT_WORKSPACE,
+                self.stream.cu_stream() as *mut _,
+            )
+        }
+        .map_err(|e| err("cublasLtMatmul", e))?;
+        Ok(true)
     }
 
     fn upload_half(&self, host: &[u16]) -> Result<Self::Half> {

@@ -20,6 +20,9 @@ pub(crate) const ROWS_PER_BLOCK: usize = ROW_THREADS as usize / 32;
 /// the double-precision `sincos` (1024 would fail past 64 per thread).
 const ELEMENT_THREADS: u32 = 256;
 
+/// Rows per block of `bias_epilogue` (its `EPILOGUE_ROWS`).
+const EPILOGUE_ROWS: usize = 8;
+
 /// The kernels besides the GEMMs, compiled by NVRTC on a GPU. NVRTC has no
 /// standard headers: only CUDA's built-in device functions are available
 /// (no `INFINITY`, no `<cmath>`), which the emulator's build enforces.
@@ -202,11 +205,13 @@ impl Launch {
         })
     }
 
-    /// Blocks of [`ELEMENT_THREADS`] covering each of `rows` rows of `cols`
-    /// in `ceil(cols / ELEMENT_THREADS)` segments (`bias_epilogue`).
+    /// Blocks of [`ELEMENT_THREADS`] covering each group of
+    /// [`EPILOGUE_ROWS`] of `rows` rows of `cols` in `ceil(cols /
+    /// ELEMENT_THREADS)` segments (`bias_epilogue`).
     pub(crate) fn row_segments(rows: usize, cols: usize, what: &str) -> Result<Self> {
         let segments = cols.div_ceil(ELEMENT_THREADS as usize);
         let blocks = rows
+            .div_ceil(EPILOGUE_ROWS)
             .checked_mul(segments)
             .ok_or_else(|| EncodeError::backend("gpu", format!("{rows} x {segments} {what}")))?;
         Ok(Launch {
@@ -338,6 +343,70 @@ pub(crate) trait Device: Sized {
         )?;
         // SAFETY: checked just above.
         unsafe { self.gemm_half_unchecked(g, a, b, c) }
+    }
+    /// One bf16 problem of [`Device::gemm_half`] (`batch` 1, `beta` 0) that
+    /// also adds `bias` (f32, one per row of the column-major C: per output
+    /// feature of a Linear) to the f32 product, then ReLU if `relu`, before
+    /// C is stored (rounded once to bf16 for [`HalfGemmOut::Bf16`]): what
+    /// `bias_epilogue` does after the GEMM, in the GEMM's own epilogue, so
+    /// the f32 product never goes through memory. `Ok(false)`: this device
+    /// cannot here (no cuBLASLt, or no algorithm for this shape); the caller
+    /// then runs the GEMM and the kernel. `bias_half` is the same bias in
+    /// bf16, for a device whose library takes no f32 bias with a bf16 C
+    /// (it then adds the bias as rounded to bf16).
+    ///
+    /// # Safety
+    /// [`Device::gemm_half_bias`] checked it.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_half_bias_unchecked(
+        &self,
+        g: &Gemm,
+        a: (&Self::Half, usize),
+        b: (&Self::Half, usize),
+        bias: &Self::Buf,
+        bias_half: Option<&Self::Half>,
+        relu: bool,
+        c: HalfGemmOut<'_, Self::Buf, Self::Half>,
+    ) -> Result<bool>;
+    /// [`Device::gemm_half_bias_unchecked`] after [`Gemm::check`] and the
+    /// bias's length.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_half_bias(
+        &self,
+        g: &Gemm,
+        a: (&Self::Half, usize),
+        b: (&Self::Half, usize),
+        bias: &Self::Buf,
+        bias_half: Option<&Self::Half>,
+        relu: bool,
+        c: HalfGemmOut<'_, Self::Buf, Self::Half>,
+    ) -> Result<bool> {
+        if g.batch != 1
+            || g.beta != 0.0
+            || Self::len(bias) < g.m
+            || bias_half.is_some_and(|h| Self::half_len(h) < g.m)
+        {
+            return Err(EncodeError::backend(
+                "gpu",
+                format!(
+                    "fused GEMM {g:?}: one problem with beta 0 and a bias of m floats \
+                     (it has {})",
+                    Self::len(bias)
+                ),
+            ));
+        }
+        let rest = |n: usize, off: usize| n.saturating_sub(off);
+        let c_rest = match &c {
+            HalfGemmOut::F32(buf, off) => rest(Self::len(buf), *off),
+            HalfGemmOut::Bf16(buf, off) => rest(Self::half_len(buf), *off),
+        };
+        g.check(
+            rest(Self::half_len(a.0), a.1),
+            rest(Self::half_len(b.0), b.1),
+            c_rest,
+        )?;
+        // SAFETY: checked just above.
+        unsafe { self.gemm_half_bias_unchecked(g, a, b, bias, bias_half, relu, c) }
     }
     fn launch(
         &self,

@@ -517,6 +517,9 @@ fn err(msg: impl Into<String>) -> EncodeError {
 pub(crate) struct EmulatedDevice {
     kernels: &'static Kernels,
     math: GemmMath,
+    /// Whether `gemm_half_bias` fuses (as cuBLASLt does) or declines (as
+    /// a GPU without an algorithm for the shape does).
+    fuse_bias: bool,
 }
 
 impl EmulatedDevice {
@@ -524,7 +527,14 @@ impl EmulatedDevice {
         EmulatedDevice {
             kernels: kernels(),
             math,
+            fuse_bias: true,
         }
+    }
+
+    /// The same device, declining every fused GEMM (the caller's fallback).
+    pub(crate) fn without_fused_bias(mut self) -> Self {
+        self.fuse_bias = false;
+        self
     }
 }
 
@@ -580,6 +590,47 @@ impl Device for EmulatedDevice {
             }
         }
         Ok(())
+    }
+
+    /// The product as `gemm_half` computes it, then `+ bias[row]` and
+    /// ReLU in f32, then one rounding: `bias_epilogue`'s arithmetic (the
+    /// f32 bias; `bias_half` is for GPUs that take only that).
+    unsafe fn gemm_half_bias_unchecked(
+        &self,
+        g: &Gemm,
+        a: (&EmuHalf, usize),
+        b: (&EmuHalf, usize),
+        bias: &EmuBuf,
+        _bias_half: Option<&EmuHalf>,
+        relu: bool,
+        mut c: HalfGemmOut<'_, EmuBuf, EmuHalf>,
+    ) -> Result<bool> {
+        if !self.fuse_bias {
+            return Ok(false);
+        }
+        let widen = |h: &EmuHalf, off: usize| -> Vec<f32> {
+            h.data[off..].iter().map(|&v| bf16_value(v)).collect()
+        };
+        let (am, bm) = (widen(a.0, a.1), widen(b.0, b.1));
+        let mut tmp = vec![0f32; (g.n - 1) * g.ldc + g.m];
+        gemm_f32(g, &am, &bm, &mut tmp, |x| x);
+        let value = |i: usize| {
+            let v = tmp[i] + bias.data[i % g.ldc];
+            if relu {
+                v.max(0.0)
+            } else {
+                v
+            }
+        };
+        for j in 0..g.n {
+            for i in j * g.ldc..j * g.ldc + g.m {
+                match &mut c {
+                    HalfGemmOut::F32(buf, off) => buf.data[*off + i] = value(i),
+                    HalfGemmOut::Bf16(buf, off) => buf.data[*off + i] = bf16_bits(value(i)),
+                }
+            }
+        }
+        Ok(true)
     }
 
     fn upload(&self, host: &[f32]) -> Result<EmuBuf> {
@@ -811,14 +862,17 @@ mod tests {
     fn bf16_buffers_give_the_bits_of_gemms_that_round_their_inputs() {
         // The bf16 datapath (weights and activations stored in bf16, as on
         // the GPU) against f32 buffers whose every GEMM rounds A and B to
-        // bf16 as it reads them: the same arithmetic, so the same bits.
+        // bf16 as it reads them: the same arithmetic, so the same bits;
+        // and with bias and ReLU in the GEMM's epilogue (cuBLASLt's) or in
+        // `bias_epilogue` after it (a device that declines the fusion).
         for name in ["small", "long"] {
             let dir = Path::new(FIXTURES).join(name);
             let tile = TileInputs::read(&dir.join("tile")).unwrap();
             let ckpt = Checkpoint::load(&dir.join("ckpt.safetensors")).unwrap();
             let weights = Arc::new(StudentWeights::from_checkpoint(&ckpt).unwrap());
-            let run = |half: bool| {
+            let run = |half: bool, fuse: bool| {
                 let dev = EmulatedDevice::new(GemmMath::Bf16);
+                let dev = if fuse { dev } else { dev.without_fused_bias() };
                 let backend = GpuBackend::create_with(NAME, dev, weights.clone(), half).unwrap();
                 let profile = DeviceProfile {
                     chunk_pixels: 64,
@@ -830,15 +884,17 @@ mod tests {
                     .unwrap();
                 emb.values.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
             };
-            let (half, rounded) = (run(true), run(false));
-            assert_eq!(half.len(), rounded.len());
-            let differ = half.iter().zip(&rounded).filter(|(a, b)| a != b).count();
-            assert_eq!(
-                differ,
-                0,
-                "{name}: {differ} of {} values differ",
-                half.len()
-            );
+            let rounded = run(false, false);
+            for (what, half) in [("fused", run(true, true)), ("unfused", run(true, false))] {
+                assert_eq!(half.len(), rounded.len());
+                let differ = half.iter().zip(&rounded).filter(|(a, b)| a != b).count();
+                assert_eq!(
+                    differ,
+                    0,
+                    "{name}, {what}: {differ} of {} values differ",
+                    half.len()
+                );
+            }
         }
     }
 

@@ -32,22 +32,31 @@ extern "C" __global__ void f32_to_bf16(const float* x, unsigned short* h, int n)
 // + residual (may be null). The result goes to y, and also as bf16 to half
 // when half is not null; with half given and keep 0, only to half (the
 // next GEMM reads it in bf16 and nothing reads the f32). Blocks of 256
-// threads cover a row in ceil(cols / 256) segments, so a thread finds its
-// column without a 64-bit division (the element-wise `i % cols` this
-// replaces was most of the kernel's time on an H200).
+// threads cover EPILOGUE_ROWS rows in ceil(cols / 256) segments, so a
+// thread finds its column without a 64-bit division (the element-wise
+// `i % cols` this replaces was most of the kernel's time on an H200).
+#define EPILOGUE_ROWS 8
 extern "C" __global__ void bias_epilogue(float* y, const float* bias, const float* residual,
                                          unsigned short* half, int rows, int cols, int relu,
                                          int keep) {
     int segments = (cols + blockDim.x - 1) / blockDim.x;
-    int row = blockIdx.x / segments;
     int col = (blockIdx.x % segments) * blockDim.x + threadIdx.x;
-    if (row >= rows || col >= cols) return;
-    long long i = (long long)row * cols + col;
-    float v = bias ? y[i] + bias[col] : y[i];
-    if (relu) v = fmaxf(v, 0.0f);
-    if (residual) v += residual[i];
-    if (half) half[i] = to_bf16(v);
-    if (!half || keep) y[i] = v;
+    if (col >= cols) return;
+    float b = bias ? bias[col] : 0.0f;
+    // EPILOGUE_ROWS rows per block: a block's 256 threads each take one
+    // column of them, so launching and retiring blocks does not bound the
+    // kernel (one row per block was a third of the H200's bandwidth).
+    int first = (blockIdx.x / segments) * EPILOGUE_ROWS;
+    for (int r = 0; r < EPILOGUE_ROWS; r++) {
+        int row = first + r;
+        if (row >= rows) return;
+        long long i = (long long)row * cols + col;
+        float v = bias ? y[i] + b : y[i];
+        if (relu) v = fmaxf(v, 0.0f);
+        if (residual) v += residual[i];
+        if (half) half[i] = to_bf16(v);
+        if (!half || keep) y[i] = v;
+    }
 }
 
 // The day-of-year encoding, as model::DoyEncoding computes it on the host
