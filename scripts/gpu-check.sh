@@ -15,20 +15,26 @@
 # it was built with, which `run` recreates).
 #
 # `run` prints, in this order, and ends within about 6 minutes:
-#   1. what the backends see; the fixture tests (CUDA included) and the
-#      fixtures in bf16 on CUDA against upstream f32 (worst cosine >= 0.9999);
-#   2. the whole-tile table: a 256 x 256 tile (64 S2, 32 + 32 S1
+#   1. what the backends see (for CUDA, whether cuBLASLt fuses the GEMM
+#      epilogues); the fixture tests (CUDA included) and the fixtures in
+#      bf16 and tf32 on CUDA against upstream f32 (bf16: worst cosine >= 0.9999);
+#   2. the chunk sweep (`tune`, bf16), whose best chunk bf16 uses below;
+#   3. the whole-tile table: a 256 x 256 tile (64 S2, 32 + 32 S1
 #      observations per pixel, random Large weights), PyTorch's
 #      `encoder/peers/torch_peer.py tile` (whole tile with its preparation,
-#      and the forward pass alone on inputs already on the GPU) against
-#      `tessera-encode --backend cuda` (the whole process), in fp32, tf32
+#      the forward pass alone on inputs already on the GPU, torch.compile's
+#      forward in bf16) against `tessera-encode --backend cuda` (the tile
+#      as a running encoder sees it, and the whole process), in fp32, tf32
 #      and bf16, with each precision's fidelity against f32;
-#   3. the host side of the same encode alone (`tessera-encode host-rate`);
-#   4. the chunk sweep (`tune`, bf16);
+#   4. the host side of the same encode alone (`tessera-encode host-rate`);
 #   5. the host CPU: onednn on oneDNN 2.6 (linked), 2.6 with AMX forced,
 #      and 3.2 (opened at run time), f32 and bf16, with the kernels each ran
 #      (ONEDNN_VERBOSE), bf16 on the fixtures, against PyTorch CPU on the
-#      same 32 x 32 tile.
+#      same 32 x 32 tile;
+#   6. where Nsight Compute is installed, the bf16 kernels of one chunk.
+# `scripts/gpu-check.sh profile` prints only the profiles: the kernels of
+# one chunk per precision in GPU_PROFILE_DTYPES (default bf16; empty: none),
+# in-process rates, and oneDNN's time per primitive on the host CPU.
 # A failed check makes it exit 1 at the end; its log is also written to
 # $OUT/gpu-check.log when OUT is set. GPU_CHECK_SKIP=compile,cpu skips
 # torch.compile or the CPU part; GPU_CHECK_ONLY=cpu runs only the CPU part
@@ -328,6 +334,10 @@ PY
                 echo "onednn $dt, oneDNN $label: $((side * side * 1000 / (ms > 0 ? ms : 1))) px/s whole process ($ms ms); kernels: $kernels"
             done
         done
+        echo "-- onednn bf16 chunk x block sweep on oneDNN 3.2 (tune; AMX may want larger blocks than the default 8)"
+        env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" timeout 90 "$cpu" tune \
+            --backend onednn --dtype bf16 --pixels 1024 --chunks 256,1024 --blocks 8,16,32,64 \
+            --out "${OUT:-/tmp}/tessera-profiles-cpu.toml" || echo "tune failed or timed out"
         echo "-- bf16 on the CPU against upstream f32 on the fixtures (oneDNN 3.2)"
         for case in small long; do
             for form in "--int8:" ":-f"; do

@@ -231,7 +231,8 @@ struct TuneArgs {
     pixels: Option<usize>,
     /// Chunk sizes to try (default: 32 to 512 on CPUs; 64 to 16384 on a
     /// GPU, where the best was 64 on an L4, 1024 on an A30, 4096 on an
-    /// H200). Sizes past the tile's pixels are tried once.
+    /// H200 in f32 and 1024 there in bf16). Sizes past the tile's pixels
+    /// are tried once.
     #[arg(long, value_delimiter = ',')]
     chunks: Vec<usize>,
     /// Block sizes to try (default: 1,2,4,8,16 on CPUs; a GPU has no blocks).
