@@ -303,6 +303,10 @@ for name, path in [("ours tf32", f"{work}/ours-tf32/tile.npy"), ("ours bf16", f"
 PY
     stamp
 
+    echo "-- memory of the two-tile runs (host, and the GPU's at the end: chunk buffers are kept)"
+    for dt in $dts; do
+        echo "$dt: $(grep -h 'peak resident\|GPU memory' "$work/twice-$dt.log" | tr '\n' ' ')"
+    done
     echo "== 4. the host side of the same encode alone (no model compute), against reading the files"
     "$enc" host-rate --tile "$work/tile" --batch-pixels 4096 --reps 2 || failed=1
     stamp

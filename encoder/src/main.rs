@@ -477,6 +477,16 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
     if let Some(kib) = bench::peak_resident_kib() {
         eprintln!("peak resident memory: {} MiB", kib / 1024);
     }
+    // The chunk buffers are kept until the encoder goes, so this is the
+    // encode's high-water mark on the device.
+    #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
+    if enc.backend_name() == "cuda" {
+        if let Some((used, total)) = tessera_encoder::backend::cuda::memory_in_use_mib() {
+            eprintln!(
+                "GPU memory in use after the encode: {used} MiB of {total} (the whole device)"
+            );
+        }
+    }
     Ok(())
 }
 

@@ -167,6 +167,17 @@ pub fn fused_epilogue_report() -> String {
     )
 }
 
+/// GPU 0's memory in use and its total, in MiB (the driver's total minus
+/// free: this process's context, cuBLAS workspaces, weights and chunk
+/// buffers, and any other process's), for the encode's report.
+pub fn memory_in_use_mib() -> Option<(usize, usize)> {
+    if probe().is_err() {
+        return None;
+    }
+    let (free, total) = context().ok()?.mem_get_info().ok()?;
+    Some(((total - free.min(total)) >> 20, total >> 20))
+}
+
 /// The name of GPU 0, for device profiles.
 pub fn device_name() -> Option<String> {
     if probe().is_err() {

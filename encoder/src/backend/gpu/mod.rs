@@ -336,26 +336,47 @@ impl<D: Device> GpuModel<D> {
     ) -> Result<()> {
         let w = self.weight_half(l)?;
         let g = linear_gemm(l.in_dim, l.out_dim, m);
-        // Only the bf16 result wanted: bias and ReLU in the GEMM's epilogue
-        // where the device can, so the f32 product never reaches memory
-        // (on an H200 the separate pass took 43 % of a chunk's kernel time).
-        if residual.is_none()
-            && !half.1
-            && self.dev.gemm_half_bias(
-                &g,
-                (w, 0),
-                (x, 0),
-                &l.bias,
-                l.bias_half.as_ref(),
-                relu,
-                HalfGemmOut::Bf16(&mut *half.0, 0),
-            )?
-        {
-            return Ok(());
-        }
         self.dev
             .gemm_half(&g, (w, 0), (x, 0), HalfGemmOut::F32(&mut *y, 0))?;
         self.epilogue(y, Some(&l.bias), m, l.out_dim, relu, residual, Some(half))
+    }
+
+    /// [`GpuModel::linear_half`] for a result wanted only in bf16, with no
+    /// residual: bias and ReLU in the GEMM's epilogue where the device can,
+    /// so the f32 product never reaches memory (on an H200 the separate
+    /// pass took 43 % of a chunk's kernel time), and only otherwise through an
+    /// f32 buffer of `wide` floats, taken from `scratch` into `y` the first
+    /// time (so a device that fuses never holds it: 2.7 GB for a chunk of
+    /// 4,096 px of the Large model).
+    #[allow(clippy::too_many_arguments)]
+    fn linear_half_lazy(
+        &self,
+        l: &DeviceLinear<D>,
+        x: &D::Half,
+        m: usize,
+        relu: bool,
+        half: &mut D::Half,
+        y: &mut Option<D::Buf>,
+        (scratch, wide): (&mut Scratch<D>, usize),
+    ) -> Result<()> {
+        let w = self.weight_half(l)?;
+        let g = linear_gemm(l.in_dim, l.out_dim, m);
+        if self.dev.gemm_half_bias(
+            &g,
+            (w, 0),
+            (x, 0),
+            &l.bias,
+            l.bias_half.as_ref(),
+            relu,
+            HalfGemmOut::Bf16(&mut *half, 0),
+        )? {
+            return Ok(());
+        }
+        let buf = match y {
+            Some(buf) => buf,
+            None => y.insert(scratch.take(&self.dev, Slot::Ff, wide)?),
+        };
+        self.linear_half(l, x, m, buf, relu, None, (half, false))
     }
 
     fn weight_half<'w>(&self, l: &'w DeviceLinear<D>) -> Result<&'w D::Half> {
@@ -647,9 +668,10 @@ impl<D: Device> GpuModel<D> {
         let mut t = scratch.take(dev, Slot::T, m * d)?;
         let mut h = scratch.take(dev, Slot::H, m * d)?;
         let mut pe = scratch.take(dev, Slot::Attn, m * d)?;
-        // GEMM outputs wider than d (qkv, the FFN) share one f32 buffer.
-        let wide = (3 * d).max(bb.ffn);
-        let mut y = scratch.take(dev, Slot::Ff, m * wide)?;
+        // GEMM outputs wider than d (qkv, the FFN) share one f32 buffer,
+        // taken only if a GEMM's bias and ReLU are not fused.
+        let wide = m * (3 * d).max(bb.ffn);
+        let mut y: Option<D::Buf> = None;
         let mut scores = scratch.take(dev, Slot::Scores, px * len * len)?;
         let mut pooled = scratch.take(dev, Slot::Pooled, px * d)?;
         let mut t_h = scratch.take_half(dev, HalfSlot::T, m * d)?;
@@ -659,14 +681,14 @@ impl<D: Device> GpuModel<D> {
         let mut ff_h = scratch.take_half(dev, HalfSlot::Ff, m * bb.ffn)?;
         let mut probs_h = scratch.take_half(dev, HalfSlot::Probs, px * len * len)?;
         self.doy_encoding(&doys, &mut pe, m, d)?;
-        self.linear_half(
+        self.linear_half_lazy(
             &bb.embed0,
             &values,
             m,
-            &mut t,
             true,
-            None,
-            (&mut t_h, false),
+            &mut t_h,
+            &mut y,
+            (scratch, wide),
         )?;
         // The residual stream starts here: f32 in `h`, bf16 in `h_h`.
         self.linear_half(
@@ -679,14 +701,14 @@ impl<D: Device> GpuModel<D> {
             (&mut h_h, true),
         )?;
         for l in &bb.layers {
-            self.linear_half(
+            self.linear_half_lazy(
                 &l.in_proj,
                 &h_h,
                 m,
-                &mut y,
                 false,
-                None,
-                (&mut qkv_h, false),
+                &mut qkv_h,
+                &mut y,
+                (scratch, wide),
             )?;
             self.attention_half(
                 &qkv_h,
@@ -703,7 +725,15 @@ impl<D: Device> GpuModel<D> {
             dev.gemm_half(&g, (w, 0), (&attn_h, 0), HalfGemmOut::F32(&mut t, 0))?;
             self.add_norm(&l.out_proj.bias, &mut t, m, &h, &l.norm1, Some(&mut h_h))?;
             std::mem::swap(&mut t, &mut h);
-            self.linear_half(&l.linear1, &h_h, m, &mut y, true, None, (&mut ff_h, false))?;
+            self.linear_half_lazy(
+                &l.linear1,
+                &h_h,
+                m,
+                true,
+                &mut ff_h,
+                &mut y,
+                (scratch, wide),
+            )?;
             let g = linear_gemm(l.linear2.in_dim, l.linear2.out_dim, m);
             let w = self.weight_half(&l.linear2)?;
             dev.gemm_half(&g, (w, 0), (&ff_h, 0), HalfGemmOut::F32(&mut t, 0))?;
@@ -718,11 +748,13 @@ impl<D: Device> GpuModel<D> {
             (Slot::T, t),
             (Slot::H, h),
             (Slot::Attn, pe),
-            (Slot::Ff, y),
             (Slot::Scores, scores),
             (Slot::Pooled, pooled),
         ] {
             scratch.give(slot, buf);
+        }
+        if let Some(y) = y {
+            scratch.give(Slot::Ff, y);
         }
         for (slot, buf) in [
             (HalfSlot::Values, values),
