@@ -323,6 +323,25 @@ pub(crate) trait Device: Sized {
         b: (&Self::Half, usize),
         c: HalfGemmOut<'_, Self::Buf, Self::Half>,
     ) -> Result<()>;
+    /// [`Gemm::check`] for bf16 A and B from their offsets, and C as `c`
+    /// says (f32 or bf16).
+    fn check_half(
+        g: &Gemm,
+        a: (&Self::Half, usize),
+        b: (&Self::Half, usize),
+        c: &HalfGemmOut<'_, Self::Buf, Self::Half>,
+    ) -> Result<()> {
+        let rest = |n: usize, off: usize| n.saturating_sub(off);
+        let c_rest = match c {
+            HalfGemmOut::F32(buf, off) => rest(Self::len(buf), *off),
+            HalfGemmOut::Bf16(buf, off) => rest(Self::half_len(buf), *off),
+        };
+        g.check(
+            rest(Self::half_len(a.0), a.1),
+            rest(Self::half_len(b.0), b.1),
+            c_rest,
+        )
+    }
     /// [`Device::gemm_half_unchecked`] after [`Gemm::check`].
     fn gemm_half(
         &self,
@@ -331,16 +350,7 @@ pub(crate) trait Device: Sized {
         b: (&Self::Half, usize),
         c: HalfGemmOut<'_, Self::Buf, Self::Half>,
     ) -> Result<()> {
-        let rest = |n: usize, off: usize| n.saturating_sub(off);
-        let c_rest = match &c {
-            HalfGemmOut::F32(buf, off) => rest(Self::len(buf), *off),
-            HalfGemmOut::Bf16(buf, off) => rest(Self::half_len(buf), *off),
-        };
-        g.check(
-            rest(Self::half_len(a.0), a.1),
-            rest(Self::half_len(b.0), b.1),
-            c_rest,
-        )?;
+        Self::check_half(g, a, b, &c)?;
         // SAFETY: checked just above.
         unsafe { self.gemm_half_unchecked(g, a, b, c) }
     }
@@ -395,16 +405,7 @@ pub(crate) trait Device: Sized {
                 ),
             ));
         }
-        let rest = |n: usize, off: usize| n.saturating_sub(off);
-        let c_rest = match &c {
-            HalfGemmOut::F32(buf, off) => rest(Self::len(buf), *off),
-            HalfGemmOut::Bf16(buf, off) => rest(Self::half_len(buf), *off),
-        };
-        g.check(
-            rest(Self::half_len(a.0), a.1),
-            rest(Self::half_len(b.0), b.1),
-            c_rest,
-        )?;
+        Self::check_half(g, a, b, &c)?;
         // SAFETY: checked just above.
         unsafe { self.gemm_half_bias_unchecked(g, a, b, bias, bias_half, relu, c) }
     }

@@ -608,14 +608,12 @@ impl Device for EmulatedDevice {
         if !self.fuse_bias {
             return Ok(false);
         }
-        let widen = |h: &EmuHalf, off: usize| -> Vec<f32> {
-            h.data[off..].iter().map(|&v| bf16_value(v)).collect()
-        };
-        let (am, bm) = (widen(a.0, a.1), widen(b.0, b.1));
-        let mut tmp = vec![0f32; (g.n - 1) * g.ldc + g.m];
-        gemm_f32(g, &am, &bm, &mut tmp, |x| x);
+        // The f32 product as `gemm_half` computes it (beta is 0: C unread).
+        let mut tmp = EmuBuf::new(vec![0f32; (g.n - 1) * g.ldc + g.m]);
+        // SAFETY: the caller checked A and B, and tmp holds C's extent.
+        unsafe { self.gemm_half_unchecked(g, a, b, HalfGemmOut::F32(&mut tmp, 0))? };
         let value = |i: usize| {
-            let v = tmp[i] + bias.data[i % g.ldc];
+            let v = tmp.data[i] + bias.data[i % g.ldc];
             if relu {
                 v.max(0.0)
             } else {
