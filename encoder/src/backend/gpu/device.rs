@@ -15,6 +15,14 @@ pub(crate) const ROW_THREADS: u32 = 256;
 /// warp of 32 threads each.
 pub(crate) const ROWS_PER_BLOCK: usize = ROW_THREADS as usize / 32;
 
+/// Values a lane of `softmax_rows` holds in registers (its
+/// `SOFTMAX_PER_LANE`).
+const SOFTMAX_PER_LANE: usize = 8;
+
+/// Days of year the day-of-year table holds (0 to 366): every day a tile's
+/// frames carry; `doy_encoding` computes any other.
+pub(crate) const DOY_TABLE_DAYS: usize = 367;
+
 /// Threads per block of the element-wise kernels (epilogue, day-of-year
 /// encoding): 256 can always launch, whatever registers the compiler gives
 /// the double-precision `sincos` (1024 would fail past 64 per thread).
@@ -203,6 +211,27 @@ impl Launch {
             block: ROW_THREADS,
             shared_bytes: 0,
         })
+    }
+
+    /// `softmax_rows`'s launch for `rows` rows of `cols`: each row a group
+    /// of lanes, the fewest (a power of two, at most a warp) that hold a
+    /// row in [`SOFTMAX_PER_LANE`] values each, [`ROW_THREADS`] / group
+    /// rows to a block. Returns the launch and the group (the kernel's
+    /// last argument).
+    pub(crate) fn softmax_rows(rows: usize, cols: usize, what: &str) -> Result<(Self, u32)> {
+        let group = cols
+            .div_ceil(SOFTMAX_PER_LANE)
+            .next_power_of_two()
+            .clamp(1, 32);
+        let per_block = ROW_THREADS as usize / group;
+        Ok((
+            Launch {
+                grid: grid(rows.div_ceil(per_block), what)?,
+                block: ROW_THREADS,
+                shared_bytes: 0,
+            },
+            group as u32,
+        ))
     }
 
     /// Blocks of [`ELEMENT_THREADS`] covering each group of

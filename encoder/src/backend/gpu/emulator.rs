@@ -1168,24 +1168,10 @@ mod tests {
             .collect();
         assert_eq!(&fused_half.data[..rows * cols], &rounded[..]);
         // Softmax: each row sums to 1 and matches the host's.
-        let mut sm = EmuBuf::new(x.clone());
-        let mut args = [
-            Arg::Out(&mut sm),
-            Arg::Null,
-            Arg::I32(rows as i32),
-            Arg::I32(cols as i32),
-        ];
-        dev.launch(Kernel::SoftmaxRows, launch, &mut args).unwrap();
+        let sm = softmax_on(&dev, &x, rows, cols, None);
         // Into bf16 only: the f32 scores stay as they were.
-        let mut scores = EmuBuf::new(x.clone());
         let mut probs = EmuHalf::new(vec![0; rows * cols]);
-        let mut args = [
-            Arg::Out(&mut scores),
-            Arg::HalfOut(&mut probs),
-            Arg::I32(rows as i32),
-            Arg::I32(cols as i32),
-        ];
-        dev.launch(Kernel::SoftmaxRows, launch, &mut args).unwrap();
+        let scores = softmax_on(&dev, &x, rows, cols, Some(&mut probs));
         assert_eq!(&scores.data[..rows * cols], &x[..]);
         let rounded: Vec<u16> = sm.data[..rows * cols]
             .iter()
@@ -1214,18 +1200,137 @@ mod tests {
                 "element {i}"
             );
         }
+        check_softmax(&x, &sm.data, rows, cols);
+    }
+
+    /// `softmax_rows` over a copy of `x` (rows, cols) as the GPU path
+    /// launches it; with `half`, into that in bf16.
+    fn softmax_on(
+        dev: &EmulatedDevice,
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+        half: Option<&mut EmuHalf>,
+    ) -> EmuBuf {
+        let (launch, group) = Launch::softmax_rows(rows, cols, "rows").unwrap();
+        let mut buf = EmuBuf::new(x.to_vec());
+        let mut args = [
+            Arg::Out(&mut buf),
+            half.map_or(Arg::Null, Arg::HalfOut),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+            Arg::I32(group as i32),
+        ];
+        dev.launch(Kernel::SoftmaxRows, launch, &mut args).unwrap();
+        buf
+    }
+
+    /// Each row of `got` is the softmax of `x`'s, against the host in f64.
+    fn check_softmax(x: &[f32], got: &[f32], rows: usize, cols: usize) {
         for r in 0..rows {
             let row = &x[r * cols..(r + 1) * cols];
             let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
             let z: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
             for (j, &x) in row.iter().enumerate() {
                 let want = ((x as f64 - m).exp() / z) as f32;
-                let got = sm.data[r * cols + j];
+                let g = got[r * cols + j];
                 assert!(
-                    (got - want).abs() <= 1e-6,
-                    "softmax row {r} col {j}: {got} vs {want}"
+                    (g - want).abs() <= 1e-6,
+                    "softmax of {cols} columns, row {r} col {j}: {g} vs {want}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn softmax_groups_of_every_width_cover_every_row() {
+        // Groups of 1, 2, 4, 8, 16 and 32 lanes (the register path), rows
+        // wider than a warp's registers (the loop path), and a row count
+        // that leaves dead groups in the last block.
+        let dev = EmulatedDevice::new(GemmMath::F32);
+        let rows = 45;
+        for (cols, group) in [
+            (3, 1),
+            (9, 2),
+            (30, 4),
+            (64, 8),
+            (100, 16),
+            (256, 32),
+            (300, 32),
+        ] {
+            let (launch, g) = Launch::softmax_rows(rows, cols, "rows").unwrap();
+            assert_eq!(g, group, "{cols} columns");
+            assert_eq!(
+                launch.grid as usize,
+                rows.div_ceil(launch.block as usize / group as usize)
+            );
+            let x = rows_of(rows, cols);
+            let mut probs = EmuHalf::new(vec![0; rows * cols]);
+            let scores = softmax_on(&dev, &x, rows, cols, Some(&mut probs));
+            assert_eq!(&scores.data[..rows * cols], &x[..], "{cols} columns");
+            let sm = softmax_on(&dev, &x, rows, cols, None);
+            check_softmax(&x, &sm.data, rows, cols);
+            let rounded: Vec<u16> = sm.data[..rows * cols]
+                .iter()
+                .map(|&v| bf16_bits(v))
+                .collect();
+            assert_eq!(&probs.data[..rows * cols], &rounded[..], "{cols} columns");
+        }
+    }
+
+    #[test]
+    fn residual_layer_norm_of_a_wide_row_matches_the_split_launches() {
+        // Past 1,024 columns the row no longer fits a warp's registers and
+        // the kernel takes its loop: the same bits either way.
+        let dev = EmulatedDevice::new(GemmMath::F32);
+        for (rows, cols) in [(11usize, 640usize), (11, 1030)] {
+            let x = rows_of(rows, cols);
+            let residual = EmuBuf::new(x.iter().map(|v| v * -0.3 + 1.0).collect());
+            let bias = EmuBuf::new((0..cols).map(|j| (j % 7) as f32 * 0.1).collect());
+            let launch = Launch::warp_rows(rows, "rows").unwrap();
+            let mut fused = EmuBuf::new(x.clone());
+            let mut args = [
+                Arg::Out(&mut fused),
+                Arg::In(&bias),
+                Arg::In(&residual),
+                Arg::Null,
+                Arg::Null,
+                Arg::Null,
+                Arg::I32(rows as i32),
+                Arg::I32(cols as i32),
+                Arg::F32(1e-5),
+            ];
+            dev.launch(Kernel::ResidualLayerNorm, launch, &mut args)
+                .unwrap();
+            let mut split = EmuBuf::new(x.clone());
+            let seg = Launch::row_segments(rows, cols, "blocks").unwrap();
+            let mut args = [
+                Arg::Out(&mut split),
+                Arg::In(&bias),
+                Arg::In(&residual),
+                Arg::Null,
+                Arg::I32(rows as i32),
+                Arg::I32(cols as i32),
+                Arg::I32(0),
+                Arg::I32(1),
+            ];
+            dev.launch(Kernel::BiasEpilogue, seg, &mut args).unwrap();
+            let mut args = [
+                Arg::Out(&mut split),
+                Arg::Null,
+                Arg::Null,
+                Arg::I32(rows as i32),
+                Arg::I32(cols as i32),
+                Arg::F32(1e-5),
+            ];
+            dev.launch(Kernel::LayerNorm, launch, &mut args).unwrap();
+            let bits = |b: &EmuBuf| {
+                b.data[..rows * cols]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            assert!(bits(&fused) == bits(&split), "{cols} columns");
         }
     }
 
@@ -1278,10 +1383,54 @@ extern "C" __global__ void outside(float* x) {
             Arg::In(&doys_buf),
             Arg::I32(rows as i32),
             Arg::I32(d as i32),
+            Arg::Null,
+            Arg::I32(0),
         ];
-        EmulatedDevice::new(GemmMath::F32)
-            .launch(Kernel::DoyEncoding, launch, &mut args)
-            .unwrap();
+        let dev = EmulatedDevice::new(GemmMath::F32);
+        dev.launch(Kernel::DoyEncoding, launch, &mut args).unwrap();
+        // From the table the GPU path keeps: the same bits, whole days
+        // copied and the rest (a fraction, a day past the table, a
+        // negative one) computed.
+        let doys_table: Vec<f32> = doys.iter().copied().chain([-3.0, 367.0]).collect();
+        let rows_t = doys_table.len();
+        let table = crate::backend::gpu::doy_table(&dev, d).unwrap();
+        let mut from_table = EmuBuf::new(vec![0.0; rows_t * d]);
+        let mut computed = EmuBuf::new(vec![0.0; rows_t * d]);
+        let doys_buf = EmuBuf::new(doys_table.clone());
+        crate::backend::gpu::doy_encoding(
+            &dev,
+            &doys_buf,
+            &mut from_table,
+            rows_t,
+            d,
+            Some(&table),
+        )
+        .unwrap();
+        crate::backend::gpu::doy_encoding(&dev, &doys_buf, &mut computed, rows_t, d, None).unwrap();
+        let bits = |b: &EmuBuf| {
+            b.data[..rows_t * d]
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert!(bits(&from_table) == bits(&computed));
+        // And the table is what is read: a changed entry shows.
+        let mut marked = EmuBuf::new(table.data[..table.len()].to_vec());
+        marked.data[5 * d + 1] = 42.0;
+        crate::backend::gpu::doy_encoding(
+            &dev,
+            &doys_buf,
+            &mut from_table,
+            rows_t,
+            d,
+            Some(&marked),
+        )
+        .unwrap();
+        assert_eq!(from_table.data[5 * d + 1], 42.0);
+        assert_eq!(
+            from_table.data[rows_t * d - 1],
+            computed.data[rows_t * d - 1]
+        );
         let host = crate::model::DoyEncoding::new(d);
         let mut want = vec![0f32; d];
         for (r, &doy) in doys.iter().enumerate() {

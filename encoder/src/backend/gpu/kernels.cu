@@ -62,16 +62,28 @@ extern "C" __global__ void bias_epilogue(float* y, const float* bias, const floa
 // The day-of-year encoding, as model::DoyEncoding computes it on the host
 // (in double, rounded to float): channel 2i is sin(doy * f_i), 2i + 1 is
 // cos(doy * f_i), f_i = exp(-ln(10000) * 2i / d). One thread per (row, i);
-// d is even.
-extern "C" __global__ void doy_encoding(float* out, const float* doys, int rows, int d) {
+// d is even. With `table` (table_days rows of d, this kernel's own output
+// for days 0, 1, ...), a whole day inside it is copied from there instead:
+// the same bits without a double-precision exp, log and sincos per value
+// (1.6 ms of a 4,096-px chunk's 64 ms on an H200). Other days (fractions,
+// negatives, days past the table) are computed.
+extern "C" __global__ void doy_encoding(float* out, const float* doys, int rows, int d,
+                                        const float* table, int table_days) {
     long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     int half = d / 2;
     if (k >= (long long)rows * half) return;
     long long row = k / half;
     int i = (int)(k % half);
+    float day = doys[row];
+    if (table && day >= 0.0f && day < (float)table_days && (float)(int)day == day) {
+        const float* t = table + (long long)(int)day * d + 2 * i;
+        out[row * d + 2 * i] = t[0];
+        out[row * d + 2 * i + 1] = t[1];
+        return;
+    }
     double f = exp(-log(10000.0) * (double)(2 * i) / (double)d);
     double s, c;
-    sincos((double)doys[row] * f, &s, &c);
+    sincos((double)day * f, &s, &c);
     out[row * d + 2 * i] = (float)s;
     out[row * d + 2 * i + 1] = (float)c;
 }
@@ -108,10 +120,16 @@ extern "C" __global__ void layer_norm(float* x, const float* gamma, const float*
 
 // A post-LN encoder layer's `norm(x + sublayer(x))` in one launch: y is the
 // sublayer's GEMM output (rows, cols), in place; bias may be null; residual
-// is x; half, when not null, also gets the result in bf16. Each lane first stores v = y + bias + residual (in float, as
-// bias_epilogue computes it) over its own columns, then layer_norm's
-// passes run over them: the same bits as bias_epilogue then layer_norm,
-// one launch instead of two and the row still in L1 for the later passes.
+// is x; half, when not null, also gets the result in bf16. Each lane sums
+// v = y + bias + residual (in float, as bias_epilogue computes it) over its
+// own columns, then layer_norm's passes run over them: the same bits as
+// bias_epilogue then layer_norm, in one launch. A row of up to
+// 32 * LN_PER_LANE columns stays in registers (the loops are unrolled, so
+// v[k] is a register), so y and residual are read once and y written once:
+// keeping the sum in y between passes cost a second write of the row and
+// made each pass wait on the last (12.7 of a 4,096-px chunk's 64 ms on an
+// H200, 2.7 times the traffic it needs). Wider rows take the loop below.
+#define LN_PER_LANE 32
 extern "C" __global__ void residual_layer_norm(float* y, const float* bias,
                                                const float* residual, const float* gamma,
                                                const float* beta, unsigned short* half,
@@ -122,6 +140,44 @@ extern "C" __global__ void residual_layer_norm(float* y, const float* bias,
     if (!live) row = rows - 1;
     float* r = y + row * cols;
     const float* res = residual + row * cols;
+    if (cols <= 32 * LN_PER_LANE) {
+        float v[LN_PER_LANE];
+        double s = 0.0;
+#pragma unroll
+        for (int k = 0; k < LN_PER_LANE; k++) {
+            int j = lane + 32 * k;
+            if (j < cols) {
+                float x = bias ? r[j] + bias[j] : r[j];
+                x += res[j];
+                v[k] = x;
+                s += (double)x;
+            }
+        }
+        WARP_SUM(s);
+        double mean = s / cols;
+        double q = 0.0;
+#pragma unroll
+        for (int k = 0; k < LN_PER_LANE; k++) {
+            if (lane + 32 * k < cols) {
+                double c = (double)v[k] - mean;
+                q += c * c;
+            }
+        }
+        WARP_SUM(q);
+        double inv = 1.0 / sqrt(q / cols + (double)eps);
+        if (!live) return;
+#pragma unroll
+        for (int k = 0; k < LN_PER_LANE; k++) {
+            int j = lane + 32 * k;
+            if (j < cols) {
+                float o = (float)(((double)v[k] - mean) * inv);
+                if (gamma) o = o * gamma[j] + beta[j];
+                r[j] = o;
+                if (half) half[row * cols + j] = to_bf16(o);
+            }
+        }
+        return;
+    }
     double s = 0.0;
     for (int j = lane; j < cols; j += 32) {
         float v = bias ? r[j] + bias[j] : r[j];
@@ -149,40 +205,95 @@ extern "C" __global__ void residual_layer_norm(float* y, const float* bias,
     }
 }
 
-// Softmax of each row of x (rows, cols), one warp per row: in place, or
-// only as bf16 into half when half is not null.
-extern "C" __global__ void softmax_rows(float* x, unsigned short* half, int rows, int cols) {
-    int lane = threadIdx.x & 31;
-    long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+// Softmax of each row of x (rows, cols): in place, or only as bf16 into
+// half when half is not null. Each row has a group of `group` lanes (a
+// power of two up to 32, from softmax_group on the host), so a block of
+// blockDim.x threads holds blockDim.x / group rows and a group reduces
+// with shuffles inside itself (partners lane ^ o, o < group). The host
+// gives rows of up to SOFTMAX_PER_LANE values a lane: they are read once
+// into registers and each exp is taken once. Attention's rows are short
+// (64 scores on the Large model): a warp to a row spent its time waiting
+// on one row's loads and shuffles (3.3 of a 4,096-px chunk's 64 ms on an
+// H200); eight lanes to a row keep four rows' loads in flight per warp.
+// Wider rows than the registers hold take the loops below.
+#define SOFTMAX_PER_LANE 8
+#define GROUP_SUM(v, g) for (int o_ = (g) >> 1; o_ > 0; o_ >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o_)
+#define GROUP_MAX(v, g) for (int o_ = (g) >> 1; o_ > 0; o_ >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o_))
+extern "C" __global__ void softmax_rows(float* x, unsigned short* half, int rows, int cols,
+                                        int group) {
+    int lane = threadIdx.x & (group - 1);
+    long long row = (long long)blockIdx.x * (blockDim.x / group) + threadIdx.x / group;
     bool live = row < rows;
     if (!live) row = rows - 1;
     float* r = x + row * cols;
+    unsigned short* h = half ? half + row * cols : 0;
     float m = __int_as_float(0xff800000);  // -inf; NVRTC has no INFINITY
-    for (int j = lane; j < cols; j += 32) m = fmaxf(m, r[j]);
-    WARP_MAX(m);
     float s = 0.0f;
-    for (int j = lane; j < cols; j += 32) s += expf(r[j] - m);
-    WARP_SUM(s);
+    if (cols <= group * SOFTMAX_PER_LANE) {
+        float v[SOFTMAX_PER_LANE];
+#pragma unroll
+        for (int k = 0; k < SOFTMAX_PER_LANE; k++) {
+            int j = lane + group * k;
+            if (j < cols) {
+                v[k] = r[j];
+                m = fmaxf(m, v[k]);
+            }
+        }
+        GROUP_MAX(m, group);
+#pragma unroll
+        for (int k = 0; k < SOFTMAX_PER_LANE; k++) {
+            if (lane + group * k < cols) {
+                v[k] = expf(v[k] - m);
+                s += v[k];
+            }
+        }
+        GROUP_SUM(s, group);
+        if (!live) return;
+        float inv = 1.0f / s;
+#pragma unroll
+        for (int k = 0; k < SOFTMAX_PER_LANE; k++) {
+            int j = lane + group * k;
+            if (j < cols) {
+                if (h) h[j] = to_bf16(v[k] * inv);
+                else r[j] = v[k] * inv;
+            }
+        }
+        return;
+    }
+    for (int j = lane; j < cols; j += group) m = fmaxf(m, r[j]);
+    GROUP_MAX(m, group);
+    for (int j = lane; j < cols; j += group) s += expf(r[j] - m);
+    GROUP_SUM(s, group);
     if (!live) return;
     float inv = 1.0f / s;
-    if (half) {
-        unsigned short* h = half + row * cols;
-        for (int j = lane; j < cols; j += 32) h[j] = to_bf16(expf(r[j] - m) * inv);
-    } else {
-        for (int j = lane; j < cols; j += 32) r[j] = expf(r[j] - m) * inv;
+    for (int j = lane; j < cols; j += group) {
+        float p = expf(r[j] - m) * inv;
+        if (h) h[j] = to_bf16(p);
+        else r[j] = p;
     }
 }
 
 // Attention pooling: one block per pixel; h is (pixels, len, d), out (pixels, d).
-// Shared memory: len floats of weights.
+// Shared memory: len floats of weights. Each token's score is one warp's
+// dot product (its lanes read the token's row together, and shuffle-sum),
+// the warps taking tokens in turn; every warp runs every round, past the
+// last token on the last one, writing nothing (shuffles need the whole
+// block). A thread to a token, reading its row alone, left most of each
+// load's bytes unused (2.3 of a 4,096-px chunk's 64 ms on an H200).
 extern "C" __global__ void attention_pool(const float* h, const float* w, float b,
                                           float* out, int len, int d) {
     extern __shared__ float weights[];
     const float* hp = h + (long long)blockIdx.x * len * d;
-    for (int t = threadIdx.x; t < len; t += blockDim.x) {
-        float s = b;
-        for (int j = 0; j < d; ++j) s += hp[(long long)t * d + j] * w[j];
-        weights[t] = s;
+    int lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5;
+    int warps = blockDim.x >> 5;
+    for (int t0 = 0; t0 < len; t0 += warps) {
+        int t = t0 + warp;
+        const float* row = hp + (long long)(t < len ? t : len - 1) * d;
+        float s = 0.0f;
+        for (int j = lane; j < d; j += 32) s += row[j] * w[j];
+        WARP_SUM(s);
+        if (t < len && lane == 0) weights[t] = s + b;
     }
     __syncthreads();
     if (threadIdx.x == 0) {

@@ -37,7 +37,9 @@ mod emulator;
 
 use std::sync::{Arc, Mutex};
 
-pub(crate) use device::{Arg, Device, Gemm, GemmMath, HalfGemmOut, Kernel, Launch, KERNELS};
+pub(crate) use device::{
+    Arg, Device, Gemm, GemmMath, HalfGemmOut, Kernel, Launch, DOY_TABLE_DAYS, KERNELS,
+};
 
 use super::{Backend, SequenceBatch};
 use crate::error::{EncodeError, Result};
@@ -80,6 +82,8 @@ struct DeviceBackbone<D: Device> {
     layers: Vec<DeviceLayer<D>>,
     pool_w: D::Buf,
     pool_b: f32,
+    /// The day-of-year encoding of days 0 to 366 at width `d` (`doy_table`).
+    doy_table: D::Buf,
 }
 
 /// The model's weights on a device, and the device; one caller at a time.
@@ -212,7 +216,42 @@ fn backbone<D: Device>(dev: &D, b: &Backbone, ffn: usize, half: bool) -> Result<
         layers,
         pool_w: dev.upload(&b.pool.weight)?,
         pool_b: b.pool.bias[0],
+        doy_table: doy_table(dev, b.d_model)?,
     })
+}
+
+/// `doy_encoding` of `doys` (m rows) into `out` (m, d), whole days inside
+/// `table` (its own output for days 0 to [`DOY_TABLE_DAYS`] - 1) copied
+/// from there.
+fn doy_encoding<D: Device>(
+    dev: &D,
+    doys: &D::Buf,
+    out: &mut D::Buf,
+    m: usize,
+    d: usize,
+    table: Option<&D::Buf>,
+) -> Result<()> {
+    let launch = Launch::elements(m * (d / 2), "day-of-year encoding blocks")?;
+    let mut args = [
+        Arg::Out(out),
+        Arg::In(doys),
+        Arg::I32(int(m, "rows")?),
+        Arg::I32(int(d, "d")?),
+        table.map_or(Arg::Null, Arg::In),
+        Arg::I32(int(DOY_TABLE_DAYS, "table days")?),
+    ];
+    dev.launch(Kernel::DoyEncoding, launch, &mut args)
+}
+
+/// The day-of-year encoding of every day 0 to [`DOY_TABLE_DAYS`] - 1 at
+/// width `d`, computed by the kernel itself (so a copy from it has the bits
+/// the kernel would compute).
+fn doy_table<D: Device>(dev: &D, d: usize) -> Result<D::Buf> {
+    let days: Vec<f32> = (0..DOY_TABLE_DAYS).map(|i| i as f32).collect();
+    let days = dev.upload(&days)?;
+    let mut table = dev.alloc(DOY_TABLE_DAYS * d)?;
+    doy_encoding(dev, &days, &mut table, DOY_TABLE_DAYS, d, None)?;
+    Ok(table)
 }
 
 /// A size as a kernel's `int`.
@@ -470,12 +509,13 @@ impl<D: Device> GpuModel<D> {
         rows: usize,
         len: usize,
     ) -> Result<()> {
-        let launch = Launch::warp_rows(rows, "score rows")?;
+        let (launch, group) = Launch::softmax_rows(rows, len, "score rows")?;
         let mut args = [
             Arg::Out(scores),
             half.map_or(Arg::Null, Arg::HalfOut),
             Arg::I32(int(rows, "score rows")?),
             Arg::I32(int(len, "len")?),
+            Arg::I32(group as i32),
         ];
         self.dev.launch(Kernel::SoftmaxRows, launch, &mut args)
     }
@@ -535,16 +575,16 @@ impl<D: Device> GpuModel<D> {
         Ok(())
     }
 
-    /// The day-of-year encoding of `doys` (m rows) into `pe` (m, d).
-    fn doy_encoding(&self, doys: &D::Buf, pe: &mut D::Buf, m: usize, d: usize) -> Result<()> {
-        let launch = Launch::elements(m * (d / 2), "day-of-year encoding blocks")?;
-        let mut args = [
-            Arg::Out(pe),
-            Arg::In(doys),
-            Arg::I32(int(m, "rows")?),
-            Arg::I32(int(d, "d")?),
-        ];
-        self.dev.launch(Kernel::DoyEncoding, launch, &mut args)
+    /// The day-of-year encoding of `doys` (m rows) into `pe` (m, bb.d),
+    /// whole days from the backbone's table.
+    fn doy_encoding(
+        &self,
+        bb: &DeviceBackbone<D>,
+        doys: &D::Buf,
+        pe: &mut D::Buf,
+        m: usize,
+    ) -> Result<()> {
+        doy_encoding(&self.dev, doys, pe, m, bb.d, Some(&bb.doy_table))
     }
 
     /// Attention pooling of `px` pixels' (len, d) rows of `h` into `pooled`.
@@ -597,7 +637,7 @@ impl<D: Device> GpuModel<D> {
         let mut scores = scratch.take(dev, Slot::Scores, px * len * len)?;
         let mut pooled = scratch.take(dev, Slot::Pooled, px * d)?;
         // The encoding lives in `attn` until the first attention needs it.
-        self.doy_encoding(&doys, &mut attn, m, d)?;
+        self.doy_encoding(bb, &doys, &mut attn, m)?;
         self.linear(&bb.embed0, &values, m, &mut t, true, None)?;
         self.linear(&bb.embed2, &t, m, &mut h, false, Some(&attn))?;
         for l in &bb.layers {
@@ -680,7 +720,7 @@ impl<D: Device> GpuModel<D> {
         let mut attn_h = scratch.take_half(dev, HalfSlot::Attn, m * d)?;
         let mut ff_h = scratch.take_half(dev, HalfSlot::Ff, m * bb.ffn)?;
         let mut probs_h = scratch.take_half(dev, HalfSlot::Probs, px * len * len)?;
-        self.doy_encoding(&doys, &mut pe, m, d)?;
+        self.doy_encoding(bb, &doys, &mut pe, m)?;
         self.linear_half_lazy(
             &bb.embed0,
             &values,
