@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::{Backend, BackendChoice, SequenceBatch};
+use crate::backend::{Backend, BackendChoice, PendingBackbone, SequenceBatch};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::encode::Encoder;
@@ -382,6 +382,12 @@ impl<B: Backend> Backend for Shared<B> {
     }
     fn backbone(&self, m: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
         self.0.backbone(m, batch)
+    }
+    fn backbone_begin(&self, m: Modality, batch: &SequenceBatch<'_>) -> Result<PendingBackbone> {
+        self.0.backbone_begin(m, batch)
+    }
+    fn backbone_end(&self, pending: PendingBackbone) -> Result<Vec<f32>> {
+        self.0.backbone_end(pending)
     }
     fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>> {
         self.0.head(s2, s1, n)

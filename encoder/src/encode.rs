@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
-use crate::backend::{self, Backend, BackendChoice, SequenceBatch};
+use crate::backend::{self, Backend, BackendChoice, PendingBackbone, SequenceBatch};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::{EncodeError, Result};
@@ -270,6 +270,31 @@ impl Encoder {
     ) -> Result<Vec<f32>> {
         let d = self.weights.config.d_model();
         let chunk = self.profile.chunk_pixels.max(1);
+        // One chunk's backbone is begun before the last one's result is
+        // taken, so a device finds the next chunk queued when it finishes
+        // one (BACKBONES_IN_FLIGHT): the host hands over chunk i + 1 while
+        // the device computes chunk i.
+        let mut in_flight: Option<(PendingBackbone, Modality, Vec<u32>, usize)> = None;
+        let mut take =
+            |(pending, modality, members, len): (PendingBackbone, Modality, Vec<u32>, usize),
+             pooled: &mut [Vec<f32>; 2]|
+             -> Result<()> {
+                let n = members.len();
+                let out = self.backend.backbone_end(pending)?;
+                if out.len() != n * d {
+                    return Err(EncodeError::backend(
+                        self.backend.name(),
+                        format!("backbone returned {} values for {n} x {d}", out.len()),
+                    ));
+                }
+                let mi = modality as usize;
+                for (k, &i) in members.iter().enumerate() {
+                    let i = i as usize;
+                    pooled[mi][i * d..(i + 1) * d].copy_from_slice(&out[k * d..(k + 1) * d]);
+                }
+                tokens_done(n * len);
+                Ok(())
+            };
         loop {
             if cancel.load(Ordering::Relaxed) {
                 return Err(EncodeError::Cancelled);
@@ -279,29 +304,23 @@ impl Encoder {
             let Some(c) = chunks.recv().map_err(|_| EncodeError::Cancelled)?? else {
                 break;
             };
-            let n = c.members.len();
             let batch = SequenceBatch {
-                n,
+                n: c.members.len(),
                 len: c.len,
                 bands: c.modality.bands(),
                 values: &c.values,
                 doys: &c.doys,
             };
-            let out = self.backend.backbone(c.modality, &batch)?;
-            if out.len() != n * d {
-                return Err(EncodeError::backend(
-                    self.backend.name(),
-                    format!("backbone returned {} values for {n} x {d}", out.len()),
-                ));
-            }
-            let mi = c.modality as usize;
-            for (k, &i) in c.members.iter().enumerate() {
-                let i = i as usize;
-                pooled[mi][i * d..(i + 1) * d].copy_from_slice(&out[k * d..(k + 1) * d]);
-            }
-            tokens_done(n * c.len);
-            // The gatherer may have finished: then the buffers just go.
+            let pending = self.backend.backbone_begin(c.modality, &batch)?;
+            // Begun, the batch's buffers are free again; the gatherer may
+            // have finished: then they just go.
             let _ = spare.send((c.values, c.doys));
+            if let Some(prev) = in_flight.replace((pending, c.modality, c.members, c.len)) {
+                take(prev, pooled)?;
+            }
+        }
+        if let Some(last) = in_flight.take() {
+            take(last, pooled)?;
         }
         if cancel.load(Ordering::Relaxed) {
             return Err(EncodeError::Cancelled);

@@ -74,6 +74,46 @@ impl SequenceBatch<'_> {
     }
 }
 
+/// A backbone begun by [`Backend::backbone_begin`], for
+/// [`Backend::backbone_end`]: its result, or (a device that computes apart
+/// from the host) the backend's own ticket for where the device will leave
+/// it.
+#[derive(Debug)]
+pub struct PendingBackbone(Pending);
+
+#[derive(Debug)]
+enum Pending {
+    Done(Vec<f32>),
+    OnDevice(Box<dyn std::any::Any + Send>),
+}
+
+impl PendingBackbone {
+    /// A result computed already.
+    pub fn done(features: Vec<f32>) -> Self {
+        PendingBackbone(Pending::Done(features))
+    }
+
+    /// A device's ticket, which only the backend that made it reads.
+    #[cfg_attr(not(any(test, feature = "cuda")), allow(dead_code))]
+    pub(crate) fn on_device(ticket: Box<dyn std::any::Any + Send>) -> Self {
+        PendingBackbone(Pending::OnDevice(ticket))
+    }
+
+    /// The result, or the device's ticket.
+    #[cfg_attr(not(any(test, feature = "cuda")), allow(dead_code))]
+    pub(crate) fn into_parts(self) -> std::result::Result<Vec<f32>, Box<dyn std::any::Any + Send>> {
+        match self.0 {
+            Pending::Done(features) => Ok(features),
+            Pending::OnDevice(ticket) => Err(ticket),
+        }
+    }
+}
+
+/// How many backbones a caller may have begun and not yet ended: one
+/// computing, one queued behind it (so a device never waits between
+/// chunks for the host to take a result and hand over the next chunk).
+pub const BACKBONES_IN_FLIGHT: usize = 2;
+
 /// A compute backend. Implementations must be deterministic: the same batch
 /// gives the same bits whatever the thread count, so the reduction order may
 /// depend on the profile's block size but never on the number of threads.
@@ -82,6 +122,29 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// Run one backbone: returns (n, d_model) pooled features.
     fn backbone(&self, modality: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>>;
+    /// Begin [`Backend::backbone`] on `batch`, whose buffers the caller may
+    /// reuse once this returns; [`Backend::backbone_end`] gives the result.
+    /// Up to [`BACKBONES_IN_FLIGHT`] may be begun and not ended, ended in
+    /// the order begun. A backend that computes on the calling thread (the
+    /// default) computes here; a GPU queues the work and returns, so the
+    /// caller prepares and begins the next while this one runs.
+    fn backbone_begin(
+        &self,
+        modality: Modality,
+        batch: &SequenceBatch<'_>,
+    ) -> Result<PendingBackbone> {
+        self.backbone(modality, batch).map(PendingBackbone::done)
+    }
+    /// The (n, d_model) pooled features of a [`Backend::backbone_begin`],
+    /// once the device has them.
+    fn backbone_end(&self, pending: PendingBackbone) -> Result<Vec<f32>> {
+        pending.into_parts().map_err(|_| {
+            EncodeError::backend(
+                self.name(),
+                "a device's backbone was handed to a backend that began none",
+            )
+        })
+    }
     /// Run the head on `n` pixels' pooled S2 and S1 features (each (n, d)):
     /// returns (n, repr_dim).
     fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>>;

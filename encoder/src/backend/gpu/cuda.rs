@@ -8,8 +8,10 @@
 //! Status: the model code above this device (layouts, launches, kernels)
 //! is checked on the CPU against the fixtures by the emulated device in
 //! `emulator.rs`; this file, the thin binding to the driver, cuBLAS and
-//! NVRTC, has NOT yet run on a GPU. The fixture tests (`tests/fixtures.rs`)
-//! include this backend and skip it where [`probe`] fails.
+//! NVRTC, is checked only on a GPU (`scripts/gpu-check.sh`: it ran on an
+//! H200, 2026-12-04; the page-locked staging and its events, added since,
+//! have not). The fixture tests (`tests/fixtures.rs`) include this backend
+//! and skip it where [`probe`] fails.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -22,8 +24,8 @@ use cudarc::cublas::{CudaBlas, Gemm as _, GemmConfig, StridedBatchedConfig};
 use cudarc::cublaslt::result as ltr;
 use cudarc::cublaslt::sys as lt;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
-    PushKernelArg,
+    sys as drv, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr,
+    DevicePtrMut, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use cudarc::nvrtc::{CompileError, Ptx};
 
@@ -213,6 +215,57 @@ pub(crate) struct CudaDevice {
     /// cuBLASLt, for GEMMs with bias and ReLU in their epilogue; `None`
     /// where libcublasLt did not load (the kernels do that work instead).
     lt: Option<Lt>,
+    /// Page-locked host buffers whose copies are done, for the next ones.
+    staging: Mutex<Vec<CudaStaging>>,
+}
+
+/// Page-locked host memory a copy runs from or into while the host goes
+/// on (a copy from pageable memory holds the host until it is over, and
+/// the GPU idles meanwhile between chunks), and the event recorded after
+/// that copy on the stream.
+pub(crate) struct CudaStaging {
+    host: PinnedHostSlice<f32>,
+    done: CudaEvent,
+}
+
+impl Drop for CudaStaging {
+    fn drop(&mut self) {
+        // The copy must be over before the memory is freed: the pinned
+        // slice's own drop does not know of it (event tracking is off).
+        let _ = self.done.synchronize();
+    }
+}
+
+/// Staging buffers kept for reuse: two chunks in flight use three each
+/// (bands, days, features).
+const STAGING_KEPT: usize = 8;
+
+impl CudaDevice {
+    /// A staging buffer of at least `n` floats: a kept one, or a new one
+    /// (rounded up to a power of two, so chunks of other sizes reuse it).
+    fn take_staging(&self, n: usize) -> Result<CudaStaging> {
+        if let Ok(mut kept) = self.staging.lock() {
+            let fit = kept
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.host.len() >= n)
+                .min_by_key(|(_, s)| s.host.len())
+                .map(|(i, _)| i);
+            if let Some(i) = fit {
+                return Ok(kept.swap_remove(i));
+            }
+        }
+        let ctx = self.stream.context();
+        // SAFETY: what is copied in is written first, what is copied out is
+        // read only after its copy's event; flags 0: cached (the host reads
+        // downloads back), not write-combined.
+        let host = unsafe { ctx.alloc_pinned_with_flags::<f32>(n.max(1).next_power_of_two(), 0) }
+            .map_err(|e| err("allocating page-locked host memory", e))?;
+        let done = ctx
+            .new_event(Some(drv::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .map_err(|e| err("creating a CUDA event", e))?;
+        Ok(CudaStaging { host, done })
+    }
 }
 
 impl CudaDevice {
@@ -259,6 +312,7 @@ impl CudaDevice {
             kernels,
             math: GemmMath::F32,
             lt,
+            staging: Mutex::new(Vec::new()),
         })
     }
 }
@@ -550,6 +604,7 @@ fn op(trans: bool) -> cublasOperation_t {
 static NULL: u64 = 0;
 
 impl Device for CudaDevice {
+    type Staging = CudaStaging;
     type Buf = CudaSlice<f32>;
     type Half = CudaSlice<u16>;
 
@@ -610,6 +665,86 @@ impl Device for CudaDevice {
 
     fn len(buf: &Self::Buf) -> usize {
         buf.len()
+    }
+
+    fn upload_staged(&self, host: &[f32], buf: &mut Self::Buf) -> Result<CudaStaging> {
+        let n = host.len();
+        if n > buf.len() {
+            return Err(EncodeError::backend(
+                NAME,
+                format!("copying {n} floats into a buffer of {}", buf.len()),
+            ));
+        }
+        let mut staging = self.take_staging(n)?;
+        let pinned = staging
+            .host
+            .as_mut_slice()
+            .map_err(|e| err("reaching page-locked memory", e))?;
+        pinned[..n].copy_from_slice(host);
+        let mut dst = buf.slice_mut(..n);
+        self.stream
+            .memcpy_htod(&pinned[..n], &mut dst)
+            .map_err(|e| err("copying to the GPU", e))?;
+        staging
+            .done
+            .record(&self.stream)
+            .map_err(|e| err("recording a CUDA event", e))?;
+        Ok(staging)
+    }
+
+    fn download_begin(&self, buf: &Self::Buf, n: usize) -> Result<CudaStaging> {
+        if n > buf.len() {
+            return Err(EncodeError::backend(
+                NAME,
+                format!("reading {n} floats of a buffer of {}", buf.len()),
+            ));
+        }
+        let mut staging = self.take_staging(n)?;
+        let pinned = staging
+            .host
+            .as_mut_slice()
+            .map_err(|e| err("reaching page-locked memory", e))?;
+        self.stream
+            .memcpy_dtoh(&buf.slice(..n), &mut pinned[..n])
+            .map_err(|e| err("copying from the GPU", e))?;
+        staging
+            .done
+            .record(&self.stream)
+            .map_err(|e| err("recording a CUDA event", e))?;
+        Ok(staging)
+    }
+
+    fn download_wait(staging: &CudaStaging) -> Result<()> {
+        staging
+            .done
+            .synchronize()
+            .map_err(|e| err("waiting for the GPU", e))
+    }
+
+    fn download_end(&self, staging: CudaStaging, n: usize) -> Result<Vec<f32>> {
+        Self::download_wait(&staging)?;
+        let out = staging
+            .host
+            .as_slice()
+            .map_err(|e| err("reaching page-locked memory", e))?
+            .get(..n)
+            .map(<[f32]>::to_vec)
+            .ok_or_else(|| {
+                EncodeError::backend(
+                    NAME,
+                    format!("taking {n} floats of a download of {}", staging.host.len()),
+                )
+            })?;
+        self.release(staging);
+        Ok(out)
+    }
+
+    fn release(&self, staging: CudaStaging) {
+        if let Ok(mut kept) = self.staging.lock() {
+            if kept.len() < STAGING_KEPT {
+                kept.push(staging);
+            }
+        }
     }
 
     unsafe fn gemm_unchecked(

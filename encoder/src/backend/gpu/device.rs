@@ -290,6 +290,9 @@ pub(crate) trait Device: Sized {
     type Buf;
     /// bf16 values, as their 16 bits.
     type Half;
+    /// Host memory a copy runs from or into while the host goes on
+    /// ([`Device::upload_staged`], [`Device::download_begin`]).
+    type Staging: Send + 'static;
     /// How its f32 GEMMs compute (fixed when it was opened).
     fn math(&self) -> GemmMath;
     /// Make the device current on the calling thread. CUDA frees buffers on
@@ -306,6 +309,25 @@ pub(crate) trait Device: Sized {
     fn alloc(&self, n: usize) -> Result<Self::Buf>;
     /// The first `n` floats of `buf` (at most its length, else an error).
     fn download_prefix(&self, buf: &Self::Buf, n: usize) -> Result<Vec<f32>>;
+    /// Copy `host` into the start of `buf` (at least as long, else an
+    /// error) after the work queued before, through host staging memory
+    /// (page-locked on a GPU, so the copy needs no host thread): returns
+    /// once `host` may be reused, the staging to keep until the copy is
+    /// known done (a later download on the stream has been waited for),
+    /// then to hand back with [`Device::release`].
+    fn upload_staged(&self, host: &[f32], buf: &mut Self::Buf) -> Result<Self::Staging>;
+    /// Begin copying the first `n` floats of `buf` into host staging
+    /// memory, after the work queued before; [`Device::download_wait`] and
+    /// [`Device::download_end`] take them from there.
+    fn download_begin(&self, buf: &Self::Buf, n: usize) -> Result<Self::Staging>;
+    /// Wait (without the device: no lock need be held) until
+    /// `staging`'s download has arrived.
+    fn download_wait(staging: &Self::Staging) -> Result<()>;
+    /// The `n` floats a [`Device::download_begin`] brought, after
+    /// [`Device::download_wait`]; the staging goes back to the device.
+    fn download_end(&self, staging: Self::Staging, n: usize) -> Result<Vec<f32>>;
+    /// Take back staging memory whose copy is done, for later copies.
+    fn release(&self, staging: Self::Staging);
     /// How many floats `buf` holds.
     fn len(buf: &Self::Buf) -> usize;
     /// A new bf16 buffer holding `host` (bf16 bits).

@@ -538,9 +538,16 @@ impl EmulatedDevice {
     }
 }
 
+/// Host staging memory: what a download brought (an upload's is empty: the
+/// emulator copies at once).
+pub(crate) struct EmuStaging {
+    data: Vec<f32>,
+}
+
 impl Device for EmulatedDevice {
     type Buf = EmuBuf;
     type Half = EmuHalf;
+    type Staging = EmuStaging;
 
     fn math(&self) -> GemmMath {
         self.math
@@ -666,6 +673,33 @@ impl Device for EmulatedDevice {
         buf.len()
     }
 
+    fn upload_staged(&self, host: &[f32], buf: &mut EmuBuf) -> Result<EmuStaging> {
+        self.upload_into(host, buf)?;
+        Ok(EmuStaging { data: Vec::new() })
+    }
+
+    fn download_begin(&self, buf: &EmuBuf, n: usize) -> Result<EmuStaging> {
+        Ok(EmuStaging {
+            data: self.download_prefix(buf, n)?,
+        })
+    }
+
+    fn download_wait(_: &EmuStaging) -> Result<()> {
+        Ok(())
+    }
+
+    fn download_end(&self, staging: EmuStaging, n: usize) -> Result<Vec<f32>> {
+        if n != staging.data.len() {
+            return Err(err(format!(
+                "taking {n} floats of a download of {}",
+                staging.data.len()
+            )));
+        }
+        Ok(staging.data)
+    }
+
+    fn release(&self, _: EmuStaging) {}
+
     /// Reads past a buffer land in its canary (NaN) or panic; never UB.
     unsafe fn gemm_unchecked(
         &self,
@@ -766,10 +800,11 @@ mod tests {
 
     use super::*;
     use crate::backend::gpu::{GpuBackend, MAX_ROWS};
-    use crate::backend::BackendChoice;
+    use crate::backend::{Backend, BackendChoice, SequenceBatch};
     use crate::checkpoint::Checkpoint;
     use crate::encode::Encoder;
     use crate::golden;
+    use crate::model::Modality;
     use crate::model::StudentWeights;
     use crate::profile::{DeviceProfile, Dtype};
     use crate::tile::TileInputs;
@@ -919,6 +954,58 @@ mod tests {
         // 40 tokens per pass: every chunk of this tile is cut into parts
         // (down to one pixel where a sequence is longer).
         assert_eq!(run(40), run(MAX_ROWS));
+    }
+
+    #[test]
+    fn backbones_in_flight_end_in_any_order_with_their_own_results() {
+        let dir = Path::new(FIXTURES).join("small");
+        let ckpt = Checkpoint::load(&dir.join("ckpt.safetensors")).unwrap();
+        let weights = Arc::new(StudentWeights::from_checkpoint(&ckpt).unwrap());
+        let backend =
+            GpuBackend::create(NAME, EmulatedDevice::new(GemmMath::F32), weights).unwrap();
+        // Two batches of other sizes and modalities, so a swapped result
+        // or a download of the wrong length shows.
+        let batch = |n: usize, len: usize, bands: usize, seed: usize| {
+            let values: Vec<f32> = (0..n * len * bands)
+                .map(|i| ((i * 31 + seed) % 97) as f32 * 0.02 - 1.0)
+                .collect();
+            let doys: Vec<f32> = (0..n * len)
+                .map(|i| ((i * 7 + seed) % 366) as f32)
+                .collect();
+            (n, len, bands, values, doys)
+        };
+        let (a, b) = (
+            batch(5, 6, Modality::S2.bands(), 1),
+            batch(3, 9, Modality::S1.bands(), 2),
+        );
+        fn seq(x: &(usize, usize, usize, Vec<f32>, Vec<f32>)) -> SequenceBatch<'_> {
+            SequenceBatch {
+                n: x.0,
+                len: x.1,
+                bands: x.2,
+                values: &x.3,
+                doys: &x.4,
+            }
+        }
+        let want_a = backend.backbone(Modality::S2, &seq(&a)).unwrap();
+        let want_b = backend.backbone(Modality::S1, &seq(&b)).unwrap();
+        assert_eq!(want_a.len(), 5 * backend.d);
+        let pa = backend.backbone_begin(Modality::S2, &seq(&a)).unwrap();
+        let pb = backend.backbone_begin(Modality::S1, &seq(&b)).unwrap();
+        let got_b = backend.backbone_end(pb).unwrap();
+        let got_a = backend.backbone_end(pa).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got_a), bits(&want_a));
+        assert_eq!(bits(&got_b), bits(&want_b));
+        // A device's ticket means nothing to a backend that made none.
+        let pending = backend.backbone_begin(Modality::S2, &seq(&a)).unwrap();
+        let cpu = crate::backend::pure_rust::CpuBackend::new(
+            Arc::new(StudentWeights::from_checkpoint(&ckpt).unwrap()),
+            &DeviceProfile::default_for(BackendChoice::Cpu),
+        )
+        .unwrap();
+        let e = cpu.backbone_end(pending).unwrap_err().to_string();
+        assert!(e.contains("began none"), "{e}");
     }
 
     #[test]

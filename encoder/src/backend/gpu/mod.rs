@@ -41,7 +41,7 @@ pub(crate) use device::{
     Arg, Device, Gemm, GemmMath, HalfGemmOut, Kernel, Launch, DOY_TABLE_DAYS, KERNELS,
 };
 
-use super::{Backend, SequenceBatch};
+use super::{Backend, PendingBackbone, SequenceBatch};
 use crate::error::{EncodeError, Result};
 use crate::model::{Backbone, LayerNorm, Linear, Modality, StudentWeights};
 
@@ -610,12 +610,16 @@ impl<D: Device> GpuModel<D> {
         self.dev.launch(Kernel::AttentionPool, launch, &mut args)
     }
 
+    /// Queue one backbone pass over `batch` (at most [`MAX_ROWS`] tokens)
+    /// on the device: the inputs' copies, the pass, and the copy of its
+    /// pooled features to the host, which the returned ticket waits for.
+    /// The batch's buffers may be reused once this returns.
     fn backbone(
         &self,
         bb: &DeviceBackbone<D>,
         batch: &SequenceBatch<'_>,
         scratch: &mut Scratch<D>,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<DeviceTicket<D>> {
         if self.half {
             return self.backbone_half(bb, batch, scratch);
         }
@@ -623,12 +627,12 @@ impl<D: Device> GpuModel<D> {
         let m = px * len;
         let dev = &self.dev;
         let mut values = scratch.take(dev, Slot::Values, batch.values.len())?;
-        dev.upload_into(batch.values, &mut values)?;
+        let mut uploads = vec![dev.upload_staged(batch.values, &mut values)?];
         // The day-of-year encoding on the device: on the host it would cost
         // px·len·d/2 sin/cos and a copy as large as the activations per
         // chunk, more than the chunk's GEMMs on a GPU.
         let mut doys = scratch.take(dev, Slot::Doys, batch.doys.len())?;
-        dev.upload_into(batch.doys, &mut doys)?;
+        uploads.push(dev.upload_staged(batch.doys, &mut doys)?);
         let mut t = scratch.take(dev, Slot::T, m * d)?;
         let mut h = scratch.take(dev, Slot::H, m * d)?;
         let mut qkv = scratch.take(dev, Slot::Qkv, m * 3 * d)?;
@@ -654,7 +658,7 @@ impl<D: Device> GpuModel<D> {
             std::mem::swap(&mut t, &mut h);
         }
         self.pool(bb, &h, &mut pooled, px, len)?;
-        let out = dev.download_prefix(&pooled, px * d)?;
+        let download = dev.download_begin(&pooled, px * d)?;
         // `t` and `h` were swapped an even number of times per layer, so
         // each goes back to its own slot either way; sizes are what count.
         for (slot, buf) in [
@@ -670,7 +674,11 @@ impl<D: Device> GpuModel<D> {
         ] {
             scratch.give(slot, buf);
         }
-        Ok(out)
+        Ok(DeviceTicket {
+            uploads,
+            download,
+            floats: px * d,
+        })
     }
 
     /// [`GpuModel::backbone`] on bf16 copies: every GEMM reads bf16 (the
@@ -682,7 +690,7 @@ impl<D: Device> GpuModel<D> {
         bb: &DeviceBackbone<D>,
         batch: &SequenceBatch<'_>,
         scratch: &mut Scratch<D>,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<DeviceTicket<D>> {
         let (px, len, d) = (batch.n, batch.len, bb.d);
         let m = px * len;
         let dev = &self.dev;
@@ -691,7 +699,7 @@ impl<D: Device> GpuModel<D> {
         // feeds it).
         let n = batch.values.len();
         let mut values_f32 = scratch.take(dev, Slot::Values, n)?;
-        dev.upload_into(batch.values, &mut values_f32)?;
+        let mut uploads = vec![dev.upload_staged(batch.values, &mut values_f32)?];
         let mut values = scratch.take_half(dev, HalfSlot::Values, n)?;
         let mut args = [
             Arg::In(&values_f32),
@@ -704,7 +712,7 @@ impl<D: Device> GpuModel<D> {
             &mut args,
         )?;
         let mut doys = scratch.take(dev, Slot::Doys, batch.doys.len())?;
-        dev.upload_into(batch.doys, &mut doys)?;
+        uploads.push(dev.upload_staged(batch.doys, &mut doys)?);
         let mut t = scratch.take(dev, Slot::T, m * d)?;
         let mut h = scratch.take(dev, Slot::H, m * d)?;
         let mut pe = scratch.take(dev, Slot::Attn, m * d)?;
@@ -781,7 +789,7 @@ impl<D: Device> GpuModel<D> {
             std::mem::swap(&mut t, &mut h);
         }
         self.pool(bb, &h, &mut pooled, px, len)?;
-        let out = dev.download_prefix(&pooled, px * d)?;
+        let download = dev.download_begin(&pooled, px * d)?;
         for (slot, buf) in [
             (Slot::Values, values_f32),
             (Slot::Doys, doys),
@@ -807,7 +815,11 @@ impl<D: Device> GpuModel<D> {
         ] {
             scratch.give_half(slot, buf);
         }
-        Ok(out)
+        Ok(DeviceTicket {
+            uploads,
+            download,
+            floats: px * d,
+        })
     }
 
     fn head(
@@ -934,7 +946,45 @@ impl<D: Device> Scratch<D> {
     }
 }
 
-impl<D: Device + Send> Backend for GpuBackend<D>
+/// A backbone queued on the device ([`GpuModel::backbone`]): the staging
+/// its inputs were copied from (kept until the copy is known done) and the
+/// download of its `floats` pooled features.
+struct DeviceTicket<D: Device> {
+    uploads: Vec<D::Staging>,
+    download: D::Staging,
+    floats: usize,
+}
+
+impl<D: Device> GpuBackend<D> {
+    /// Queue `batch` (at most [`MAX_ROWS`] tokens) on the device.
+    fn enqueue(&self, modality: Modality, batch: &SequenceBatch<'_>) -> Result<DeviceTicket<D>> {
+        let mut guard = self.lock()?;
+        let (model, scratch) = &mut *guard;
+        model.dev.bind()?;
+        let bb = match modality {
+            Modality::S2 => &model.s2,
+            Modality::S1 => &model.s1,
+        };
+        model.backbone(bb, batch, scratch)
+    }
+
+    /// The pooled features of a queued backbone, once on the host: waits
+    /// without the lock, so another thread may queue work meanwhile.
+    fn collect(&self, ticket: DeviceTicket<D>) -> Result<Vec<f32>> {
+        D::download_wait(&ticket.download)?;
+        let guard = self.lock()?;
+        let dev = &guard.0.dev;
+        dev.bind()?;
+        let out = dev.download_end(ticket.download, ticket.floats)?;
+        // The download came after the uploads on the one stream.
+        for staging in ticket.uploads {
+            dev.release(staging);
+        }
+        Ok(out)
+    }
+}
+
+impl<D: Device + Send + 'static> Backend for GpuBackend<D>
 where
     D::Buf: Send,
     D::Half: Send,
@@ -944,21 +994,25 @@ where
     }
 
     fn backbone(&self, modality: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
+        let pending = self.backbone_begin(modality, batch)?;
+        self.backbone_end(pending)
+    }
+
+    fn backbone_begin(
+        &self,
+        modality: Modality,
+        batch: &SequenceBatch<'_>,
+    ) -> Result<PendingBackbone> {
         batch.check(self.name)?;
-        let mut guard = self.lock()?;
-        let (model, scratch) = &mut *guard;
-        model.dev.bind()?;
-        let bb = match modality {
-            Modality::S2 => &model.s2,
-            Modality::S1 => &model.s1,
-        };
         // At most MAX_ROWS tokens per pass, so device memory is bounded by
         // that, not by a chunk of long sequences (16,384 px of 256 tokens
         // would want 136 GB in bf16; MAX_ROWS about 16 GB).
         let per = (self.max_rows / batch.len.max(1)).max(1);
         if batch.n <= per {
-            return model.backbone(bb, batch, scratch);
+            let ticket = self.enqueue(modality, batch)?;
+            return Ok(PendingBackbone::on_device(Box::new(ticket)));
         }
+        // Such a chunk runs in parts, one after another.
         let mut out = Vec::with_capacity(batch.n * self.d);
         for start in (0..batch.n).step_by(per) {
             let n = per.min(batch.n - start);
@@ -970,9 +1024,23 @@ where
                     [start * batch.len * batch.bands..(start + n) * batch.len * batch.bands],
                 doys: &batch.doys[start * batch.len..(start + n) * batch.len],
             };
-            out.extend(model.backbone(bb, &part, scratch)?);
+            let ticket = self.enqueue(modality, &part)?;
+            out.extend(self.collect(ticket)?);
         }
-        Ok(out)
+        Ok(PendingBackbone::done(out))
+    }
+
+    fn backbone_end(&self, pending: PendingBackbone) -> Result<Vec<f32>> {
+        match pending.into_parts() {
+            Ok(done) => Ok(done),
+            Err(ticket) => match ticket.downcast::<DeviceTicket<D>>() {
+                Ok(ticket) => self.collect(*ticket),
+                Err(_) => Err(EncodeError::backend(
+                    self.name,
+                    "a backbone begun by another backend was handed here",
+                )),
+            },
+        }
     }
 
     fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>> {
