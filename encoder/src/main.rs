@@ -486,6 +486,9 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
                 "GPU memory in use after the encode: {used} MiB of {total} (the whole device)"
             );
         }
+        for line in tessera_encoder::backend::cuda::gemm_tuning_report() {
+            eprintln!("{line}");
+        }
     }
     Ok(())
 }

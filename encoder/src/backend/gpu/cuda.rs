@@ -30,7 +30,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::{CompileError, Ptx};
 
 use super::device::HalfGemmOut;
-use super::{Arg, Device, Gemm, GemmMath, GpuBackend, Kernel, Launch, KERNELS};
+use super::{Arg, Device, Epilogue, Gemm, GemmMath, GpuBackend, Kernel, Launch, KERNELS};
 use crate::error::{EncodeError, Result};
 use crate::model::StudentWeights;
 use crate::profile::DeviceProfile;
@@ -154,6 +154,7 @@ pub fn fused_epilogue_report() -> String {
         out_bf16: true,
         relu: false,
         bias_bf16: false,
+        residual: false,
     };
     let answer = |key: &LtKey| match lt.plan(key, ptr) {
         Ok(_) => "yes".to_string(),
@@ -241,6 +242,54 @@ impl Drop for CudaStaging {
 const STAGING_KEPT: usize = 8;
 
 impl CudaDevice {
+    /// The fastest of `candidates` for `key`'s GEMM, each called by `run`
+    /// once untimed and [`LT_TIMED_RUNS`] times between two events on the
+    /// stream (a candidate that fails is passed over); `None` if none ran
+    /// or the events failed. Reports to [`TUNING`].
+    fn fastest(
+        &self,
+        key: &LtKey,
+        candidates: &[lt::cublasLtMatmulAlgo_t],
+        run: &dyn Fn(&lt::cublasLtMatmulAlgo_t) -> std::result::Result<(), lt::cublasStatus_t>,
+    ) -> Option<lt::cublasLtMatmulAlgo_t> {
+        let ctx = self.stream.context();
+        let timing = Some(drv::CUevent_flags::CU_EVENT_DEFAULT);
+        let (start, end) = (ctx.new_event(timing).ok()?, ctx.new_event(timing).ok()?);
+        let mut times = Vec::with_capacity(candidates.len());
+        for (i, algo) in candidates.iter().enumerate() {
+            if run(algo).is_err() {
+                continue;
+            }
+            start.record(&self.stream).ok()?;
+            let ran = (0..LT_TIMED_RUNS).all(|_| run(algo).is_ok());
+            end.record(&self.stream).ok()?;
+            let ms = start.elapsed_ms(&end).ok()?;
+            if ran {
+                times.push((i, ms / LT_TIMED_RUNS as f32));
+            }
+        }
+        let &(best, best_ms) = times.iter().min_by(|x, y| x.1.total_cmp(&y.1))?;
+        let first = times
+            .iter()
+            .find(|(i, _)| *i == 0)
+            .map_or("failed".to_string(), |(_, ms)| format!("{ms:.3} ms"));
+        if let Ok(mut t) = TUNING.lock() {
+            t.push(format!(
+                "cuBLASLt {}x{}x{}{}{}: heuristic's first {first}, kept candidate {} of {} at \
+                 {best_ms:.3} ms ({:.0} TFLOP/s)",
+                key.m,
+                key.n,
+                key.k,
+                if key.relu { " relu" } else { "" },
+                if key.residual { " +residual" } else { "" },
+                best + 1,
+                candidates.len(),
+                2.0 * key.m as f64 * key.n as f64 * key.k as f64 / (best_ms as f64 * 1e9),
+            ));
+        }
+        Some(candidates[best])
+    }
+
     /// A staging buffer of at least `n` floats: a kept one, or a new one
     /// (rounded up to a power of two, so chunks of other sizes reuse it).
     fn take_staging(&self, n: usize) -> Result<CudaStaging> {
@@ -349,16 +398,41 @@ struct LtKey {
     relu: bool,
     /// The bias in bf16 (else f32).
     bias_bf16: bool,
+    /// C (beta 1) is a residual added to the product, D another buffer.
+    residual: bool,
 }
 
 /// A matmul descriptor with its epilogue, the three layouts and the
-/// algorithm cuBLASLt's heuristic chose for them.
+/// algorithm for them: cuBLASLt's heuristic's first, until the first call
+/// times its candidates and keeps the fastest.
 struct LtPlan {
     desc: lt::cublasLtMatmulDesc_t,
     a: lt::cublasLtMatrixLayout_t,
     b: lt::cublasLtMatrixLayout_t,
     c: lt::cublasLtMatrixLayout_t,
     algo: lt::cublasLtMatmulAlgo_t,
+    /// The heuristic's candidates, best first by its estimate, still to be
+    /// timed (empty once timed, or with one candidate or tuning off).
+    candidates: Vec<lt::cublasLtMatmulAlgo_t>,
+}
+
+/// Candidates asked of cuBLASLt's heuristic per GEMM shape. Its first pick
+/// ran the Large model's GEMMs at about 550 TFLOP/s on an H200 where
+/// cuBLAS reaches 660-760 at these shapes; timing a few on the real
+/// buffers, once per shape, is how PyTorch's TunableOp closes such gaps.
+const LT_CANDIDATES: usize = 8;
+
+/// Timed calls per candidate (after one untimed).
+const LT_TIMED_RUNS: usize = 3;
+
+/// What the timing of each shape's candidates found, for the encode's
+/// report ([`gemm_tuning_report`]).
+static TUNING: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// One line per GEMM shape whose cuBLASLt candidates were timed in this
+/// process: the heuristic's first pick's time and the one kept.
+pub fn gemm_tuning_report() -> Vec<String> {
+    TUNING.lock().map(|t| t.clone()).unwrap_or_default()
 }
 
 impl Drop for LtPlan {
@@ -431,6 +505,7 @@ impl Lt {
             b: std::ptr::null_mut(),
             c: std::ptr::null_mut(),
             algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
+            candidates: Vec::new(),
         };
         plan.a = ltr::create_matrix_layout(bf16, ar, ac, key.lda as i64).map_err(status)?;
         plan.b = ltr::create_matrix_layout(bf16, br, bc, key.ldb as i64).map_err(status)?;
@@ -475,8 +550,14 @@ impl Lt {
                 (&size) as *const usize as *const _,
                 std::mem::size_of::<usize>(),
             )
+            .map_err(status)
             .and_then(|()| {
-                ltr::get_matmul_algo_heuristic(
+                // SAFETY: all-zero bits are a valid (empty) result, and
+                // cuBLASLt writes at most LT_CANDIDATES of them.
+                let mut results =
+                    vec![std::mem::zeroed::<lt::cublasLtMatmulHeuristicResult_t>(); LT_CANDIDATES];
+                let mut count: std::ffi::c_int = 0;
+                let code = lt::cublasLtMatmulAlgoGetHeuristic(
                     self.handle,
                     plan.desc,
                     plan.a,
@@ -484,12 +565,32 @@ impl Lt {
                     plan.c,
                     plan.c,
                     pref,
-                )
+                    LT_CANDIDATES as std::ffi::c_int,
+                    results.as_mut_ptr(),
+                    &mut count,
+                );
+                if code != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                    return Err(code);
+                }
+                results.truncate(usize::try_from(count).unwrap_or(0));
+                Ok(results)
             })
         };
         // SAFETY: created above, not used again.
         let _ = unsafe { ltr::destroy_matmul_pref(pref) };
-        plan.algo = found.map_err(status)?.algo;
+        let algos: Vec<_> = found?
+            .into_iter()
+            .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .map(|r| r.algo)
+            .collect();
+        let Some(first) = algos.first() else {
+            return Err(lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED);
+        };
+        plan.algo = *first;
+        // An operator's way to the heuristic's pick alone.
+        if algos.len() > 1 && std::env::var_os("FLOTILLA_CUDA_NO_GEMM_TUNING").is_none() {
+            plan.candidates = algos;
+        }
         Ok(plan)
     }
 }
@@ -834,9 +935,7 @@ impl Device for CudaDevice {
         g: &Gemm,
         a: (&Self::Half, usize),
         b: (&Self::Half, usize),
-        bias: &Self::Buf,
-        bias_half: Option<&Self::Half>,
-        relu: bool,
+        ep: &Epilogue<'_, Self::Buf, Self::Half>,
         c: HalfGemmOut<'_, Self::Buf, Self::Half>,
     ) -> Result<bool> {
         let Some(lt) = &self.lt else {
@@ -853,8 +952,9 @@ impl Device for CudaDevice {
             ldb: g.ldb,
             ldc: g.ldc,
             out_bf16: matches!(c, HalfGemmOut::Bf16(..)),
-            relu,
+            relu: ep.relu,
             bias_bf16: false,
+            residual: ep.residual.is_some(),
         };
         let mut plans = lt
             .plans
@@ -862,13 +962,13 @@ impl Device for CudaDevice {
             .map_err(|_| err("cuBLASLt plans", "a previous call panicked"))?;
         // The f32 bias if cuBLASLt takes it with this C, else the bf16 copy.
         let biases = [
-            (key, Some(bias.device_ptr(&self.stream).0)),
+            (key, Some(ep.bias.device_ptr(&self.stream).0)),
             (
                 LtKey {
                     bias_bf16: true,
                     ..key
                 },
-                bias_half.map(|h| h.device_ptr(&self.stream).0),
+                ep.bias_half.map(|h| h.device_ptr(&self.stream).0),
             ),
         ];
         let mut chosen = None;
@@ -884,7 +984,7 @@ impl Device for CudaDevice {
         let Some((key, biasp)) = chosen else {
             return Ok(false);
         };
-        let Some(plan) = plans.get(&key).and_then(Option::as_ref) else {
+        let Some(plan) = plans.get_mut(&key).and_then(Option::as_mut) else {
             return Ok(false);
         };
         let (av, bv) = (a.0.slice(a.1..), b.0.slice(b.1..));
@@ -892,38 +992,52 @@ impl Device for CudaDevice {
         let (bp, _rb) = bv.device_ptr(&self.stream);
         // The stream orders every use (event tracking is off), so only the
         // address is kept.
-        let cp = match c {
+        let dp = match c {
             HalfGemmOut::F32(buf, off) => buf.slice_mut(off..).device_ptr_mut(&self.stream).0,
             HalfGemmOut::Bf16(buf, off) => buf.slice_mut(off..).device_ptr_mut(&self.stream).0,
         };
+        // With a residual, C is it (beta 1) and D the output; else C is D,
+        // unread (beta 0).
+        let (cp, beta) = match ep.residual {
+            Some(r) => (r.device_ptr(&self.stream).0, 1f32),
+            None => (dp, 0f32),
+        };
         let (wp, _rw) = lt.workspace.device_ptr(&self.stream);
-        let (alpha, beta) = (g.alpha, 0f32);
-        // SAFETY: the caller checked A, B and C inside the views and the
-        // bias's length; the plan was made for this shape; alpha and beta
-        // are read during the call, which only enqueues the work.
-        unsafe {
-            set_attr(plan.desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &biasp)
-                .map_err(|s| err("cuBLASLt bias", s))?;
+        let alpha = g.alpha;
+        let (desc, la, lb, lc) = (plan.desc, plan.a, plan.b, plan.c);
+        // SAFETY: the caller checked A, B, C (and the residual) inside the
+        // views and the bias's length; the plan was made for this shape;
+        // alpha and beta are read during the call, which only enqueues the
+        // work; a candidate only writes D, which the kept one rewrites.
+        let run = |algo: &lt::cublasLtMatmulAlgo_t| unsafe {
+            set_attr(desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &biasp)?;
             ltr::matmul(
                 lt.handle,
-                plan.desc,
+                desc,
                 (&alpha) as *const f32 as *const _,
                 (&beta) as *const f32 as *const _,
                 ap as *const _,
-                plan.a,
+                la,
                 bp as *const _,
-                plan.b,
+                lb,
                 cp as *const _,
-                plan.c,
-                cp as *mut _,
-                plan.c,
-                &plan.algo,
+                lc,
+                dp as *mut _,
+                lc,
+                algo,
                 wp as *mut _,
                 LT_WORKSPACE,
                 self.stream.cu_stream() as *mut _,
             )
+            .map_err(|e| e.0)
+        };
+        if !plan.candidates.is_empty() {
+            let candidates = std::mem::take(&mut plan.candidates);
+            if let Some(best) = self.fastest(&key, &candidates, &run) {
+                plan.algo = best;
+            }
         }
-        .map_err(|e| err("cublasLtMatmul", e))?;
+        run(&plan.algo).map_err(|e| err("cublasLtMatmul", e))?;
         Ok(true)
     }
 

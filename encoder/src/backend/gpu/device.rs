@@ -284,6 +284,17 @@ pub(crate) enum HalfGemmOut<'a, B, H> {
     Bf16(&'a mut H, usize),
 }
 
+/// What a fused GEMM ([`Device::gemm_half_bias`]) does to its f32 product
+/// before storing it: add `bias`, then ReLU if `relu`, then add `residual`.
+/// `bias_half` is the same bias in bf16, for a device whose library takes
+/// no f32 bias with a bf16 C (it then adds the bias as rounded to bf16).
+pub(crate) struct Epilogue<'a, B, H> {
+    pub bias: &'a B,
+    pub bias_half: Option<&'a H>,
+    pub relu: bool,
+    pub residual: Option<&'a B>,
+}
+
 /// What the GPU path needs from a device: buffers of f32 and of bf16, GEMMs
 /// and kernel launches, all on one in-order stream.
 pub(crate) trait Device: Sized {
@@ -405,60 +416,62 @@ pub(crate) trait Device: Sized {
         // SAFETY: checked just above.
         unsafe { self.gemm_half_unchecked(g, a, b, c) }
     }
-    /// One bf16 problem of [`Device::gemm_half`] (`batch` 1, `beta` 0) that
-    /// also adds `bias` (f32, one per row of the column-major C: per output
-    /// feature of a Linear) to the f32 product, then ReLU if `relu`, before
-    /// C is stored (rounded once to bf16 for [`HalfGemmOut::Bf16`]): what
+    /// One bf16 problem of [`Device::gemm_half`] (`batch` 1, `beta` 0) with
+    /// `ep` in its epilogue: the bias (f32, one per row of the column-major
+    /// C: per output feature of a Linear) added to the f32 product, then
+    /// ReLU if asked, then the residual (f32, C's layout) added, before C
+    /// is stored (rounded once to bf16 for [`HalfGemmOut::Bf16`]): what
     /// `bias_epilogue` does after the GEMM, in the GEMM's own epilogue, so
     /// the f32 product never goes through memory. `Ok(false)`: this device
-    /// cannot here (no cuBLASLt, or no algorithm for this shape); the caller
-    /// then runs the GEMM and the kernel. `bias_half` is the same bias in
-    /// bf16, for a device whose library takes no f32 bias with a bf16 C
-    /// (it then adds the bias as rounded to bf16).
+    /// cannot here (no cuBLASLt, or no algorithm for this shape); the
+    /// caller then runs the GEMM and the kernel. A GPU library may add the
+    /// residual before the bias (cuBLASLt: `(A·B + C) + bias`), a rounding
+    /// apart from the kernel's order.
     ///
     /// # Safety
     /// [`Device::gemm_half_bias`] checked it.
-    #[allow(clippy::too_many_arguments)]
     unsafe fn gemm_half_bias_unchecked(
         &self,
         g: &Gemm,
         a: (&Self::Half, usize),
         b: (&Self::Half, usize),
-        bias: &Self::Buf,
-        bias_half: Option<&Self::Half>,
-        relu: bool,
+        ep: &Epilogue<'_, Self::Buf, Self::Half>,
         c: HalfGemmOut<'_, Self::Buf, Self::Half>,
     ) -> Result<bool>;
-    /// [`Device::gemm_half_bias_unchecked`] after [`Gemm::check`] and the
-    /// bias's length.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Device::gemm_half_bias_unchecked`] after [`Gemm::check`], the
+    /// bias's length, and the residual's (C's extent, and C in f32).
     fn gemm_half_bias(
         &self,
         g: &Gemm,
         a: (&Self::Half, usize),
         b: (&Self::Half, usize),
-        bias: &Self::Buf,
-        bias_half: Option<&Self::Half>,
-        relu: bool,
+        ep: &Epilogue<'_, Self::Buf, Self::Half>,
         c: HalfGemmOut<'_, Self::Buf, Self::Half>,
     ) -> Result<bool> {
+        let c_extent = if g.n == 0 { 0 } else { (g.n - 1) * g.ldc + g.m };
+        let residual_fits = match (ep.residual, &c) {
+            (None, _) => true,
+            (Some(r), HalfGemmOut::F32(_, 0)) => Self::len(r) >= c_extent,
+            (Some(_), _) => false,
+        };
         if g.batch != 1
             || g.beta != 0.0
-            || Self::len(bias) < g.m
-            || bias_half.is_some_and(|h| Self::half_len(h) < g.m)
+            || Self::len(ep.bias) < g.m
+            || ep.bias_half.is_some_and(|h| Self::half_len(h) < g.m)
+            || !residual_fits
         {
             return Err(EncodeError::backend(
                 "gpu",
                 format!(
-                    "fused GEMM {g:?}: one problem with beta 0 and a bias of m floats \
-                     (it has {})",
-                    Self::len(bias)
+                    "fused GEMM {g:?}: one problem with beta 0, a bias of m floats (it has {}) \
+                     and a residual only with an f32 C at offset 0 holding C's extent",
+                    Self::len(ep.bias)
                 ),
             ));
         }
         Self::check_half(g, a, b, &c)?;
         // SAFETY: checked just above.
-        unsafe { self.gemm_half_bias_unchecked(g, a, b, bias, bias_half, relu, c) }
+        unsafe { self.gemm_half_bias_unchecked(g, a, b, ep, c) }
     }
     fn launch(
         &self,

@@ -28,7 +28,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use super::device::{bf16_bits, bf16_value, HalfGemmOut};
-use super::{Arg, Device, Gemm, GemmMath, Kernel, Launch, KERNELS};
+use super::{Arg, Device, Epilogue, Gemm, GemmMath, Kernel, Launch, KERNELS};
 use crate::error::{EncodeError, Result};
 
 const NAME: &str = "gpu-emulator";
@@ -607,9 +607,7 @@ impl Device for EmulatedDevice {
         g: &Gemm,
         a: (&EmuHalf, usize),
         b: (&EmuHalf, usize),
-        bias: &EmuBuf,
-        _bias_half: Option<&EmuHalf>,
-        relu: bool,
+        ep: &Epilogue<'_, EmuBuf, EmuHalf>,
         mut c: HalfGemmOut<'_, EmuBuf, EmuHalf>,
     ) -> Result<bool> {
         if !self.fuse_bias {
@@ -619,12 +617,14 @@ impl Device for EmulatedDevice {
         let mut tmp = EmuBuf::new(vec![0f32; (g.n - 1) * g.ldc + g.m]);
         // SAFETY: the caller checked A and B, and tmp holds C's extent.
         unsafe { self.gemm_half_unchecked(g, a, b, HalfGemmOut::F32(&mut tmp, 0))? };
+        // In `bias_epilogue`'s order, so fused and unfused give the same
+        // bits here (cuBLASLt may add the residual first).
         let value = |i: usize| {
-            let v = tmp.data[i] + bias.data[i % g.ldc];
-            if relu {
-                v.max(0.0)
-            } else {
-                v
+            let v = tmp.data[i] + ep.bias.data[i % g.ldc];
+            let v = if ep.relu { v.max(0.0) } else { v };
+            match ep.residual {
+                Some(r) => v + r.data[i],
+                None => v,
             }
         };
         for j in 0..g.n {
@@ -1156,6 +1156,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("lda 1 is below 2"), "{e}");
+        // A fused GEMM's residual: f32 C only, holding C's extent.
+        let dev = EmulatedDevice::new(GemmMath::Bf16);
+        let (ah, bh) = (EmuHalf::new(vec![0x3f80; 6]), EmuHalf::new(vec![0x3f80; 6]));
+        let bias = EmuBuf::new(vec![0.5; 2]);
+        let residual = EmuBuf::new(vec![10.0, 20.0, 30.0, 40.0]);
+        let ep = |residual| Epilogue {
+            bias: &bias,
+            bias_half: None,
+            relu: false,
+            residual,
+        };
+        assert!(dev
+            .gemm_half_bias(
+                &g,
+                (&ah, 0),
+                (&bh, 0),
+                &ep(Some(&residual)),
+                HalfGemmOut::F32(&mut c, 0)
+            )
+            .unwrap());
+        assert_eq!(&c.data[..4], &[13.5, 23.5, 33.5, 43.5]);
+        let short = EmuBuf::new(vec![1.0; 3]);
+        let mut ch = EmuHalf::new(vec![0; 4]);
+        for (what, r, out) in [
+            ("short", &short, HalfGemmOut::F32(&mut c, 0)),
+            ("bf16 C", &residual, HalfGemmOut::Bf16(&mut ch, 0)),
+        ] {
+            let e = dev
+                .gemm_half_bias(&g, (&ah, 0), (&bh, 0), &ep(Some(r)), out)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("residual only with an f32 C"), "{what}: {e}");
+        }
     }
 
     /// (rows, cols) of values with a spread of magnitudes and signs.

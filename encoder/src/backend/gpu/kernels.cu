@@ -120,7 +120,7 @@ extern "C" __global__ void layer_norm(float* x, const float* gamma, const float*
 
 // A post-LN encoder layer's `norm(x + sublayer(x))` in one launch: y is the
 // sublayer's GEMM output (rows, cols), in place; bias may be null; residual
-// is x; half, when not null, also gets the result in bf16. Each lane sums
+// is x (null: the GEMM added it, and the bias, already); half, when not null, also gets the result in bf16. Each lane sums
 // v = y + bias + residual (in float, as bias_epilogue computes it) over its
 // own columns, then layer_norm's passes run over them: the same bits as
 // bias_epilogue then layer_norm, in one launch. A row of up to
@@ -139,7 +139,7 @@ extern "C" __global__ void residual_layer_norm(float* y, const float* bias,
     bool live = row < rows;
     if (!live) row = rows - 1;
     float* r = y + row * cols;
-    const float* res = residual + row * cols;
+    const float* res = residual ? residual + row * cols : 0;
     if (cols <= 32 * LN_PER_LANE) {
         float v[LN_PER_LANE];
         double s = 0.0;
@@ -148,7 +148,7 @@ extern "C" __global__ void residual_layer_norm(float* y, const float* bias,
             int j = lane + 32 * k;
             if (j < cols) {
                 float x = bias ? r[j] + bias[j] : r[j];
-                x += res[j];
+                if (res) x += res[j];
                 v[k] = x;
                 s += (double)x;
             }
@@ -181,7 +181,7 @@ extern "C" __global__ void residual_layer_norm(float* y, const float* bias,
     double s = 0.0;
     for (int j = lane; j < cols; j += 32) {
         float v = bias ? r[j] + bias[j] : r[j];
-        v += res[j];
+        if (res) v += res[j];
         if (live) r[j] = v;
         s += (double)v;
     }

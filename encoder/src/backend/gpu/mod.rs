@@ -38,7 +38,7 @@ mod emulator;
 use std::sync::{Arc, Mutex};
 
 pub(crate) use device::{
-    Arg, Device, Gemm, GemmMath, HalfGemmOut, Kernel, Launch, DOY_TABLE_DAYS, KERNELS,
+    Arg, Device, Epilogue, Gemm, GemmMath, HalfGemmOut, Kernel, Launch, DOY_TABLE_DAYS, KERNELS,
 };
 
 use super::{Backend, PendingBackbone, SequenceBatch};
@@ -400,15 +400,16 @@ impl<D: Device> GpuModel<D> {
     ) -> Result<()> {
         let w = self.weight_half(l)?;
         let g = linear_gemm(l.in_dim, l.out_dim, m);
-        if self.dev.gemm_half_bias(
-            &g,
-            (w, 0),
-            (x, 0),
-            &l.bias,
-            l.bias_half.as_ref(),
+        let ep = Epilogue {
+            bias: &l.bias,
+            bias_half: l.bias_half.as_ref(),
             relu,
-            HalfGemmOut::Bf16(&mut *half, 0),
-        )? {
+            residual: None,
+        };
+        if self
+            .dev
+            .gemm_half_bias(&g, (w, 0), (x, 0), &ep, HalfGemmOut::Bf16(&mut *half, 0))?
+        {
             return Ok(());
         }
         let buf = match y {
@@ -416,6 +417,40 @@ impl<D: Device> GpuModel<D> {
             None => y.insert(scratch.take(&self.dev, Slot::Ff, wide)?),
         };
         self.linear_half(l, x, m, buf, relu, None, (half, false))
+    }
+
+    /// `y (m, out) = x · Wᵀ + b + residual` in f32 on a bf16 `x` (a
+    /// sublayer's output with its residual, what LayerNorm then reads),
+    /// bias and residual in the GEMM's epilogue where the device can: then
+    /// `true`. Otherwise `y` is the product alone, and `false`: the caller's
+    /// next kernel adds them.
+    fn linear_half_residual(
+        &self,
+        l: &DeviceLinear<D>,
+        x: &D::Half,
+        m: usize,
+        y: &mut D::Buf,
+        residual: &D::Buf,
+    ) -> Result<bool> {
+        let w = self.weight_half(l)?;
+        let g = linear_gemm(l.in_dim, l.out_dim, m);
+        // The bias in f32 only: a bf16 bias would round what the residual
+        // stream carries.
+        let ep = Epilogue {
+            bias: &l.bias,
+            bias_half: None,
+            relu: false,
+            residual: Some(residual),
+        };
+        if self
+            .dev
+            .gemm_half_bias(&g, (w, 0), (x, 0), &ep, HalfGemmOut::F32(&mut *y, 0))?
+        {
+            return Ok(true);
+        }
+        self.dev
+            .gemm_half(&g, (w, 0), (x, 0), HalfGemmOut::F32(&mut *y, 0))?;
+        Ok(false)
     }
 
     fn weight_half<'w>(&self, l: &'w DeviceLinear<D>) -> Result<&'w D::Half> {
@@ -458,23 +493,27 @@ impl<D: Device> GpuModel<D> {
 
     /// `y = norm(y + b + residual)` in place on the (m, dim) `y` (a GEMM's
     /// output), in one `residual_layer_norm` launch (the same bits as the
-    /// epilogue with the residual followed by `layer_norm`); with `half`,
+    /// epilogue with the residual followed by `layer_norm`); `added` is
+    /// (b, residual), or `None` where the GEMM added them; with `half`,
     /// also in bf16 there.
     fn add_norm(
         &self,
-        bias: &D::Buf,
+        added: Option<(&D::Buf, &D::Buf)>,
         y: &mut D::Buf,
         m: usize,
-        residual: &D::Buf,
         n: &DeviceNorm<D>,
         half: Option<&mut D::Half>,
     ) -> Result<()> {
         let launch = Launch::warp_rows(m, "rows")?;
         let (gamma, beta) = affine(n);
+        let (bias, residual) = match added {
+            Some((b, r)) => (Arg::In(b), Arg::In(r)),
+            None => (Arg::Null, Arg::Null),
+        };
         let mut args = [
             Arg::Out(y),
-            Arg::In(bias),
-            Arg::In(residual),
+            bias,
+            residual,
             gamma,
             beta,
             half.map_or(Arg::Null, Arg::HalfOut),
@@ -498,6 +537,16 @@ impl<D: Device> GpuModel<D> {
             Arg::F32(n.eps),
         ];
         self.dev.launch(Kernel::LayerNorm, launch, &mut args)
+    }
+
+    /// The first `n` values of `x` rounded to bf16 into `half`.
+    fn to_bf16(&self, x: &D::Buf, half: &mut D::Half, n: usize) -> Result<()> {
+        let mut args = [Arg::In(x), Arg::HalfOut(half), Arg::I32(int(n, "values")?)];
+        self.dev.launch(
+            Kernel::F32ToBf16,
+            Launch::elements(n, "conversion blocks")?,
+            &mut args,
+        )
     }
 
     /// Softmax of the `rows` score rows of `len`, in place, or into `half`
@@ -649,12 +698,12 @@ impl<D: Device> GpuModel<D> {
             self.attention(&qkv, &mut attn, &mut scores, px, len, d, bb.nhead)?;
             let g = linear_gemm(l.out_proj.in_dim, l.out_proj.out_dim, m);
             dev.gemm(&g, (&l.out_proj.weight, 0), (&attn, 0), (&mut t, 0))?;
-            self.add_norm(&l.out_proj.bias, &mut t, m, &h, &l.norm1, None)?;
+            self.add_norm(Some((&l.out_proj.bias, &h)), &mut t, m, &l.norm1, None)?;
             std::mem::swap(&mut t, &mut h);
             self.linear(&l.linear1, &h, m, &mut ff, true, None)?;
             let g = linear_gemm(l.linear2.in_dim, l.linear2.out_dim, m);
             dev.gemm(&g, (&l.linear2.weight, 0), (&ff, 0), (&mut t, 0))?;
-            self.add_norm(&l.linear2.bias, &mut t, m, &h, &l.norm2, None)?;
+            self.add_norm(Some((&l.linear2.bias, &h)), &mut t, m, &l.norm2, None)?;
             std::mem::swap(&mut t, &mut h);
         }
         self.pool(bb, &h, &mut pooled, px, len)?;
@@ -701,16 +750,7 @@ impl<D: Device> GpuModel<D> {
         let mut values_f32 = scratch.take(dev, Slot::Values, n)?;
         let mut uploads = vec![dev.upload_staged(batch.values, &mut values_f32)?];
         let mut values = scratch.take_half(dev, HalfSlot::Values, n)?;
-        let mut args = [
-            Arg::In(&values_f32),
-            Arg::HalfOut(&mut values),
-            Arg::I32(int(n, "band values")?),
-        ];
-        dev.launch(
-            Kernel::F32ToBf16,
-            Launch::elements(n, "conversion blocks")?,
-            &mut args,
-        )?;
+        self.to_bf16(&values_f32, &mut values, n)?;
         let mut doys = scratch.take(dev, Slot::Doys, batch.doys.len())?;
         uploads.push(dev.upload_staged(batch.doys, &mut doys)?);
         let mut t = scratch.take(dev, Slot::T, m * d)?;
@@ -739,15 +779,19 @@ impl<D: Device> GpuModel<D> {
             (scratch, wide),
         )?;
         // The residual stream starts here: f32 in `h`, bf16 in `h_h`.
-        self.linear_half(
-            &bb.embed2,
-            &t_h,
-            m,
-            &mut h,
-            false,
-            Some(&pe),
-            (&mut h_h, true),
-        )?;
+        if self.linear_half_residual(&bb.embed2, &t_h, m, &mut h, &pe)? {
+            self.to_bf16(&h, &mut h_h, m * d)?;
+        } else {
+            self.epilogue(
+                &mut h,
+                Some(&bb.embed2.bias),
+                m,
+                d,
+                false,
+                Some(&pe),
+                Some((&mut h_h, true)),
+            )?;
+        }
         for l in &bb.layers {
             self.linear_half_lazy(
                 &l.in_proj,
@@ -768,10 +812,9 @@ impl<D: Device> GpuModel<D> {
                 d,
                 bb.nhead,
             )?;
-            let g = linear_gemm(l.out_proj.in_dim, l.out_proj.out_dim, m);
-            let w = self.weight_half(&l.out_proj)?;
-            dev.gemm_half(&g, (w, 0), (&attn_h, 0), HalfGemmOut::F32(&mut t, 0))?;
-            self.add_norm(&l.out_proj.bias, &mut t, m, &h, &l.norm1, Some(&mut h_h))?;
+            let fused = self.linear_half_residual(&l.out_proj, &attn_h, m, &mut t, &h)?;
+            let added = (!fused).then_some((&l.out_proj.bias, &h));
+            self.add_norm(added, &mut t, m, &l.norm1, Some(&mut h_h))?;
             std::mem::swap(&mut t, &mut h);
             self.linear_half_lazy(
                 &l.linear1,
@@ -782,10 +825,9 @@ impl<D: Device> GpuModel<D> {
                 &mut y,
                 (scratch, wide),
             )?;
-            let g = linear_gemm(l.linear2.in_dim, l.linear2.out_dim, m);
-            let w = self.weight_half(&l.linear2)?;
-            dev.gemm_half(&g, (w, 0), (&ff_h, 0), HalfGemmOut::F32(&mut t, 0))?;
-            self.add_norm(&l.linear2.bias, &mut t, m, &h, &l.norm2, Some(&mut h_h))?;
+            let fused = self.linear_half_residual(&l.linear2, &ff_h, m, &mut t, &h)?;
+            let added = (!fused).then_some((&l.linear2.bias, &h));
+            self.add_norm(added, &mut t, m, &l.norm2, Some(&mut h_h))?;
             std::mem::swap(&mut t, &mut h);
         }
         self.pool(bb, &h, &mut pooled, px, len)?;
