@@ -303,10 +303,23 @@ for name, path in [("ours tf32", f"{work}/ours-tf32/tile.npy"), ("ours bf16", f"
 PY
     stamp
 
-    echo "-- memory of the two-tile runs (host, and the GPU's at the end: chunk buffers are kept)"
+    echo "-- memory of the two-tile runs (host, and the GPU's at the end: chunk buffers are kept),"
+    echo "   and what timing cuBLASLt's candidates found per GEMM shape (bf16)"
     for dt in $dts; do
         echo "$dt: $(grep -h 'peak resident\|GPU memory' "$work/twice-$dt.log" | tr '\n' ' ')"
+        grep -h 'cuBLASLt' "$work/twice-$dt.log" | sed 's/^/    /'
     done
+    if [[ " $dts " == *" bf16 "* ]]; then
+        # The same two tiles on the heuristic's first GEMM algorithms, and
+        # unfused (no cuBLASLt): what each of those levers is worth here.
+        for variant in FLOTILLA_CUDA_NO_GEMM_TUNING FLOTILLA_CUDA_UNFUSED; do
+            env "$variant=1" "$enc" --backend cuda --dtype bf16 --batch-pixels "$best_chunk" \
+                --ckpt "$work/large.safetensors" --data-root "$work/tiles" --out-dir "$work/twice-$variant" \
+                >"$work/twice-$variant.log" 2>&1 || true
+            echo "bf16 with $variant=1, tile b: $(sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' \
+                "$work/twice-$variant.log" | awk '{ if ($1 > 0) printf "%.0f px/s", 65536 / $1 }')"
+        done
+    fi
     echo "== 4. the host side of the same encode alone (no model compute), against reading the files"
     "$enc" host-rate --tile "$work/tile" --batch-pixels 4096 --reps 2 || failed=1
     stamp

@@ -232,16 +232,21 @@ pub fn bench_encoder(
 /// [`host_rate`] can say whether the host keeps up with a device: a GPU
 /// waits for whatever part of it is not overlapped with its work.
 ///
-/// With `device_px_per_s`, each backbone call also sleeps as long as a
-/// device encoding that many pixels a second would be busy with its pixels
-/// (half per backbone): the host's work then shows as the device time it
-/// costs, which is what overlapping it with the device is for.
+/// With `device_px_per_s`, a simulated device that needs as long as one
+/// encoding that many pixels a second would for each backbone's pixels
+/// (half per backbone), queued as a GPU queues them: a begun backbone
+/// starts when the device finishes the one before (or at once if it is
+/// idle), and its end waits until it is done. The host's work then shows
+/// as the device time it costs, which is what overlapping it with the
+/// device is for.
 struct HostOnly {
     d: usize,
     repr_dim: usize,
     device_px_per_s: Option<f64>,
     /// When the first chunk arrived: before it a device would sit idle.
     first_chunk: std::sync::Mutex<Option<Instant>>,
+    /// When the simulated device finishes what it has been given.
+    busy_until: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Backend for HostOnly {
@@ -249,17 +254,39 @@ impl Backend for HostOnly {
         "host-only"
     }
 
-    fn backbone(&self, _: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
+    fn backbone(&self, m: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
+        let pending = self.backbone_begin(m, batch)?;
+        self.backbone_end(pending)
+    }
+
+    fn backbone_begin(&self, _: Modality, batch: &SequenceBatch<'_>) -> Result<PendingBackbone> {
         batch.check(self.name())?;
+        let now = Instant::now();
         if let Ok(mut first) = self.first_chunk.lock() {
-            first.get_or_insert_with(Instant::now);
+            first.get_or_insert(now);
         }
-        if let Some(rate) = self.device_px_per_s {
-            std::thread::sleep(std::time::Duration::from_secs_f64(
-                batch.n as f64 / rate / 2.0,
-            ));
-        }
-        Ok(vec![0.0; batch.n * self.d])
+        let done = match (self.device_px_per_s, self.busy_until.lock()) {
+            (Some(rate), Ok(mut busy)) => {
+                let start = busy.map_or(now, |b| b.max(now));
+                let end = start + std::time::Duration::from_secs_f64(batch.n as f64 / rate / 2.0);
+                *busy = Some(end);
+                end
+            }
+            _ => now,
+        };
+        let features = vec![0.0; batch.n * self.d];
+        Ok(PendingBackbone::on_device(Box::new((done, features))))
+    }
+
+    fn backbone_end(&self, pending: PendingBackbone) -> Result<Vec<f32>> {
+        let ticket = pending
+            .into_parts()
+            .err()
+            .and_then(|t| t.downcast::<(Instant, Vec<f32>)>().ok())
+            .ok_or_else(|| EncodeError::backend(self.name(), "not a backbone begun here"))?;
+        let (done, features) = *ticket;
+        std::thread::sleep(done.saturating_duration_since(Instant::now()));
+        Ok(features)
     }
 
     fn head(&self, _: &[f32], _: &[f32], n: usize) -> Result<Vec<f32>> {
@@ -314,6 +341,7 @@ pub fn host_rate(
         repr_dim: cfg.repr_dim,
         device_px_per_s,
         first_chunk: std::sync::Mutex::new(None),
+        busy_until: std::sync::Mutex::new(None),
     });
     let mut enc = Encoder::with_backend(weights, Box::new(Shared(backend.clone())), profile);
     enc.set_window_pixels(window_pixels);
