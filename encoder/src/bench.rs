@@ -274,7 +274,7 @@ impl Backend for HostOnly {
             }
             _ => now,
         };
-        let features = vec![0.0; batch.n * self.d];
+        let features = vec![0f32; batch.n * self.d];
         Ok(PendingBackbone::on_device(Box::new((done, features))))
     }
 
@@ -515,6 +515,41 @@ pub fn tune(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_simulated_device_queues_backbones_as_a_gpu_does() {
+        // 40 px at 800 px/s, half per backbone: 25 ms each. Two begun at
+        // once run one after the other: the first ends no sooner than 25
+        // ms after the begins, the second no sooner than 50 (sleeps never
+        // end early, so these bounds cannot flake).
+        let dev = HostOnly {
+            d: 3,
+            repr_dim: 2,
+            device_px_per_s: Some(800.0),
+            first_chunk: std::sync::Mutex::new(None),
+            busy_until: std::sync::Mutex::new(None),
+        };
+        let (values, doys) = (vec![0f32; 40 * 2 * 4], vec![0f32; 40 * 2]);
+        let batch = SequenceBatch {
+            n: 40,
+            len: 2,
+            bands: 4,
+            values: &values,
+            doys: &doys,
+        };
+        let t0 = Instant::now();
+        let a = dev.backbone_begin(Modality::S2, &batch).unwrap();
+        let b = dev.backbone_begin(Modality::S1, &batch).unwrap();
+        assert_eq!(dev.backbone_end(a).unwrap(), vec![0f32; 40 * 3]);
+        assert!(t0.elapsed().as_millis() >= 25);
+        assert_eq!(dev.backbone_end(b).unwrap().len(), 40 * 3);
+        assert!(t0.elapsed().as_millis() >= 50);
+        let e = dev
+            .backbone_end(PendingBackbone::done(vec![1.0]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a backbone begun here"), "{e}");
+    }
 
     #[test]
     fn the_gpu_sweep_reaches_small_and_large_chunks() {
