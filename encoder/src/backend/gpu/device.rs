@@ -426,7 +426,8 @@ pub(crate) trait Device: Sized {
     /// cannot here (no cuBLASLt, or no algorithm for this shape); the
     /// caller then runs the GEMM and the kernel. A GPU library may add the
     /// residual before the bias (cuBLASLt: `(A·B + C) + bias`), a rounding
-    /// apart from the kernel's order.
+    /// apart from the kernel's order; one whose ReLU would come after the
+    /// residual (cuBLASLt's) declines ReLU with a residual.
     ///
     /// # Safety
     /// [`Device::gemm_half_bias`] checked it.

@@ -27,7 +27,12 @@
 //!
 //! Determinism: one stream, a fixed kernel and GEMM order, and reductions in
 //! a fixed tree order per block, so the same chunk gives the same bits on the
-//! same GPU and library versions; thread counts do not apply.
+//! same GPU and library versions; thread counts do not apply. One exception:
+//! the bf16 GEMMs with fused epilogues (cuBLASLt) run the algorithm that
+//! timed fastest for their shape in this process, and the heuristic's own
+//! pick unless another is clearly (5 %) faster, so two processes agree but
+//! for a candidate that times at that edge; `FLOTILLA_CUDA_NO_GEMM_TUNING`
+//! keeps the heuristic's pick, and so the same bits every run.
 
 #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
 pub mod cuda;
