@@ -325,8 +325,57 @@ pub(crate) struct BlockBackend<L> {
     s1: BlockBackbone<L>,
     fc1: L,
     fc2: L,
-    threads: usize,
     block_pixels: usize,
+    /// `threads` workers kept for the backend's life (`None`: one thread,
+    /// the caller's). Threads spawned per call took their thread-local
+    /// buffers with them (each block's workspace and oneDNN's scratchpad
+    /// and bf16 conversion buffers, tens of MB): every call faulted them
+    /// in afresh, about 4 % of a bf16 encode here and more where AMX makes
+    /// the GEMMs fast.
+    pool: Option<rayon::ThreadPool>,
+}
+
+thread_local! {
+    /// This worker's block workspace, kept between blocks and calls (see
+    /// [`BlockBackend::pool`]); grown when a block needs more.
+    static WORKSPACE: std::cell::RefCell<Option<Workspace>> = const { std::cell::RefCell::new(None) };
+}
+
+impl Workspace {
+    /// Whether this workspace holds a block of `rows` tokens of sequences
+    /// of `len` at widths `d` and `ffn` (every use slices what it needs).
+    fn holds(&self, rows: usize, len: usize, d: usize, ffn: usize) -> bool {
+        self.h.len() >= rows * d
+            && self.qkv.len() >= rows * 3 * d
+            && self.ff.len() >= rows * ffn
+            && self.scores.len() >= len * len
+    }
+}
+
+/// Run `f` on this thread's workspace, made or grown to hold a block of
+/// `rows` tokens of sequences of `len` (widths `d`, `ffn`).
+fn with_workspace<R>(
+    rows: usize,
+    len: usize,
+    d: usize,
+    ffn: usize,
+    f: impl FnOnce(&mut Workspace) -> R,
+) -> R {
+    WORKSPACE.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut ws) => {
+            if !ws.as_ref().is_some_and(|w| w.holds(rows, len, d, ffn)) {
+                // The old one goes first: both at once may not fit.
+                *ws = None;
+                *ws = Some(Workspace::new(rows, len, d, ffn));
+            }
+            match ws.as_mut() {
+                Some(w) => f(w),
+                None => f(&mut Workspace::new(rows, len, d, ffn)),
+            }
+        }
+        // A block inside a block (nothing does this) gets its own.
+        Err(_) => f(&mut Workspace::new(rows, len, d, ffn)),
+    })
 }
 
 impl<L: LinearKernel> BlockBackend<L> {
@@ -338,66 +387,71 @@ impl<L: LinearKernel> BlockBackend<L> {
         make: &mut MakeKernel<'_, L>,
     ) -> Result<Self> {
         let ffn = weights.config.dim_feedforward;
+        let threads = profile.threads.max(1);
+        let pool = if threads > 1 {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(move |i| format!("{name}-{i}"))
+                    .build()
+                    .map_err(|e| {
+                        crate::error::EncodeError::backend(
+                            name,
+                            format!("starting {threads} threads: {e}"),
+                        )
+                    })?,
+            )
+        } else {
+            None
+        };
         Ok(BlockBackend {
+            pool,
             name,
             s2: BlockBackbone::new("s2_backbone", &weights.s2, ffn, make)?,
             s1: BlockBackbone::new("s1_backbone", &weights.s1, ffn, make)?,
             fc1: make("dim_reducer.0", &weights.head.fc1, Fused::None)?,
             fc2: make("dim_reducer.4", &weights.head.fc2, Fused::None)?,
-            threads: profile.threads.max(1),
             block_pixels: profile.block_pixels.max(1),
             weights,
         })
     }
 
     /// Run `work(first_pixel, pixels, out_block)` over blocks of
-    /// `block_pixels`, `out` holding `width` values per pixel. Blocks go to
-    /// threads round-robin; the blocks themselves never depend on the thread
-    /// count. The first error (in block order) is returned.
+    /// `block_pixels`, `out` holding `width` values per pixel, on the
+    /// backend's workers. The blocks themselves never depend on the thread
+    /// count, nor a block's bits on which worker takes it. The first error
+    /// (in block order) is returned.
     fn for_blocks<F>(&self, width: usize, out: &mut [f32], work: F) -> Result<()>
     where
         F: Fn(usize, usize, &mut [f32]) -> Result<()> + Sync,
     {
+        use rayon::prelude::*;
         let bp = self.block_pixels;
         let blocks: Vec<(usize, &mut [f32])> = out
             .chunks_mut(bp * width)
             .enumerate()
             .map(|(i, o)| (i * bp, o))
             .collect();
-        let threads = self.threads.min(blocks.len()).max(1);
-        if threads == 1 {
-            for (start, o) in blocks {
-                work(start, o.len() / width, o)?;
+        match &self.pool {
+            Some(pool) if blocks.len() > 1 => {
+                let results: Vec<Result<()>> = pool.install(|| {
+                    blocks
+                        .into_par_iter()
+                        // One block per task: a worker takes the next as it
+                        // finishes one.
+                        .with_max_len(1)
+                        .map(|(start, o)| work(start, o.len() / width, o))
+                        .collect()
+                });
+                results.into_iter().collect()
             }
-            return Ok(());
+            _ => {
+                for (start, o) in blocks {
+                    work(start, o.len() / width, o)?;
+                }
+                Ok(())
+            }
         }
-        let mut per_thread: Vec<Vec<(usize, &mut [f32])>> =
-            (0..threads).map(|_| Vec::new()).collect();
-        for (i, blk) in blocks.into_iter().enumerate() {
-            per_thread[i % threads].push(blk);
-        }
-        let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let handles: Vec<_> = per_thread
-                .into_iter()
-                .map(|mine| {
-                    let work = &work;
-                    s.spawn(move || {
-                        for (start, o) in mine {
-                            work(start, o.len() / width, o)?;
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| match h.join() {
-                    Ok(r) => r,
-                    Err(panic) => std::panic::resume_unwind(panic),
-                })
-                .collect()
-        });
-        results.into_iter().collect()
     }
 }
 
@@ -416,12 +470,13 @@ impl<L: LinearKernel> Backend for BlockBackend<L> {
         let mut out = vec![0f32; batch.n * d];
         let rows = self.block_pixels.min(batch.n) * len;
         self.for_blocks(d, &mut out, |start, b, o| {
-            // Each block allocates its own workspace: the cost is noise next
-            // to the GEMMs, and it keeps threads from sharing cache lines.
-            let mut ws = Workspace::new(rows, len, d, bb.ffn);
-            let v = &batch.values[start * len * bands..(start + b) * len * bands];
-            let doys = &batch.doys[start * len..(start + b) * len];
-            bb.block(b, len, v, doys, &mut ws, o)
+            // Each worker has its own workspace (no cache lines shared
+            // between threads), kept from block to block.
+            with_workspace(rows, len, d, bb.ffn, |ws| {
+                let v = &batch.values[start * len * bands..(start + b) * len * bands];
+                let doys = &batch.doys[start * len..(start + b) * len];
+                bb.block(b, len, v, doys, ws, o)
+            })
         })?;
         Ok(out)
     }
