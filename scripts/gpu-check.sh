@@ -210,7 +210,7 @@ run)
     stamp
 
     echo "== 2. chunk sweep, bf16 (tune; best written to ${OUT:-/tmp}/tessera-profiles.toml)"
-    timeout 75 "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
+    timeout 110 "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
         --out "${OUT:-/tmp}/tessera-profiles.toml" | tee "$work/tune.txt" || echo "tune failed or timed out"
     best_chunk=$(sed -n 's/^best: chunk \([0-9]*\).*/\1/p' "$work/tune.txt")
     best_chunk=${best_chunk:-4096}

@@ -503,7 +503,12 @@ pub fn tune(
                 block_pixels: block,
                 ..base.clone()
             };
-            let r = bench_encoder(ckpt, choice, p, tile, 1, false)?;
+            // A GPU's first pass builds its GEMM plans and times cuBLASLt's
+            // candidates per shape: one untimed pass first, so the sweep
+            // compares steady rates (a CPU's first-pass costs are small
+            // next to its encode, and its sweep long already).
+            let warmup = choice.resolve() == BackendChoice::Cuda;
+            let r = bench_encoder(ckpt, choice, p, tile, 1, warmup)?;
             on_result(&r);
             results.push(r);
         }
