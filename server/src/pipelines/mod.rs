@@ -162,15 +162,17 @@ pub async fn unknown_agents(
         return Ok(None);
     }
     let names: Vec<&str> = named.iter().map(|(n, _)| *n).collect();
-    let known: Vec<String> = sqlx::query_scalar("SELECT name FROM agents WHERE name = ANY ($1)")
-        .bind(&names)
-        .fetch_all(db)
-        .await?;
-    if known.is_empty()
-        && !sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM agents)")
-            .fetch_one(db)
-            .await?
-    {
+    // One statement, so one snapshot: asked in two, an agent registering
+    // between them made a fleet that had none yet refuse the agent's own
+    // name as never registered.
+    let (known, any): (Vec<String>, bool) = sqlx::query_as(
+        "SELECT COALESCE((SELECT array_agg(name) FROM agents WHERE name = ANY ($1)), '{}'),
+                EXISTS (SELECT 1 FROM agents)",
+    )
+    .bind(&names)
+    .fetch_one(db)
+    .await?;
+    if known.is_empty() && !any {
         return Ok(None);
     }
     let mut errors: Vec<pipeline::PipelineError> = named
