@@ -237,6 +237,28 @@ impl Drop for CudaStaging {
     }
 }
 
+/// A copy of `n` floats into a device buffer of `len` fits, else the error.
+fn check_upload(n: usize, len: usize) -> Result<()> {
+    if n > len {
+        return Err(EncodeError::backend(
+            NAME,
+            format!("copying {n} floats into a buffer of {len}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A read of `n` floats from a device buffer of `len` fits, else the error.
+fn check_download(n: usize, len: usize) -> Result<()> {
+    if n > len {
+        return Err(EncodeError::backend(
+            NAME,
+            format!("reading {n} floats of a buffer of {len}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Staging buffers kept for reuse: two chunks in flight use three each
 /// (bands, days, features).
 const STAGING_KEPT: usize = 8;
@@ -292,6 +314,22 @@ impl CudaDevice {
             ));
         }
         Some(candidates[best])
+    }
+
+    /// A staging buffer whose first `n` floats `copy` queues a copy from or
+    /// into, with the event recorded after that copy.
+    fn staged(&self, n: usize, copy: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<CudaStaging> {
+        let mut staging = self.take_staging(n)?;
+        let pinned = staging
+            .host
+            .as_mut_slice()
+            .map_err(|e| err("reaching page-locked memory", e))?;
+        copy(&mut pinned[..n])?;
+        staging
+            .done
+            .record(&self.stream)
+            .map_err(|e| err("recording a CUDA event", e))?;
+        Ok(staging)
     }
 
     /// A staging buffer of at least `n` floats: a kept one, or a new one
@@ -789,16 +827,7 @@ impl Device for CudaDevice {
     }
 
     fn upload_into(&self, host: &[f32], buf: &mut Self::Buf) -> Result<()> {
-        if host.len() > buf.len() {
-            return Err(EncodeError::backend(
-                NAME,
-                format!(
-                    "copying {} floats into a buffer of {}",
-                    host.len(),
-                    buf.len()
-                ),
-            ));
-        }
+        check_upload(host.len(), buf.len())?;
         let mut dst = buf.slice_mut(..host.len());
         self.stream
             .memcpy_htod(host, &mut dst)
@@ -812,12 +841,7 @@ impl Device for CudaDevice {
     }
 
     fn download_prefix(&self, buf: &Self::Buf, n: usize) -> Result<Vec<f32>> {
-        if n > buf.len() {
-            return Err(EncodeError::backend(
-                NAME,
-                format!("reading {n} floats of a buffer of {}", buf.len()),
-            ));
-        }
+        check_download(n, buf.len())?;
         self.stream
             .clone_dtoh(&buf.slice(..n))
             .map_err(|e| err("copying from the GPU", e))
@@ -829,49 +853,22 @@ impl Device for CudaDevice {
 
     fn upload_staged(&self, host: &[f32], buf: &mut Self::Buf) -> Result<CudaStaging> {
         let n = host.len();
-        if n > buf.len() {
-            return Err(EncodeError::backend(
-                NAME,
-                format!("copying {n} floats into a buffer of {}", buf.len()),
-            ));
-        }
-        let mut staging = self.take_staging(n)?;
-        let pinned = staging
-            .host
-            .as_mut_slice()
-            .map_err(|e| err("reaching page-locked memory", e))?;
-        pinned[..n].copy_from_slice(host);
-        let mut dst = buf.slice_mut(..n);
-        self.stream
-            .memcpy_htod(&pinned[..n], &mut dst)
-            .map_err(|e| err("copying to the GPU", e))?;
-        staging
-            .done
-            .record(&self.stream)
-            .map_err(|e| err("recording a CUDA event", e))?;
-        Ok(staging)
+        check_upload(n, buf.len())?;
+        self.staged(n, |pinned| {
+            pinned.copy_from_slice(host);
+            self.stream
+                .memcpy_htod(&*pinned, &mut buf.slice_mut(..n))
+                .map_err(|e| err("copying to the GPU", e))
+        })
     }
 
     fn download_begin(&self, buf: &Self::Buf, n: usize) -> Result<CudaStaging> {
-        if n > buf.len() {
-            return Err(EncodeError::backend(
-                NAME,
-                format!("reading {n} floats of a buffer of {}", buf.len()),
-            ));
-        }
-        let mut staging = self.take_staging(n)?;
-        let pinned = staging
-            .host
-            .as_mut_slice()
-            .map_err(|e| err("reaching page-locked memory", e))?;
-        self.stream
-            .memcpy_dtoh(&buf.slice(..n), &mut pinned[..n])
-            .map_err(|e| err("copying from the GPU", e))?;
-        staging
-            .done
-            .record(&self.stream)
-            .map_err(|e| err("recording a CUDA event", e))?;
-        Ok(staging)
+        check_download(n, buf.len())?;
+        self.staged(n, |pinned| {
+            self.stream
+                .memcpy_dtoh(&buf.slice(..n), pinned)
+                .map_err(|e| err("copying from the GPU", e))
+        })
     }
 
     fn download_wait(staging: &CudaStaging) -> Result<()> {

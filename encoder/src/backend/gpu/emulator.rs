@@ -1237,50 +1237,17 @@ mod tests {
         let bias = EmuBuf::new((0..cols).map(|j| j as f32 * 0.1).collect());
         let gamma = EmuBuf::new((0..cols).map(|j| 1.0 + j as f32 * 0.01).collect());
         let beta = EmuBuf::new((0..cols).map(|j| j as f32 * -0.02).collect());
-        let mut fused = EmuBuf::new(x.clone());
         let mut fused_half = EmuHalf::new(vec![0; rows * cols]);
-        let mut args = [
-            Arg::Out(&mut fused),
-            Arg::In(&bias),
-            Arg::In(&residual),
-            Arg::In(&gamma),
-            Arg::In(&beta),
-            Arg::HalfOut(&mut fused_half),
-            Arg::I32(rows as i32),
-            Arg::I32(cols as i32),
-            Arg::F32(1e-5),
-        ];
-        dev.launch(Kernel::ResidualLayerNorm, launch, &mut args)
-            .unwrap();
-        let mut split = EmuBuf::new(x.clone());
-        let mut args = [
-            Arg::Out(&mut split),
-            Arg::In(&bias),
-            Arg::In(&residual),
-            Arg::Null,
-            Arg::I32(rows as i32),
-            Arg::I32(cols as i32),
-            Arg::I32(0),
-            Arg::I32(1),
-        ];
-        let seg = Launch::row_segments(rows, cols, "blocks").unwrap();
-        dev.launch(Kernel::BiasEpilogue, seg, &mut args).unwrap();
-        let mut args = [
-            Arg::Out(&mut split),
-            Arg::In(&gamma),
-            Arg::In(&beta),
-            Arg::I32(rows as i32),
-            Arg::I32(cols as i32),
-            Arg::F32(1e-5),
-        ];
-        dev.launch(Kernel::LayerNorm, launch, &mut args).unwrap();
-        let bits = |b: &EmuBuf| {
-            b.data[..rows * cols]
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(bits(&fused), bits(&split));
+        let affine = Some((&gamma, &beta));
+        let (fused, split) = fused_and_split(
+            &dev,
+            &x,
+            (rows, cols),
+            (&bias, &residual),
+            affine,
+            Some(&mut fused_half),
+        );
+        assert_eq!(f32_bits(&fused, rows * cols), f32_bits(&split, rows * cols));
         // The bf16 copy is the f32 result rounded to nearest even.
         let rounded: Vec<u16> = fused.data[..rows * cols]
             .iter()
@@ -1311,6 +1278,7 @@ mod tests {
             Arg::I32(1),
             Arg::I32(0),
         ];
+        let seg = Launch::row_segments(rows, cols, "blocks").unwrap();
         dev.launch(Kernel::BiasEpilogue, seg, &mut args).unwrap();
         assert_eq!(&y.data[..rows * cols], &x[..]);
         for (i, (&h, &v)) in yh.data.iter().zip(&x).enumerate() {
@@ -1321,6 +1289,68 @@ mod tests {
             );
         }
         check_softmax(&x, &sm.data, rows, cols);
+    }
+
+    /// The bits of `b`'s first `n` floats.
+    fn f32_bits(b: &EmuBuf, n: usize) -> Vec<u32> {
+        b.data[..n].iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// `norm(x + bias + residual)` over copies of `x` (rows, cols) two ways:
+    /// one `residual_layer_norm` launch (also into `half` if given), and
+    /// `bias_epilogue` then `layer_norm`; `affine` is (gamma, beta).
+    fn fused_and_split(
+        dev: &EmulatedDevice,
+        x: &[f32],
+        (rows, cols): (usize, usize),
+        (bias, residual): (&EmuBuf, &EmuBuf),
+        affine: Option<(&EmuBuf, &EmuBuf)>,
+        half: Option<&mut EmuHalf>,
+    ) -> (EmuBuf, EmuBuf) {
+        let launch = Launch::warp_rows(rows, "rows").unwrap();
+        let gamma_beta = || match affine {
+            Some((g, b)) => (Arg::In(g), Arg::In(b)),
+            None => (Arg::Null, Arg::Null),
+        };
+        let (gamma, beta) = gamma_beta();
+        let mut fused = EmuBuf::new(x.to_vec());
+        let mut args = [
+            Arg::Out(&mut fused),
+            Arg::In(bias),
+            Arg::In(residual),
+            gamma,
+            beta,
+            half.map_or(Arg::Null, Arg::HalfOut),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+            Arg::F32(1e-5),
+        ];
+        dev.launch(Kernel::ResidualLayerNorm, launch, &mut args)
+            .unwrap();
+        let mut split = EmuBuf::new(x.to_vec());
+        let mut args = [
+            Arg::Out(&mut split),
+            Arg::In(bias),
+            Arg::In(residual),
+            Arg::Null,
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+            Arg::I32(0),
+            Arg::I32(1),
+        ];
+        let seg = Launch::row_segments(rows, cols, "blocks").unwrap();
+        dev.launch(Kernel::BiasEpilogue, seg, &mut args).unwrap();
+        let (gamma, beta) = gamma_beta();
+        let mut args = [
+            Arg::Out(&mut split),
+            gamma,
+            beta,
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+            Arg::F32(1e-5),
+        ];
+        dev.launch(Kernel::LayerNorm, launch, &mut args).unwrap();
+        (fused, split)
     }
 
     /// `softmax_rows` over a copy of `x` (rows, cols) as the GPU path
@@ -1407,50 +1437,10 @@ mod tests {
             let x = rows_of(rows, cols);
             let residual = EmuBuf::new(x.iter().map(|v| v * -0.3 + 1.0).collect());
             let bias = EmuBuf::new((0..cols).map(|j| (j % 7) as f32 * 0.1).collect());
-            let launch = Launch::warp_rows(rows, "rows").unwrap();
-            let mut fused = EmuBuf::new(x.clone());
-            let mut args = [
-                Arg::Out(&mut fused),
-                Arg::In(&bias),
-                Arg::In(&residual),
-                Arg::Null,
-                Arg::Null,
-                Arg::Null,
-                Arg::I32(rows as i32),
-                Arg::I32(cols as i32),
-                Arg::F32(1e-5),
-            ];
-            dev.launch(Kernel::ResidualLayerNorm, launch, &mut args)
-                .unwrap();
-            let mut split = EmuBuf::new(x.clone());
-            let seg = Launch::row_segments(rows, cols, "blocks").unwrap();
-            let mut args = [
-                Arg::Out(&mut split),
-                Arg::In(&bias),
-                Arg::In(&residual),
-                Arg::Null,
-                Arg::I32(rows as i32),
-                Arg::I32(cols as i32),
-                Arg::I32(0),
-                Arg::I32(1),
-            ];
-            dev.launch(Kernel::BiasEpilogue, seg, &mut args).unwrap();
-            let mut args = [
-                Arg::Out(&mut split),
-                Arg::Null,
-                Arg::Null,
-                Arg::I32(rows as i32),
-                Arg::I32(cols as i32),
-                Arg::F32(1e-5),
-            ];
-            dev.launch(Kernel::LayerNorm, launch, &mut args).unwrap();
-            let bits = |b: &EmuBuf| {
-                b.data[..rows * cols]
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect::<Vec<_>>()
-            };
-            assert!(bits(&fused) == bits(&split), "{cols} columns");
+            let (fused, split) =
+                fused_and_split(&dev, &x, (rows, cols), (&bias, &residual), None, None);
+            let n = rows * cols;
+            assert!(f32_bits(&fused, n) == f32_bits(&split, n), "{cols} columns");
         }
     }
 

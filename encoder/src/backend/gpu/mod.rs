@@ -364,29 +364,9 @@ impl<D: Device> GpuModel<D> {
         self.epilogue(y, Some(&l.bias), m, l.out_dim, relu, residual, None)
     }
 
-    /// The same on a bf16 `x` and the weights' bf16 copy, the product in
-    /// f32 into `y`; the epilogue's result also goes to `half` in bf16
-    /// (only there when `keep` is false).
-    #[allow(clippy::too_many_arguments)]
-    fn linear_half(
-        &self,
-        l: &DeviceLinear<D>,
-        x: &D::Half,
-        m: usize,
-        y: &mut D::Buf,
-        relu: bool,
-        residual: Option<&D::Buf>,
-        half: (&mut D::Half, bool),
-    ) -> Result<()> {
-        let w = self.weight_half(l)?;
-        let g = linear_gemm(l.in_dim, l.out_dim, m);
-        self.dev
-            .gemm_half(&g, (w, 0), (x, 0), HalfGemmOut::F32(&mut *y, 0))?;
-        self.epilogue(y, Some(&l.bias), m, l.out_dim, relu, residual, Some(half))
-    }
-
-    /// [`GpuModel::linear_half`] for a result wanted only in bf16, with no
-    /// residual: bias and ReLU in the GEMM's epilogue where the device can,
+    /// [`GpuModel::linear`] on a bf16 `x` and the weights' bf16 copy, for a
+    /// result wanted only in bf16, with no residual: bias and ReLU in the
+    /// GEMM's epilogue where the device can,
     /// so the f32 product never reaches memory (on an H200 the separate
     /// pass took 43 % of a chunk's kernel time), and only otherwise through an
     /// f32 buffer of `wide` floats, taken from `scratch` into `y` the first
@@ -421,7 +401,10 @@ impl<D: Device> GpuModel<D> {
             Some(buf) => buf,
             None => y.insert(scratch.take(&self.dev, Slot::Ff, wide)?),
         };
-        self.linear_half(l, x, m, buf, relu, None, (half, false))
+        self.dev
+            .gemm_half(&g, (w, 0), (x, 0), HalfGemmOut::F32(&mut *buf, 0))?;
+        let bias = Some(&l.bias);
+        self.epilogue(buf, bias, m, l.out_dim, relu, None, Some((half, false)))
     }
 
     /// `y (m, out) = x · Wᵀ + b + residual` in f32 on a bf16 `x` (a
