@@ -310,9 +310,10 @@ PY
         grep -h 'cuBLASLt' "$work/twice-$dt.log" | sed 's/^/    /'
     done
     if [[ " $dts " == *" bf16 "* ]]; then
-        # The same two tiles on the heuristic's first GEMM algorithms, and
-        # unfused (no cuBLASLt): what each of those levers is worth here.
-        for variant in FLOTILLA_CUDA_NO_GEMM_TUNING FLOTILLA_CUDA_UNFUSED; do
+        # The same two tiles on the heuristic's first GEMM algorithms,
+        # unfused (no cuBLASLt), and with attention on the batched GEMMs
+        # instead of attention_mma: what each of those levers is worth here.
+        for variant in FLOTILLA_CUDA_NO_GEMM_TUNING FLOTILLA_CUDA_UNFUSED FLOTILLA_CUDA_GEMM_ATTENTION; do
             env "$variant=1" "$enc" --backend cuda --dtype bf16 --batch-pixels "$best_chunk" \
                 --ckpt "$work/large.safetensors" --data-root "$work/tiles" --out-dir "$work/twice-$variant" \
                 >"$work/twice-$variant.log" 2>&1 || true

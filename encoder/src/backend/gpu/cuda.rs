@@ -107,18 +107,30 @@ fn context() -> std::result::Result<Arc<CudaContext>, String> {
     .clone()
 }
 
-/// The kernels as PTX, compiled once per process.
-fn kernels_ptx() -> std::result::Result<Ptx, String> {
-    static PTX: OnceLock<std::result::Result<Ptx, String>> = OnceLock::new();
-    PTX.get_or_init(|| {
-        cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| match e {
-            CompileError::CompileError { log, .. } => {
-                format!("NVRTC refused the kernels:\n{}", log.to_string_lossy())
-            }
-            other => format!("NVRTC: {other:?}"),
-        })
+/// The kernels as PTX, compiled once per process: for `compute_80` where
+/// the GPU has bf16 tensor cores (`attention_mma`'s `mma.sync` needs it;
+/// the driver compiles the PTX on for the GPU's own architecture), else for
+/// NVRTC's default architecture (`attention_mma` is then a stub the backend
+/// never launches).
+fn kernels_ptx(tensor_cores: bool) -> std::result::Result<Ptx, String> {
+    static PTX: [OnceLock<std::result::Result<Ptx, String>>; 2] =
+        [OnceLock::new(), OnceLock::new()];
+    PTX[tensor_cores as usize]
+        .get_or_init(|| compile_kernels(tensor_cores.then_some("compute_80")))
+        .clone()
+}
+
+fn compile_kernels(arch: Option<&'static str>) -> std::result::Result<Ptx, String> {
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch,
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts).map_err(|e| match e {
+        CompileError::CompileError { log, .. } => {
+            format!("NVRTC refused the kernels:\n{}", log.to_string_lossy())
+        }
+        other => format!("NVRTC: {other:?}"),
     })
-    .clone()
 }
 
 /// Whether GEMMs with bias and ReLU fused run here, for `tessera-encode
@@ -213,6 +225,8 @@ pub(crate) struct CudaDevice {
     kernels: Vec<CudaFunction>,
     /// How every GEMM computes.
     math: GemmMath,
+    /// Compute capability 8.0 or later, and the kernels compiled for it.
+    tensor_cores: bool,
     /// cuBLASLt, for GEMMs with bias and ReLU in their epilogue; `None`
     /// where libcublasLt did not load (the kernels do that work instead).
     lt: Option<Lt>,
@@ -384,8 +398,12 @@ impl CudaDevice {
         let stream = ctx.default_stream();
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| format!("creating the cuBLAS handle: {e:?}"))?;
+        let (major, _) = ctx
+            .compute_capability()
+            .map_err(|e| format!("asking the GPU's compute capability: {e:?}"))?;
+        let tensor_cores = major >= 8;
         let module = ctx
-            .load_module(kernels_ptx()?)
+            .load_module(kernels_ptx(tensor_cores)?)
             .map_err(|e| format!("loading the kernels (is the driver older than NVRTC?): {e:?}"))?;
         let kernels = Kernel::ALL
             .iter()
@@ -402,6 +420,7 @@ impl CudaDevice {
             blas,
             kernels,
             math: GemmMath::F32,
+            tensor_cores,
             lt,
             staging: Mutex::new(Vec::new()),
         })
@@ -1120,6 +1139,10 @@ impl Device for CudaDevice {
         buf.len()
     }
 
+    fn tensor_cores(&self) -> bool {
+        self.tensor_cores
+    }
+
     fn launch(
         &self,
         kernel: Kernel,
@@ -1132,6 +1155,7 @@ impl Device for CudaDevice {
                 Arg::In(buf) => b.arg(*buf),
                 Arg::Out(buf) => b.arg(&mut **buf),
                 Arg::HalfOut(buf) => b.arg(&mut **buf),
+                Arg::HalfIn(buf) => b.arg(*buf),
                 Arg::Null => b.arg(&NULL),
                 Arg::I32(v) => b.arg(&*v),
                 Arg::F32(v) => b.arg(&*v),
@@ -1159,6 +1183,16 @@ mod tests {
     /// PyPI, puts it on `LD_LIBRARY_PATH` and sets `FLOTILLA_REQUIRE_NVRTC`,
     /// which makes its absence a failure. Every kernel must come out as a
     /// PTX entry under its plain name, which is what `load_function` asks for.
+    /// The PTX's kernels as (name, body up to the next kernel or function).
+    fn ptx_entries(src: &str) -> impl Iterator<Item = (&str, &str)> {
+        src.split("\n.")
+            .filter_map(|part| {
+                let part = part.strip_prefix("visible .").unwrap_or(part);
+                part.strip_prefix("entry ")
+            })
+            .filter_map(|entry| Some((entry.split('(').next()?, entry)))
+    }
+
     #[test]
     fn kernels_compile_with_nvrtc() {
         // SAFETY: only probes whether the shared library can be opened.
@@ -1170,15 +1204,69 @@ mod tests {
             eprintln!("libnvrtc did not load: kernel compilation not checked");
             return;
         }
-        let ptx = cudarc::nvrtc::compile_ptx(KERNELS)
-            .unwrap_or_else(|e| panic!("NVRTC refuses the kernels: {e:?}"));
-        let src = ptx.to_src();
-        for k in Kernel::ALL {
+        // NVRTC's default architecture (GPUs before sm_80: `attention_mma`
+        // a stub) and compute_80 (tensor cores), as `kernels_ptx` compiles.
+        for arch in [None, Some("compute_80")] {
+            let ptx = compile_kernels(arch)
+                .unwrap_or_else(|e| panic!("{arch:?}: NVRTC refuses the kernels: {e}"));
+            let src = ptx.to_src();
+            for k in Kernel::ALL {
+                assert!(
+                    src.contains(&format!(".entry {}(", k.name())),
+                    "{arch:?}: no PTX entry {}",
+                    k.name()
+                );
+            }
+            // Arrays the compiler could not keep in registers (an index
+            // it cannot resolve) would go to local memory, slow on a GPU.
+            // Allowed: `doy_encoding`'s (the quadrant double `sincos`
+            // returns through memory; its slow path for huge arguments is
+            // a function of its own, which no day reaches).
+            let local: Vec<&str> = ptx_entries(&src)
+                .filter(|(name, body)| *name != "doy_encoding" && body.contains(".local"))
+                .map(|(name, _)| name)
+                .collect();
             assert!(
-                src.contains(&format!(".entry {}(", k.name())),
-                "no PTX entry {}",
-                k.name()
+                local.is_empty(),
+                "{arch:?}: kernels using local memory: {local:?}"
             );
+            let mma = ptx_entries(&src).any(|(name, body)| {
+                name == "attention_mma"
+                    && body.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
+            });
+            assert_eq!(mma, arch.is_some(), "{arch:?}: mma.sync in the PTX: {mma}");
         }
+        // And on to an H100/H200's machine code, where ptxas says what each
+        // kernel needs: `attention_mma` keeps its running output in
+        // registers, and spilling them would undo the point of it.
+        let src = std::ffi::CString::new(KERNELS).expect("no NUL in the kernels");
+        let prog = cudarc::nvrtc::result::create_program(&src, None).expect("an NVRTC program");
+        // SAFETY: prog is a live program; the options are plain strings.
+        let compiled = unsafe {
+            cudarc::nvrtc::result::compile_program(
+                prog,
+                &["--gpu-architecture=sm_90", "--ptxas-options=-v"],
+            )
+        };
+        // SAFETY: as above; the log is read once compilation has returned.
+        let log = unsafe { cudarc::nvrtc::result::get_program_log(prog) }.expect("NVRTC's log");
+        // SAFETY: prog is not used after this.
+        let _ = unsafe { cudarc::nvrtc::result::destroy_program(prog) };
+        let log: String = log
+            .iter()
+            .map(|&c| c as u8 as char)
+            .filter(|&c| c != '\0')
+            .collect();
+        assert!(compiled.is_ok(), "sm_90: {compiled:?}\n{log}");
+        let mma = log
+            .split("Compiling entry function 'attention_mma'")
+            .nth(1)
+            .and_then(|rest| rest.split("Compiling entry function").next())
+            .unwrap_or_else(|| panic!("ptxas said nothing of attention_mma:\n{log}"));
+        eprintln!("attention_mma on sm_90:{mma}");
+        assert!(
+            mma.contains(" 0 bytes spill stores"),
+            "attention_mma spills:{mma}"
+        );
     }
 }

@@ -19,6 +19,18 @@ pub(crate) const ROWS_PER_BLOCK: usize = ROW_THREADS as usize / 32;
 /// `SOFTMAX_PER_LANE`).
 const SOFTMAX_PER_LANE: usize = 8;
 
+/// Query rows per block of `attention_mma` (its `ATT_ROWS`): 16 per warp.
+const ATTENTION_ROWS: usize = 64;
+
+/// Keys `attention_mma` holds in shared memory at a time (its `ATT_KEYS`).
+const ATTENTION_KEYS: usize = 32;
+
+/// The widest head `attention_mma` takes (its `ATT_MAX_HD`): its registers
+/// hold 16 rows of a head's output, and shared memory (under the 48 KiB a
+/// launch gets without opting in) Q, K and V padded to 16; the published
+/// models' heads are 160 wide (Large: d 640, 4 heads).
+pub(crate) const ATTENTION_MAX_HEAD: usize = 160;
+
 /// Days of year the day-of-year table holds (0 to 366): every day a tile's
 /// frames carry; `doy_encoding` computes any other.
 pub(crate) const DOY_TABLE_DAYS: usize = 367;
@@ -48,6 +60,7 @@ pub(crate) enum Kernel {
     ResidualLayerNorm,
     SoftmaxRows,
     AttentionPool,
+    AttentionMma,
 }
 
 // `Kernel::ALL` lists the kernels in declaration order: `k as usize` is
@@ -61,7 +74,7 @@ const _: () = {
 };
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 7] = [
+    pub(crate) const ALL: [Kernel; 8] = [
         Kernel::F32ToBf16,
         Kernel::BiasEpilogue,
         Kernel::DoyEncoding,
@@ -69,6 +82,7 @@ impl Kernel {
         Kernel::ResidualLayerNorm,
         Kernel::SoftmaxRows,
         Kernel::AttentionPool,
+        Kernel::AttentionMma,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -80,6 +94,7 @@ impl Kernel {
             Kernel::ResidualLayerNorm => "residual_layer_norm",
             Kernel::SoftmaxRows => "softmax_rows",
             Kernel::AttentionPool => "attention_pool",
+            Kernel::AttentionMma => "attention_mma",
         }
     }
 }
@@ -234,6 +249,38 @@ impl Launch {
         ))
     }
 
+    /// `attention_mma`'s launch for `pixels` pixels' sequences of `len`
+    /// and `nhead` heads of `hd`: a block of [`ATTENTION_ROWS`] / 16 warps
+    /// per (pixel, head, [`ATTENTION_ROWS`] query rows), with in shared
+    /// memory the block's Q rows and [`ATTENTION_KEYS`] keys' K (rows of
+    /// the head padded to 16, plus 8) and V (transposed: a row of
+    /// [`ATTENTION_KEYS`] + 8 per padded head dimension). `None` where the
+    /// kernel does not apply (a head wider than [`ATTENTION_MAX_HEAD`]).
+    pub(crate) fn attention_mma(
+        pixels: usize,
+        len: usize,
+        nhead: usize,
+        hd: usize,
+    ) -> Result<Option<Self>> {
+        if hd == 0 || hd > ATTENTION_MAX_HEAD || len == 0 {
+            return Ok(None);
+        }
+        let padded = hd.div_ceil(16) * 16;
+        let shared_values =
+            (ATTENTION_ROWS + ATTENTION_KEYS) * (padded + 8) + padded * (ATTENTION_KEYS + 8);
+        let blocks = pixels
+            .checked_mul(nhead)
+            .and_then(|b| b.checked_mul(len.div_ceil(ATTENTION_ROWS)))
+            .ok_or_else(|| {
+                EncodeError::backend("gpu", format!("{pixels} x {nhead} attention blocks"))
+            })?;
+        Ok(Some(Launch {
+            grid: grid(blocks, "attention blocks")?,
+            block: (ATTENTION_ROWS / 16 * 32) as u32,
+            shared_bytes: (2 * shared_values) as u32,
+        }))
+    }
+
     /// Blocks of [`ELEMENT_THREADS`] covering each group of
     /// [`EPILOGUE_ROWS`] of `rows` rows of `cols` in `ceil(cols /
     /// ELEMENT_THREADS)` segments (`bias_epilogue`).
@@ -268,6 +315,8 @@ pub(crate) enum Arg<'a, B, H> {
     In(&'a B),
     /// A buffer the kernel writes.
     Out(&'a mut B),
+    /// A bf16 buffer the kernel reads (`const unsigned short*`).
+    HalfIn(&'a H),
     /// A bf16 buffer the kernel writes (`unsigned short*`).
     HalfOut(&'a mut H),
     /// A null pointer (an absent optional buffer).
@@ -474,6 +523,9 @@ pub(crate) trait Device: Sized {
         // SAFETY: checked just above.
         unsafe { self.gemm_half_bias_unchecked(g, a, b, ep, c) }
     }
+    /// Whether bf16 tensor-core instructions (`mma.sync` m16n8k16, sm_80
+    /// and later) run here, so `attention_mma` may be launched.
+    fn tensor_cores(&self) -> bool;
     fn launch(
         &self,
         kernel: Kernel,

@@ -114,6 +114,52 @@ template <class T> struct emu_shfl {
     }
 };
 #define __shfl_xor_sync(mask, v, lane_mask) (co_await emu_shfl<decltype(v)>{(v), (unsigned)(lane_mask)})
+// The tensor cores' mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+// (EMU_MMA_BF16(d, a, b): d += A B, A 16 x 16 and B 16 x 8 in bf16, d
+// 16 x 8 in f32), a warp's collective: like a shuffle, every thread of the
+// block stops at each, leaving its fragments (four 32-bit words of A, two
+// of B) in a slot; resumed, it rebuilds A and B from its warp's 32 slots by
+// PTX's fragment layouts and computes its own four values of D (products
+// exact in f32, summed in k order: a GPU's order and rounding inside the
+// sum may differ).
+#define EMU_GPU 1
+static thread_local unsigned emu_mma_a[2][1024][4];
+static thread_local unsigned emu_mma_b[2][1024][2];
+static thread_local unsigned emu_mma_count[1024];
+struct emu_mma {
+    float* d;
+    const unsigned* a;
+    const unsigned* b;
+    bool await_ready() const noexcept { return false; }
+    void await_suspend(std::coroutine_handle<>) const noexcept {
+        unsigned t = emu_threadIdx.x, s = emu_mma_count[t] & 1;
+        for (int i = 0; i < 4; ++i) emu_mma_a[s][t][i] = a[i];
+        emu_mma_b[s][t][0] = b[0];
+        emu_mma_b[s][t][1] = b[1];
+    }
+    void await_resume() const noexcept {
+        unsigned t = emu_threadIdx.x, s = emu_mma_count[t] & 1;
+        emu_mma_count[t] += 1;
+        unsigned w = t & ~31u, lane = t & 31u, g = lane >> 2, q = lane & 3u;
+        if (w + 32 > emu_blockDim.x) {
+            emu_shfl_outside = 1;
+            return;
+        }
+        for (unsigned i = 0; i < 4; ++i) {
+            unsigned row = g + 8 * (i >> 1), col = 2 * q + (i & 1);
+            float acc = 0.0f;
+            for (unsigned k = 0; k < 16; ++k) {
+                unsigned aw = emu_mma_a[s][w + (row & 7) * 4 + ((k & 7) >> 1)][(row >> 3) + 2 * (k >> 3)];
+                unsigned bw = emu_mma_b[s][w + col * 4 + ((k & 7) >> 1)][k >> 3];
+                unsigned ah = (k & 1) ? (aw >> 16) : (aw & 0xffffu);
+                unsigned bh = (k & 1) ? (bw >> 16) : (bw & 0xffffu);
+                acc += __uint_as_float(ah << 16) * __uint_as_float(bh << 16);
+            }
+            d[i] += acc;
+        }
+    }
+};
+#define EMU_MMA_BF16(d, a, b) (co_await emu_mma{(d), (a), (b)})
 // ---- kernels ----
 "#;
 
@@ -202,6 +248,7 @@ static int emu_run(const char* name, emu_task (*f)(A...), unsigned grid, unsigne
         std::memset(sh.data(), 0xff, shared);  // NaN, like uninitialised shared memory
         emu_shared = sh.data();
         std::memset(emu_shfl_count, 0, sizeof emu_shfl_count);
+        std::memset(emu_mma_count, 0, sizeof emu_mma_count);
         emu_shfl_outside = 0;
         for (unsigned t = 0; t < block; ++t) {
             emu_threadIdx = {t, 0, 0};
@@ -224,7 +271,7 @@ static int emu_run(const char* name, emu_task (*f)(A...), unsigned grid, unsigne
         }
         for (unsigned t = 0; t < block; ++t) th[t].destroy();
         if (emu_shfl_outside) {
-            std::snprintf(err, errlen, "%s, block %u: a shuffle's partner lane is outside the warp or the block", name, b);
+            std::snprintf(err, errlen, "%s, block %u: a shuffle's partner lane is outside the warp or the block, or an mma's warp is not all in the block", name, b);
             return 1;
         }
         if (diverged) {
@@ -520,6 +567,9 @@ pub(crate) struct EmulatedDevice {
     /// Whether `gemm_half_bias` fuses (as cuBLASLt does) or declines (as
     /// a GPU without an algorithm for the shape does).
     fuse_bias: bool,
+    /// Whether it offers `mma.sync` (as sm_80 and later do), so the bf16
+    /// backbones take `attention_mma`.
+    tensor_cores: bool,
 }
 
 impl EmulatedDevice {
@@ -528,7 +578,15 @@ impl EmulatedDevice {
             kernels: kernels(),
             math,
             fuse_bias: true,
+            tensor_cores: true,
         }
+    }
+
+    /// The same device, without tensor cores (a GPU before sm_80): bf16
+    /// attention runs on the batched GEMMs and `softmax_rows`.
+    pub(crate) fn without_tensor_cores(mut self) -> Self {
+        self.tensor_cores = false;
+        self
     }
 
     /// The same device, declining every fused GEMM (the caller's fallback).
@@ -723,6 +781,11 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
+    /// The emulator runs `mma.sync` from PTX's fragment layouts.
+    fn tensor_cores(&self) -> bool {
+        self.tensor_cores
+    }
+
     fn launch(
         &self,
         kernel: Kernel,
@@ -751,6 +814,10 @@ impl Device for EmulatedDevice {
                     ptrs[i] = b.data.as_mut_ptr().cast();
                     b'q'
                 }
+                Arg::HalfIn(b) => {
+                    ptrs[i] = b.data.as_ptr().cast_mut().cast();
+                    b'b'
+                }
                 Arg::Null => b'n',
                 Arg::I32(v) => {
                     ints[i] = *v;
@@ -764,7 +831,9 @@ impl Device for EmulatedDevice {
         }
         let mut slots: Vec<*mut c_void> = (0..n)
             .map(|i| match tags[i] {
-                b'c' | b'p' | b'q' | b'n' => (&mut ptrs[i]) as *mut *mut c_void as *mut c_void,
+                b'c' | b'p' | b'b' | b'q' | b'n' => {
+                    (&mut ptrs[i]) as *mut *mut c_void as *mut c_void
+                }
                 b'i' => (&mut ints[i]) as *mut i32 as *mut c_void,
                 _ => (&mut floats[i]) as *mut f32 as *mut c_void,
             })
@@ -779,6 +848,7 @@ impl Device for EmulatedDevice {
                 Arg::In(b) => b.canary_intact(),
                 Arg::Out(b) => b.canary_intact(),
                 Arg::HalfOut(b) => b.canary_intact(),
+                Arg::HalfIn(b) => b.canary_intact(),
                 _ => true,
             };
             if !intact {
@@ -904,7 +974,9 @@ mod tests {
             let ckpt = Checkpoint::load(&dir.join("ckpt.safetensors")).unwrap();
             let weights = Arc::new(StudentWeights::from_checkpoint(&ckpt).unwrap());
             let run = |half: bool, fuse: bool| {
-                let dev = EmulatedDevice::new(GemmMath::Bf16);
+                // GEMM attention, as on the f32 buffers (`attention_mma`
+                // has its own test).
+                let dev = EmulatedDevice::new(GemmMath::Bf16).without_tensor_cores();
                 let dev = if fuse { dev } else { dev.without_fused_bias() };
                 let backend = GpuBackend::create_with(NAME, dev, weights.clone(), half).unwrap();
                 let profile = DeviceProfile {
@@ -1641,5 +1713,127 @@ extern "C" __global__ void diverge(float* x) {
             .unwrap_err()
             .to_string();
         assert!(e.contains("others wait at __syncthreads"), "{e}");
+    }
+
+    /// `attention_mma` (tensor cores, the running softmax over blocks of
+    /// keys) against attention computed in f64 from the same bf16 Q, K and
+    /// V: one (pixels, len, d, heads) case per edge: a head of 16 (one k
+    /// step), of 80, of 20 (padded to 32, read a value at a time: not a
+    /// multiple of 8), of 12 in a d of 36, the widest, 160 (the published
+    /// models'); a sequence shorter than one block of keys, ones that end
+    /// inside a later block (so the maximum is rescaled), more query rows
+    /// than one block holds.
+    /// Allowed: 2⁻⁷ of the head's largest |V| (the weights and the output
+    /// are each rounded to bf16 once, 2⁻⁹ apiece); a fragment read from the
+    /// wrong lane or register is off by the size of V itself.
+    #[test]
+    fn attention_mma_matches_exact_attention() {
+        let dev = EmulatedDevice::new(GemmMath::Bf16);
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
+        };
+        for (px, len, d, nh) in [
+            (2, 8, 32, 2),
+            (1, 70, 80, 1),
+            (2, 130, 40, 2),
+            (1, 64, 320, 2),
+            (1, 100, 36, 3),
+        ] {
+            let hd = d / nh;
+            let qkv: Vec<u16> = (0..px * len * 3 * d)
+                .map(|_| bf16_bits(rnd() as f32))
+                .collect();
+            let x = |p: usize, t: usize, part: usize, h: usize, c: usize| {
+                bf16_value(qkv[(p * len + t) * 3 * d + part * d + h * hd + c]) as f64
+            };
+            let input = EmuHalf::new(qkv.clone());
+            let mut out = EmuHalf::new(vec![0xffff; px * len * d]);
+            let launch = Launch::attention_mma(px, len, nh, hd).unwrap().unwrap();
+            let mut args = [
+                Arg::HalfIn(&input),
+                Arg::HalfOut(&mut out),
+                Arg::I32(len as i32),
+                Arg::I32(d as i32),
+                Arg::I32(nh as i32),
+                Arg::F32(1.0 / (hd as f32).sqrt()),
+            ];
+            dev.launch(Kernel::AttentionMma, launch, &mut args).unwrap();
+            let scale = 1.0 / (hd as f64).sqrt();
+            let mut worst = 0f64;
+            for p in 0..px {
+                for h in 0..nh {
+                    let vmax = (0..len)
+                        .flat_map(|t| (0..hd).map(move |c| (t, c)))
+                        .map(|(t, c)| x(p, t, 2, h, c).abs())
+                        .fold(0.0, f64::max);
+                    for i in 0..len {
+                        let s: Vec<f64> = (0..len)
+                            .map(|j| {
+                                (0..hd)
+                                    .map(|c| x(p, i, 0, h, c) * x(p, j, 1, h, c))
+                                    .sum::<f64>()
+                                    * scale
+                            })
+                            .collect();
+                        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        let w: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                        let sum: f64 = w.iter().sum();
+                        for c in 0..hd {
+                            let want = (0..len).map(|j| w[j] * x(p, j, 2, h, c)).sum::<f64>() / sum;
+                            let got = bf16_value(out.data[(p * len + i) * d + h * hd + c]) as f64;
+                            let err = (got - want).abs() / vmax;
+                            assert!(
+                                err <= 1.0 / 128.0,
+                                "({px}, {len}, {d}, {nh}): pixel {p} head {h} row {i} col {c}: \
+                                 {got} against {want}"
+                            );
+                            worst = worst.max(err);
+                        }
+                    }
+                }
+            }
+            eprintln!("attention_mma ({px}, {len}, {d}, {nh}): worst error {worst:.2e} of max |V|");
+        }
+    }
+
+    /// Where the device has tensor cores the bf16 backbones take
+    /// `attention_mma` (another rounding of the same attention, so other
+    /// bits; `bf16_precision_on_the_fixtures` holds it to the rule), and
+    /// without them the batched GEMMs.
+    #[test]
+    fn bf16_backbones_take_attention_mma_where_tensor_cores_are() {
+        let dir = Path::new(FIXTURES).join("small");
+        let tile = TileInputs::read(&dir.join("tile")).unwrap();
+        let ckpt = Checkpoint::load(&dir.join("ckpt.safetensors")).unwrap();
+        let weights = Arc::new(StudentWeights::from_checkpoint(&ckpt).unwrap());
+        let run = |dev: EmulatedDevice| {
+            let backend = GpuBackend::create(NAME, dev, weights.clone()).unwrap();
+            let profile = DeviceProfile {
+                chunk_pixels: 64,
+                ..DeviceProfile::default_for(BackendChoice::Cuda)
+            };
+            let enc = Encoder::with_backend(weights.clone(), Box::new(backend), profile);
+            enc.encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
+                .unwrap()
+                .values
+        };
+        let mma = run(EmulatedDevice::new(GemmMath::Bf16));
+        let gemms = run(EmulatedDevice::new(GemmMath::Bf16).without_tensor_cores());
+        assert_eq!(mma.len(), gemms.len());
+        let differ = mma.iter().zip(&gemms).filter(|(a, b)| a != b).count();
+        assert!(differ > 0, "the tensor-core attention was not taken");
+        let worst = mma
+            .iter()
+            .zip(&gemms)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!(
+            "attention_mma against GEMM attention: {differ} of {} values differ, by up to {worst}",
+            mma.len()
+        );
     }
 }

@@ -311,3 +311,262 @@ extern "C" __global__ void attention_pool(const float* h, const float* w, float 
         out[(long long)blockIdx.x * d + j] = acc;
     }
 }
+
+// Attention on tensor cores, for the bf16 backbones (sm_80 and later; the
+// host launches it only there). One block of ATT_ROWS / 16 warps per
+// (pixel, head, ATT_ROWS query rows); each warp carries 16 query rows
+// through every key, ATT_KEYS keys at a time, with the scores, the running
+// softmax (a maximum and a sum per row, the output rescaled when the
+// maximum grows) and the output in registers: the scores never go through
+// memory, which the two batched GEMMs and softmax_rows between them did
+// (7.6 of a 4,096-px chunk's 64 ms on an H200, mostly traffic).
+//
+// qkv is the packed (pixels * len, 3d) bf16 projection (Q, K, V side by
+// side, head h at columns h * hd of each); out, (pixels * len, d) bf16,
+// gets head h's output at columns h * hd. Arithmetic: Q K^T in f32 from
+// bf16 Q and K, times scale; the softmax in f32; its weights rounded to
+// bf16 for P V (unnormalised: exp(s - running max)), accumulated in f32,
+// divided by the f32 sum at the end, rounded once to bf16. Keys past len
+// get weight 0; the head size is padded with zeros to a multiple of 16.
+//
+// Shared memory: the block's Q rows and a block of keys' K, rows of ld
+// (the padded head size plus 8, so that a warp's fragment reads fall in
+// distinct banks), and V transposed (a row per head dimension, ATT_KEYS +
+// 8 keys wide), so every fragment is read as 32-bit pairs.
+//
+// The tensor-core instruction is mma.sync m16n8k16 (bf16 in, f32 out), on
+// fragments laid out as PTX defines them: with g = lane / 4, q = lane % 4,
+// A (16 x 16, row-major) reg 0 holds (row g, cols 2q, 2q+1), reg 1 (row
+// g+8, same cols), reg 2 (row g, cols 2q+8, 2q+9), reg 3 (row g+8, those);
+// B (16 x 8, k x n) reg 0 holds (k 2q, 2q+1; col g), reg 1 (k 2q+8, 2q+9;
+// col g); C/D (16 x 8) holds (row g, cols 2q, 2q+1), then (row g+8, cols
+// 2q, 2q+1); the lower-numbered element of a pair in the low 16 bits. So
+// the scores of two adjacent 8-key tiles are, as they lie, the A fragment
+// of the 16 keys they cover, for P V. The emulator runs the instruction
+// from those same layouts.
+#define ATT_ROWS 64
+#define ATT_KEYS 32
+#define ATT_MAX_HD 160
+#define ATT_VT_LD (ATT_KEYS + 8)
+#if defined(EMU_GPU)
+#define MMA_BF16(d, a, b) EMU_MMA_BF16(d, a, b)
+__device__ unsigned ld_bf16x2(const unsigned short* p) {
+    unsigned v;
+    __builtin_memcpy(&v, p, 4);
+    return v;
+}
+#else
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ void mma_bf16(float* d, const unsigned* a, const unsigned* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#define MMA_BF16(d, a, b) mma_bf16(d, a, b)
+#else
+// Below sm_80 there is no bf16 mma: never launched there.
+#define MMA_BF16(d, a, b) asm volatile("trap;")
+#endif
+// Two adjacent bf16 values (4-byte aligned) as one 32-bit word.
+__device__ unsigned ld_bf16x2(const unsigned short* p) {
+    return *reinterpret_cast<const unsigned*>(p);
+}
+#endif
+__device__ unsigned pack_bf16x2(float lo, float hi) {
+    return (unsigned)to_bf16(lo) | ((unsigned)to_bf16(hi) << 16);
+}
+// Eight bf16 values at src (16-byte aligned) as four 32-bit words, in one
+// 16-byte load; and back to dst (the same). The emulator copies bytes.
+__device__ void ld_bf16x8(unsigned* w, const unsigned short* src) {
+#if defined(EMU_GPU)
+    __builtin_memcpy(w, src, 16);
+#else
+    uint4 v = *reinterpret_cast<const uint4*>(src);
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+#endif
+}
+__device__ void st_bf16x8(unsigned short* dst, const unsigned* w) {
+#if defined(EMU_GPU)
+    __builtin_memcpy(dst, w, 16);
+#else
+    uint4 v;
+    v.x = w[0];
+    v.y = w[1];
+    v.z = w[2];
+    v.w = w[3];
+    *reinterpret_cast<uint4*>(dst) = v;
+#endif
+}
+extern "C" __global__ void attention_mma(const unsigned short* qkv, unsigned short* out,
+                                         int len, int d, int nhead, float scale) {
+    extern __shared__ unsigned short att_smem[];
+    const int hd = d / nhead;
+    const int hdp = (hd + 15) & ~15;
+    const int ld = hdp + 8;
+    const int q_tiles = (len + ATT_ROWS - 1) / ATT_ROWS;
+    const int qt = (int)(blockIdx.x % (unsigned)q_tiles);
+    const long long ph = blockIdx.x / (unsigned)q_tiles;
+    const int h = (int)(ph % nhead);
+    const long long p = ph / nhead;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const long long d3 = 3LL * d;
+    const unsigned short* tok0 = qkv + p * len * d3 + (long long)h * hd;
+    unsigned short* qs = att_smem;              // ATT_ROWS x ld
+    unsigned short* ks = qs + ATT_ROWS * ld;    // ATT_KEYS x ld
+    unsigned short* vt = ks + ATT_KEYS * ld;    // hdp x ATT_VT_LD
+    // Rows and head columns in 16-byte pieces where they are 16-byte
+    // aligned (hd and d multiples of 8: every model published), else one
+    // value at a time; zeros past len and hd.
+    const bool wide = (hd & 7) == 0 && (d & 7) == 0;
+    const int row0 = qt * ATT_ROWS;
+    if (wide) {
+        for (int i = threadIdx.x; i < ATT_ROWS * (hdp / 8); i += blockDim.x) {
+            int r = i / (hdp / 8), c = (i - r * (hdp / 8)) * 8;
+            int t = row0 + r;
+            unsigned w[4] = {0u, 0u, 0u, 0u};
+            if (t < len && c < hd) ld_bf16x8(w, tok0 + t * d3 + c);
+            st_bf16x8(qs + r * ld + c, w);
+        }
+    } else {
+        for (int i = threadIdx.x; i < ATT_ROWS * hdp; i += blockDim.x) {
+            int r = i / hdp, c = i - r * hdp;
+            int t = row0 + r;
+            qs[r * ld + c] = t < len && c < hd ? tok0[t * d3 + c] : (unsigned short)0;
+        }
+    }
+    const unsigned short* qw = qs + (warp * 16 + g) * ld + 2 * q;  // this lane's A reads
+    const int r0 = row0 + warp * 16 + g;  // this lane's rows: r0, r0 + 8
+    const float neg_inf = __int_as_float(0xff800000);
+    float m0 = neg_inf, m1 = neg_inf, l0 = 0.0f, l1 = 0.0f;
+    float o[ATT_MAX_HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < ATT_MAX_HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+    for (int kb = 0; kb < len; kb += ATT_KEYS) {
+        __syncthreads();  // Q is in; the previous keys' last reads are done
+        if (wide) {
+            for (int i = threadIdx.x; i < ATT_KEYS * (hdp / 8); i += blockDim.x) {
+                int key = i / (hdp / 8), c = (i - key * (hdp / 8)) * 8;
+                int t = kb + key;
+                unsigned kw[4] = {0u, 0u, 0u, 0u}, vw[4] = {0u, 0u, 0u, 0u};
+                if (t < len && c < hd) {
+                    ld_bf16x8(kw, tok0 + t * d3 + d + c);
+                    ld_bf16x8(vw, tok0 + t * d3 + 2 * d + c);
+                }
+                st_bf16x8(ks + key * ld + c, kw);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    vt[(c + 2 * e) * ATT_VT_LD + key] = (unsigned short)(vw[e] & 0xffffu);
+                    vt[(c + 2 * e + 1) * ATT_VT_LD + key] = (unsigned short)(vw[e] >> 16);
+                }
+            }
+        } else {
+            for (int i = threadIdx.x; i < ATT_KEYS * hdp; i += blockDim.x) {
+                int key = i / hdp, c = i - key * hdp;
+                int t = kb + key;
+                bool live = t < len && c < hd;
+                ks[key * ld + c] = live ? tok0[t * d3 + d + c] : (unsigned short)0;
+                vt[c * ATT_VT_LD + key] = live ? tok0[t * d3 + 2 * d + c] : (unsigned short)0;
+            }
+        }
+        __syncthreads();
+        // Scores of this warp's 16 rows against the ATT_KEYS keys.
+        float s[ATT_KEYS / 8][4];
+#pragma unroll
+        for (int j = 0; j < ATT_KEYS / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < ATT_MAX_HD / 16; ++kk) {
+            if (kk * 16 < hdp) {
+                const unsigned short* qk = qw + kk * 16;
+                unsigned a[4] = {ld_bf16x2(qk), ld_bf16x2(qk + 8 * ld), ld_bf16x2(qk + 8),
+                                 ld_bf16x2(qk + 8 * ld + 8)};
+#pragma unroll
+                for (int j = 0; j < ATT_KEYS / 8; ++j) {
+                    const unsigned short* kr = ks + (8 * j + g) * ld + kk * 16 + 2 * q;
+                    unsigned b[2] = {ld_bf16x2(kr), ld_bf16x2(kr + 8)};
+                    MMA_BF16(s[j], a, b);
+                }
+            }
+        }
+        // Scale, mask the keys past len, and the rows' maxima (a row's
+        // values lie in the four lanes of its quad).
+        float x0 = neg_inf, x1 = neg_inf;
+#pragma unroll
+        for (int j = 0; j < ATT_KEYS / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int key = kb + 8 * j + 2 * q + (e & 1);
+                s[j][e] = key < len ? s[j][e] * scale : neg_inf;
+            }
+            x0 = fmaxf(x0, fmaxf(s[j][0], s[j][1]));
+            x1 = fmaxf(x1, fmaxf(s[j][2], s[j][3]));
+        }
+        x0 = fmaxf(x0, __shfl_xor_sync(FULL_MASK, x0, 1));
+        x0 = fmaxf(x0, __shfl_xor_sync(FULL_MASK, x0, 2));
+        x1 = fmaxf(x1, __shfl_xor_sync(FULL_MASK, x1, 1));
+        x1 = fmaxf(x1, __shfl_xor_sync(FULL_MASK, x1, 2));
+        // Key kb is live, so the new maxima are finite; exp(-inf) is 0 on
+        // the first keys.
+        float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+        float c0 = expf(m0 - n0), c1 = expf(m1 - n1);
+        m0 = n0;
+        m1 = n1;
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int j = 0; j < ATT_KEYS / 8; ++j) {
+            s[j][0] = expf(s[j][0] - m0);
+            s[j][1] = expf(s[j][1] - m0);
+            s[j][2] = expf(s[j][2] - m1);
+            s[j][3] = expf(s[j][3] - m1);
+            l0 += s[j][0] + s[j][1];
+            l1 += s[j][2] + s[j][3];
+        }
+#pragma unroll
+        for (int j = 0; j < ATT_MAX_HD / 8; ++j) {
+            o[j][0] *= c0;
+            o[j][1] *= c0;
+            o[j][2] *= c1;
+            o[j][3] *= c1;
+        }
+        // O += P V, 16 keys at a time.
+#pragma unroll
+        for (int kk = 0; kk < ATT_KEYS / 16; ++kk) {
+            unsigned pa[4] = {
+                pack_bf16x2(s[2 * kk][0], s[2 * kk][1]),
+                pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]),
+            };
+#pragma unroll
+            for (int j = 0; j < ATT_MAX_HD / 8; ++j) {
+                if (j * 8 < hdp) {
+                    const unsigned short* vc = vt + (8 * j + g) * ATT_VT_LD + 16 * kk + 2 * q;
+                    unsigned b[2] = {ld_bf16x2(vc), ld_bf16x2(vc + 8)};
+                    MMA_BF16(o[j], pa, b);
+                }
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
+    l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
+    l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
+    l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    unsigned short* ob = out + p * len * d + (long long)h * hd;
+#pragma unroll
+    for (int j = 0; j < ATT_MAX_HD / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int row = r0 + 8 * (e >> 1);
+            int col = 8 * j + 2 * q + (e & 1);
+            if (row < len && col < hd) ob[(long long)row * d + col] = to_bf16(o[j][e] * (e < 2 ? inv0 : inv1));
+        }
+    }
+}

@@ -1,9 +1,13 @@
 //! The GPU path: the model's forward pass written once over a [`Device`].
 //!
 //! Every Linear is one SGEMM over the whole chunk, attention's two products
-//! are strided batched SGEMMs (one per head, over all pixels of the chunk),
-//! and the rest (the day-of-year encoding, bias and epilogues, LayerNorm,
-//! softmax, attention pooling) are the small kernels in `kernels.cu`. Only
+//! are strided batched SGEMMs (one per head, over all pixels of the chunk)
+//! with `softmax_rows` between them, and the rest (the day-of-year
+//! encoding, bias and epilogues, LayerNorm, attention pooling) are the
+//! small kernels in `kernels.cu`. In bf16 on a GPU with tensor cores
+//! (sm_80 on), attention is one kernel instead, `attention_mma`, whose
+//! scores stay in registers (`FLOTILLA_CUDA_GEMM_ATTENTION` keeps the
+//! GEMMs, to compare). Only
 //! the inputs (bands and days) go to the device and only the pooled
 //! features and embeddings come back.
 //!
@@ -581,11 +585,73 @@ impl<D: Device> GpuModel<D> {
         Ok(())
     }
 
-    /// [`GpuModel::attention`] on bf16: `qkv` in bf16, the scores in f32
-    /// (`scores`), the probabilities in bf16 (`probs`), `attn` written in
-    /// bf16 by the second GEMM.
+    /// `attention_mma`'s launch for these shapes, where the device has
+    /// tensor cores, the head fits the kernel and
+    /// `FLOTILLA_CUDA_GEMM_ATTENTION` is not set; `None`: the batched GEMMs.
+    fn attention_mma_launch(
+        &self,
+        px: usize,
+        len: usize,
+        d: usize,
+        nhead: usize,
+    ) -> Result<Option<Launch>> {
+        static GEMM_ATTENTION: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let forced = *GEMM_ATTENTION
+            .get_or_init(|| std::env::var_os("FLOTILLA_CUDA_GEMM_ATTENTION").is_some());
+        if forced || !self.dev.tensor_cores() || nhead == 0 {
+            return Ok(None);
+        }
+        Launch::attention_mma(px, len, nhead, d / nhead)
+    }
+
+    /// [`GpuModel::attention`] on bf16: `qkv` in bf16, `attn` written in
+    /// bf16. With `mma` ([`GpuModel::attention_mma_launch`]) one kernel on
+    /// tensor cores; else per head the scores in f32 (`scores`), their
+    /// softmax in bf16 (`probs`) and the second GEMM.
     #[allow(clippy::too_many_arguments)]
     fn attention_half(
+        &self,
+        qkv: &D::Half,
+        attn: &mut D::Half,
+        mma: Option<Launch>,
+        scores: &mut Option<(D::Buf, D::Half)>,
+        px: usize,
+        len: usize,
+        d: usize,
+        nhead: usize,
+    ) -> Result<()> {
+        let launch = match (mma, scores) {
+            (Some(launch), _) => launch,
+            (None, Some((scores, probs))) => {
+                return self.attention_half_gemms(qkv, attn, scores, probs, px, len, d, nhead)
+            }
+            (None, None) => {
+                return Err(EncodeError::backend(
+                    "gpu",
+                    "attention on GEMMs without buffers for the scores",
+                ))
+            }
+        };
+        if D::half_len(qkv) < px * len * 3 * d || D::half_len(attn) < px * len * d {
+            return Err(EncodeError::backend(
+                "gpu",
+                format!("attention of {px} x {len} tokens at width {d}: buffers too short"),
+            ));
+        }
+        let mut args = [
+            Arg::HalfIn(qkv),
+            Arg::HalfOut(attn),
+            Arg::I32(int(len, "len")?),
+            Arg::I32(int(d, "d_model")?),
+            Arg::I32(int(nhead, "heads")?),
+            Arg::F32(1.0 / ((d / nhead) as f32).sqrt()),
+        ];
+        self.dev.launch(Kernel::AttentionMma, launch, &mut args)
+    }
+
+    /// [`GpuModel::attention_half`] on the batched GEMMs.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_half_gemms(
         &self,
         qkv: &D::Half,
         attn: &mut D::Half,
@@ -748,14 +814,21 @@ impl<D: Device> GpuModel<D> {
         // taken only if a GEMM's bias and ReLU are not fused.
         let wide = m * (3 * d).max(bb.ffn);
         let mut y: Option<D::Buf> = None;
-        let mut scores = scratch.take(dev, Slot::Scores, px * len * len)?;
+        let mma = self.attention_mma_launch(px, len, d, bb.nhead)?;
+        // The scores go through memory only for attention on GEMMs.
+        let mut scores = match mma {
+            Some(_) => None,
+            None => Some((
+                scratch.take(dev, Slot::Scores, px * len * len)?,
+                scratch.take_half(dev, HalfSlot::Probs, px * len * len)?,
+            )),
+        };
         let mut pooled = scratch.take(dev, Slot::Pooled, px * d)?;
         let mut t_h = scratch.take_half(dev, HalfSlot::T, m * d)?;
         let mut h_h = scratch.take_half(dev, HalfSlot::H, m * d)?;
         let mut qkv_h = scratch.take_half(dev, HalfSlot::Qkv, m * 3 * d)?;
         let mut attn_h = scratch.take_half(dev, HalfSlot::Attn, m * d)?;
         let mut ff_h = scratch.take_half(dev, HalfSlot::Ff, m * bb.ffn)?;
-        let mut probs_h = scratch.take_half(dev, HalfSlot::Probs, px * len * len)?;
         self.doy_encoding(bb, &doys, &mut pe, m)?;
         self.linear_half_lazy(
             &bb.embed0,
@@ -790,16 +863,7 @@ impl<D: Device> GpuModel<D> {
                 &mut y,
                 (scratch, wide),
             )?;
-            self.attention_half(
-                &qkv_h,
-                &mut attn_h,
-                &mut scores,
-                &mut probs_h,
-                px,
-                len,
-                d,
-                bb.nhead,
-            )?;
+            self.attention_half(&qkv_h, &mut attn_h, mma, &mut scores, px, len, d, bb.nhead)?;
             let fused = self.linear_half_residual(&l.out_proj, &attn_h, m, &mut t, &h)?;
             let added = (!fused).then_some((&l.out_proj.bias, &h));
             self.add_norm(added, &mut t, m, &l.norm1, Some(&mut h_h))?;
@@ -826,13 +890,16 @@ impl<D: Device> GpuModel<D> {
             (Slot::T, t),
             (Slot::H, h),
             (Slot::Attn, pe),
-            (Slot::Scores, scores),
             (Slot::Pooled, pooled),
         ] {
             scratch.give(slot, buf);
         }
         if let Some(y) = y {
             scratch.give(Slot::Ff, y);
+        }
+        if let Some((scores, probs)) = scores {
+            scratch.give(Slot::Scores, scores);
+            scratch.give_half(HalfSlot::Probs, probs);
         }
         for (slot, buf) in [
             (HalfSlot::Values, values),
@@ -841,7 +908,6 @@ impl<D: Device> GpuModel<D> {
             (HalfSlot::Qkv, qkv_h),
             (HalfSlot::Attn, attn_h),
             (HalfSlot::Ff, ff_h),
-            (HalfSlot::Probs, probs_h),
         ] {
             scratch.give_half(slot, buf);
         }
