@@ -64,6 +64,8 @@ static inline float __int_as_float(int i) { float f; __builtin_memcpy(&f, &i, 4)
 static inline unsigned int __float_as_uint(float f) { unsigned int u; __builtin_memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(unsigned int u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
 #define __device__ static inline
+#define __trap() __builtin_trap()
+struct uint4 { unsigned x, y, z, w; };
 struct emu_task {
     struct promise_type {
         emu_task get_return_object() {

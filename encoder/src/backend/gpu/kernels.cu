@@ -349,8 +349,10 @@ extern "C" __global__ void attention_pool(const float* h, const float* w, float 
 #define ATT_MAX_HD 160
 #define ATT_VT_LD (ATT_KEYS + 8)
 #if defined(EMU_GPU)
+// The emulator's copies trap on an address a GPU would fault on.
 #define MMA_BF16(d, a, b) EMU_MMA_BF16(d, a, b)
 __device__ unsigned ld_bf16x2(const unsigned short* p) {
+    if ((unsigned long long)p & 3) __trap();
     unsigned v;
     __builtin_memcpy(&v, p, 4);
     return v;
@@ -367,7 +369,7 @@ __device__ void mma_bf16(float* d, const unsigned* a, const unsigned* b) {
 #define MMA_BF16(d, a, b) mma_bf16(d, a, b)
 #else
 // Below sm_80 there is no bf16 mma: never launched there.
-#define MMA_BF16(d, a, b) asm volatile("trap;")
+#define MMA_BF16(d, a, b) __trap()
 #endif
 // Two adjacent bf16 values (4-byte aligned) as one 32-bit word.
 __device__ unsigned ld_bf16x2(const unsigned short* p) {
@@ -381,6 +383,7 @@ __device__ unsigned pack_bf16x2(float lo, float hi) {
 // 16-byte load; and back to dst (the same). The emulator copies bytes.
 __device__ void ld_bf16x8(unsigned* w, const unsigned short* src) {
 #if defined(EMU_GPU)
+    if ((unsigned long long)src & 15) __trap();
     __builtin_memcpy(w, src, 16);
 #else
     uint4 v = *reinterpret_cast<const uint4*>(src);
@@ -392,6 +395,7 @@ __device__ void ld_bf16x8(unsigned* w, const unsigned short* src) {
 }
 __device__ void st_bf16x8(unsigned short* dst, const unsigned* w) {
 #if defined(EMU_GPU)
+    if ((unsigned long long)dst & 15) __trap();
     __builtin_memcpy(dst, w, 16);
 #else
     uint4 v;
@@ -404,8 +408,13 @@ __device__ void st_bf16x8(unsigned short* dst, const unsigned* w) {
 }
 extern "C" __global__ void attention_mma(const unsigned short* qkv, unsigned short* out,
                                          int len, int d, int nhead, float scale) {
-    extern __shared__ unsigned short att_smem[];
+    // Declared as uint4 so that it is 16-byte aligned, for the 16-byte
+    // copies into Q and K.
+    extern __shared__ uint4 att_smem_v[];
+    unsigned short* att_smem = reinterpret_cast<unsigned short*>(att_smem_v);
     const int hd = d / nhead;
+    // Wider heads than the registers hold (the host launches none).
+    if (hd > ATT_MAX_HD) __trap();
     const int hdp = (hd + 15) & ~15;
     const int ld = hdp + 8;
     const int q_tiles = (len + ATT_ROWS - 1) / ATT_ROWS;
