@@ -140,28 +140,95 @@ fn gather<T>(
     Ok(out)
 }
 
-/// Call `visit(p, bytes)` for every pixel `p` of every frame of `f` (frames
-/// of `hw` pixels of `pb` bytes), a piece at a time; stops with
-/// [`EncodeError::Cancelled`] between frames once `cancel` is set.
-fn scan(
+/// Threads [`count_where`] counts on, at most (one range of pixels each).
+const COUNT_THREADS: usize = 8;
+
+/// Pixels a counting thread takes at least: fewer are not worth a thread.
+const COUNT_MIN_PIXELS: usize = 16_384;
+
+/// Add one to `counts[p]` for each frame of `f` (frames of `hw` pixels of
+/// `pb` bytes) where `valid` holds for pixel `p`'s bytes. The pixels are
+/// split in ranges over up to [`COUNT_THREADS`] threads, each reading its
+/// range a frame at a time (the reads take the file's lock in turn; the
+/// counting runs in parallel): an encode counts every pixel's observations
+/// before its first chunk, while a device waits. The first error, in range
+/// order, is returned; [`EncodeError::Cancelled`] between frames once
+/// `cancel` is set.
+fn count_where(
     f: &NpyFile,
     hw: usize,
     pb: usize,
     cancel: &AtomicBool,
-    mut visit: impl FnMut(usize, &[u8]),
+    counts: &mut [u16],
+    valid: impl Fn(&[u8]) -> bool + Sync,
 ) -> Result<()> {
-    let piece_px = (READ_PIECE_BYTES / pb).max(1);
-    let mut buf = vec![0u8; piece_px.min(hw) * pb];
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, COUNT_THREADS);
+    let per = hw.div_ceil(threads).max(COUNT_MIN_PIXELS);
+    count_in_ranges(f, hw, pb, cancel, counts, &valid, per)
+}
+
+/// [`count_where`] in ranges of `per` pixels, a thread each.
+fn count_in_ranges(
+    f: &NpyFile,
+    hw: usize,
+    pb: usize,
+    cancel: &AtomicBool,
+    counts: &mut [u16],
+    valid: &(impl Fn(&[u8]) -> bool + Sync),
+    per: usize,
+) -> Result<()> {
+    let per = per.max(1);
+    let counts = &mut counts[..hw];
+    if counts.len() <= per {
+        return count_range(f, hw, pb, 0, counts, cancel, valid);
+    }
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = counts
+            .chunks_mut(per)
+            .enumerate()
+            .map(|(i, c)| s.spawn(move || count_range(f, hw, pb, i * per, c, cancel, valid)))
+            .collect();
+        let mut first = Ok(());
+        for job in jobs {
+            let r = job
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    })
+}
+
+/// [`count_where`] for the pixels `start..start + counts.len()`.
+fn count_range(
+    f: &NpyFile,
+    hw: usize,
+    pb: usize,
+    start: usize,
+    counts: &mut [u16],
+    cancel: &AtomicBool,
+    valid: &(impl Fn(&[u8]) -> bool + Sync),
+) -> Result<()> {
+    let n_px = counts.len();
+    let piece_px = (READ_PIECE_BYTES / pb).clamp(1, n_px.max(1));
+    let mut buf = vec![0u8; piece_px * pb];
     for t in 0..f.header.shape[0] {
         if cancel.load(Ordering::Relaxed) {
             return Err(EncodeError::Cancelled);
         }
         let mut a = 0;
-        while a < hw {
-            let n = piece_px.min(hw - a);
-            f.read_at((t * hw + a) * pb, &mut buf[..n * pb])?;
-            for (k, px) in buf[..n * pb].chunks_exact(pb).enumerate() {
-                visit(a + k, px);
+        while a < n_px {
+            let n = piece_px.min(n_px - a);
+            f.read_at((t * hw + start + a) * pb, &mut buf[..n * pb])?;
+            for (c, px) in counts[a..a + n]
+                .iter_mut()
+                .zip(buf[..n * pb].chunks_exact(pb))
+            {
+                *c = c.saturating_add(u16::from(valid(px)));
             }
             a += n;
         }
@@ -289,13 +356,10 @@ impl TileSource for TileReader {
     fn valid_counts(&self, cancel: &AtomicBool) -> Result<[Vec<u16>; 2]> {
         let hw = self.pixels();
         let (mut s2, mut s1) = (vec![0u16; hw], vec![0u16; hw]);
-        scan(&self.masks, hw, 1, cancel, |p, m| {
-            s2[p] = s2[p].saturating_add(u16::from(m[0] == 1));
-        })
-        .map_err(as_tile_err)?;
+        count_where(&self.masks, hw, 1, cancel, &mut s2, |m| m[0] == 1).map_err(as_tile_err)?;
         for pass in [&self.ascending, &self.descending].into_iter().flatten() {
-            scan(&pass.data, hw, 4, cancel, |p, vv_vh| {
-                s1[p] = s1[p].saturating_add(u16::from(vv_vh != [0, 0, 0, 0]));
+            count_where(&pass.data, hw, 4, cancel, &mut s1, |vv_vh| {
+                vv_vh != [0, 0, 0, 0]
             })
             .map_err(as_tile_err)?;
         }
@@ -313,5 +377,60 @@ impl TileSource for TileReader {
             ascending: self.sar_window(&self.ascending, pixels, true)?,
             descending: self.sar_window(&self.descending, pixels, false)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::SynthTile;
+
+    /// Counted in ranges on several threads (ranges far smaller than the
+    /// encoder's, so the test needs no large tile), the counts are those of
+    /// the tile in memory, a range ending inside a read piece or not.
+    #[test]
+    fn counts_in_parallel_ranges_are_the_tiles_counts() {
+        let tile = TileInputs::synthetic(&SynthTile {
+            height: 61,
+            width: 53,
+            s2_frames: 9,
+            s1_asc_frames: 5,
+            s1_desc_frames: 4,
+            clear: 0.6,
+            seed: 11,
+        });
+        let dir = std::env::temp_dir().join(format!("flotilla-count-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        tile.write(&dir).unwrap();
+        let reader = TileReader::open(&dir).unwrap();
+        let cancel = AtomicBool::new(false);
+        let want = tile.valid_counts(&cancel).unwrap();
+        assert_eq!(reader.valid_counts(&cancel).unwrap(), want);
+        let hw = reader.pixels();
+        for per in [1, 7, 1000, hw - 1, hw, hw + 5] {
+            let mut s2 = vec![0u16; hw];
+            count_in_ranges(
+                &reader.masks,
+                hw,
+                1,
+                &cancel,
+                &mut s2,
+                &|m: &[u8]| m[0] == 1,
+                per,
+            )
+            .unwrap();
+            assert_eq!(s2, want[0], "S2 in ranges of {per}");
+            let mut s1 = vec![0u16; hw];
+            for pass in [&reader.ascending, &reader.descending]
+                .into_iter()
+                .flatten()
+            {
+                let valid = |b: &[u8]| b != [0, 0, 0, 0];
+                count_in_ranges(&pass.data, hw, 4, &cancel, &mut s1, &valid, per).unwrap();
+            }
+            assert_eq!(s1, want[1], "S1 in ranges of {per}");
+        }
+        assert!(want[0].iter().any(|&c| c > 0) && want[1].iter().any(|&c| c > 0));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
