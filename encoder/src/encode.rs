@@ -271,7 +271,6 @@ impl Encoder {
         tokens_done: &mut dyn FnMut(usize),
     ) -> Result<Vec<f32>> {
         let d = self.weights.config.d_model();
-        let chunk = self.profile.chunk_pixels.max(1);
         // One chunk's backbone is begun before the last one's result is
         // taken, so a device finds the next chunk queued when it finishes
         // one (BACKBONES_IN_FLIGHT): the host hands over chunk i + 1 while
@@ -327,19 +326,17 @@ impl Encoder {
         if cancel.load(Ordering::Relaxed) {
             return Err(EncodeError::Cancelled);
         }
+        // The head in one call for the whole window: on a GPU each call is
+        // a round trip the device idles through (its inputs copied up, the
+        // result waited for), once a window rather than once a chunk.
         let r = self.weights.config.repr_dim;
-        let mut out = Vec::with_capacity(nw * r);
         let (s2, s1) = (&pooled[0][..nw * d], &pooled[1][..nw * d]);
-        for (a, b) in s2.chunks(chunk * d).zip(s1.chunks(chunk * d)) {
-            let n = a.len() / d;
-            let y = self.backend.head(a, b, n)?;
-            if y.len() != n * r {
-                return Err(EncodeError::backend(
-                    self.backend.name(),
-                    format!("head returned {} values for {n} x {r}", y.len()),
-                ));
-            }
-            out.extend_from_slice(&y);
+        let out = self.backend.head(s2, s1, nw)?;
+        if out.len() != nw * r {
+            return Err(EncodeError::backend(
+                self.backend.name(),
+                format!("head returned {} values for {nw} x {r}", out.len()),
+            ));
         }
         Ok(out)
     }

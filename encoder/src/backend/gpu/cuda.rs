@@ -845,14 +845,6 @@ impl Device for CudaDevice {
             .map_err(|e| err("copying to the GPU", e))
     }
 
-    fn upload_into(&self, host: &[f32], buf: &mut Self::Buf) -> Result<()> {
-        check_upload(host.len(), buf.len())?;
-        let mut dst = buf.slice_mut(..host.len());
-        self.stream
-            .memcpy_htod(host, &mut dst)
-            .map_err(|e| err("copying to the GPU", e))
-    }
-
     fn alloc(&self, n: usize) -> Result<Self::Buf> {
         // SAFETY: the GPU path writes every buffer before it reads it
         // (`Scratch`), which the emulator checks by filling new ones with NaN.
@@ -870,11 +862,15 @@ impl Device for CudaDevice {
         buf.len()
     }
 
-    fn upload_staged(&self, host: &[f32], buf: &mut Self::Buf) -> Result<CudaStaging> {
-        let n = host.len();
+    fn upload_staged_with(
+        &self,
+        n: usize,
+        buf: &mut Self::Buf,
+        fill: &mut dyn FnMut(&mut [f32]),
+    ) -> Result<CudaStaging> {
         check_upload(n, buf.len())?;
         self.staged(n, |pinned| {
-            pinned.copy_from_slice(host);
+            fill(pinned);
             self.stream
                 .memcpy_htod(&*pinned, &mut buf.slice_mut(..n))
                 .map_err(|e| err("copying to the GPU", e))

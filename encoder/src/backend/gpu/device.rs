@@ -361,9 +361,6 @@ pub(crate) trait Device: Sized {
     fn bind(&self) -> Result<()>;
     /// A new buffer holding `host`.
     fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
-    /// Copy `host` into the start of `buf`, which holds at least as many
-    /// floats (else an error).
-    fn upload_into(&self, host: &[f32], buf: &mut Self::Buf) -> Result<()>;
     /// A buffer of `n` floats whose contents are whatever the device had
     /// there (NaN in the emulator).
     fn alloc(&self, n: usize) -> Result<Self::Buf>;
@@ -375,7 +372,20 @@ pub(crate) trait Device: Sized {
     /// once `host` may be reused, the staging to keep until the copy is
     /// known done (a later download on the stream has been waited for),
     /// then to hand back with [`Device::release`].
-    fn upload_staged(&self, host: &[f32], buf: &mut Self::Buf) -> Result<Self::Staging>;
+    fn upload_staged(&self, host: &[f32], buf: &mut Self::Buf) -> Result<Self::Staging> {
+        self.upload_staged_with(host.len(), buf, &mut |staging| {
+            staging.copy_from_slice(host)
+        })
+    }
+    /// [`Device::upload_staged`] of `n` floats that `fill` writes straight
+    /// into the staging memory (so data assembled for the device is not
+    /// first assembled elsewhere and copied).
+    fn upload_staged_with(
+        &self,
+        n: usize,
+        buf: &mut Self::Buf,
+        fill: &mut dyn FnMut(&mut [f32]),
+    ) -> Result<Self::Staging>;
     /// Begin copying the first `n` floats of `buf` into host staging
     /// memory, after the work queued before; [`Device::download_wait`] and
     /// [`Device::download_end`] take them from there.

@@ -702,18 +702,6 @@ impl Device for EmulatedDevice {
         Ok(EmuBuf::new(host.to_vec()))
     }
 
-    fn upload_into(&self, host: &[f32], buf: &mut EmuBuf) -> Result<()> {
-        if host.len() > buf.len() {
-            return Err(err(format!(
-                "copying {} floats into a buffer of {}",
-                host.len(),
-                buf.len()
-            )));
-        }
-        buf.data[..host.len()].copy_from_slice(host);
-        Ok(())
-    }
-
     /// NaN, so a kernel or GEMM that reads what nothing wrote shows it.
     fn alloc(&self, n: usize) -> Result<EmuBuf> {
         Ok(EmuBuf::new(vec![f32::NAN; n]))
@@ -733,8 +721,22 @@ impl Device for EmulatedDevice {
         buf.len()
     }
 
-    fn upload_staged(&self, host: &[f32], buf: &mut EmuBuf) -> Result<EmuStaging> {
-        self.upload_into(host, buf)?;
+    fn upload_staged_with(
+        &self,
+        n: usize,
+        buf: &mut EmuBuf,
+        fill: &mut dyn FnMut(&mut [f32]),
+    ) -> Result<EmuStaging> {
+        if n > buf.len() {
+            return Err(err(format!(
+                "copying {n} floats into a buffer of {}",
+                buf.len()
+            )));
+        }
+        // Staging starts as NaN, like memory nobody wrote.
+        let mut host = vec![f32::NAN; n];
+        fill(&mut host);
+        buf.data[..n].copy_from_slice(&host);
         Ok(EmuStaging { data: Vec::new() })
     }
 
