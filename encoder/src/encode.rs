@@ -228,12 +228,17 @@ impl Encoder {
             let d = self.weights.config.d_model();
             let wmax = window.min(active.len());
             let mut pooled = [vec![0f32; wmax * d], vec![0f32; wmax * d]];
-            for win in bounds.iter().map(|&(a, b)| &active[a..b]) {
+            // The next window's first chunk, begun before this window's
+            // head (see `encode_window`).
+            let mut carried: Option<InFlight> = None;
+            let last = bounds.len().saturating_sub(1);
+            for (wi, win) in bounds.iter().map(|&(a, b)| &active[a..b]).enumerate() {
                 let out = self.encode_window(
                     win.len(),
                     &mut pooled,
-                    &chunk_rx,
-                    &spare_tx,
+                    (&chunk_rx, &spare_tx),
+                    &mut carried,
+                    wi < last,
                     cancel,
                     &mut |t| {
                         done_tokens += t;
@@ -260,13 +265,20 @@ impl Encoder {
     /// Encode one window of `nw` pixels (all with data) from its chunks of
     /// tokens, as the gatherer sends them (`None` after the last), each
     /// buffer sent back on `spare` once used, pooling into `pooled` (each
-    /// at least nw x d): returns (nw, repr_dim).
+    /// at least nw x d): returns (nw, repr_dim). `carried` holds this
+    /// window's first chunk if the window before began it, and gets the
+    /// next window's first chunk, begun before this window's head when
+    /// `more` windows follow: a device then computes it while the host
+    /// takes this window's last result and assembles the head's inputs,
+    /// instead of idling from the last backbone to the next window.
+    #[allow(clippy::too_many_arguments)]
     fn encode_window(
         &self,
         nw: usize,
         pooled: &mut [Vec<f32>; 2],
-        chunks: &Receiver<Result<Option<ChunkTokens>>>,
-        spare: &Sender<(Vec<f32>, Vec<f32>)>,
+        (chunks, spare): (&ChunkRx, &SpareTx),
+        carried: &mut Option<InFlight>,
+        more: bool,
         cancel: &AtomicBool,
         tokens_done: &mut dyn FnMut(usize),
     ) -> Result<Vec<f32>> {
@@ -275,36 +287,28 @@ impl Encoder {
         // taken, so a device finds the next chunk queued when it finishes
         // one (BACKBONES_IN_FLIGHT): the host hands over chunk i + 1 while
         // the device computes chunk i.
-        let mut in_flight: Option<(PendingBackbone, Modality, Vec<u32>, usize)> = None;
-        let mut take =
-            |(pending, modality, members, len): (PendingBackbone, Modality, Vec<u32>, usize),
-             pooled: &mut [Vec<f32>; 2]|
-             -> Result<()> {
-                let n = members.len();
-                let out = self.backend.backbone_end(pending)?;
-                if out.len() != n * d {
-                    return Err(EncodeError::backend(
-                        self.backend.name(),
-                        format!("backbone returned {} values for {n} x {d}", out.len()),
-                    ));
-                }
-                let mi = modality as usize;
-                for (k, &i) in members.iter().enumerate() {
-                    let i = i as usize;
-                    pooled[mi][i * d..(i + 1) * d].copy_from_slice(&out[k * d..(k + 1) * d]);
-                }
-                tokens_done(n * len);
-                Ok(())
-            };
-        loop {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(EncodeError::Cancelled);
+        let mut in_flight: Option<InFlight> = carried.take();
+        let mut take = |f: InFlight, pooled: &mut [Vec<f32>; 2]| -> Result<()> {
+            let n = f.members.len();
+            let out = self.backend.backbone_end(f.pending)?;
+            if out.len() != n * d {
+                return Err(EncodeError::backend(
+                    self.backend.name(),
+                    format!("backbone returned {} values for {n} x {d}", out.len()),
+                ));
             }
-            // The gatherer only stops early on an error (sent first) or on
-            // `cancel`.
-            let Some(c) = chunks.recv().map_err(|_| EncodeError::Cancelled)?? else {
-                break;
-            };
+            let mi = f.modality as usize;
+            for (k, &i) in f.members.iter().enumerate() {
+                let i = i as usize;
+                pooled[mi][i * d..(i + 1) * d].copy_from_slice(&out[k * d..(k + 1) * d]);
+            }
+            tokens_done(n * f.len);
+            Ok(())
+        };
+        // The gatherer only stops early on an error (sent first) or on
+        // `cancel`.
+        let next = || chunks.recv().map_err(|_| EncodeError::Cancelled)?;
+        let begin = |c: ChunkTokens| -> Result<InFlight> {
             let batch = SequenceBatch {
                 n: c.members.len(),
                 len: c.len,
@@ -316,9 +320,34 @@ impl Encoder {
             // Begun, the batch's buffers are free again; the gatherer may
             // have finished: then they just go.
             let _ = spare.send((c.values, c.doys));
-            if let Some(prev) = in_flight.replace((pending, c.modality, c.members, c.len)) {
+            Ok(InFlight {
+                pending,
+                modality: c.modality,
+                members: c.members,
+                len: c.len,
+            })
+        };
+        loop {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(EncodeError::Cancelled);
+            }
+            let Some(c) = next()? else {
+                break;
+            };
+            if let Some(prev) = in_flight.replace(begin(c)?) {
                 take(prev, pooled)?;
             }
+        }
+        if more && !cancel.load(Ordering::Relaxed) {
+            // Every pixel of a window is in one chunk of each modality, so
+            // a window after this one starts with a chunk.
+            let Some(c) = next()? else {
+                return Err(EncodeError::backend(
+                    self.backend.name(),
+                    "a window of pixels came with no chunk",
+                ));
+            };
+            *carried = Some(begin(c)?);
         }
         if let Some(last) = in_flight.take() {
             take(last, pooled)?;
@@ -363,6 +392,22 @@ fn window_bounds(n: usize, window: usize, chunk: usize) -> Vec<(usize, usize)> {
         start = end;
     }
     bounds
+}
+
+/// Gathered chunks as the gatherer sends them (`None` after a window's last).
+type ChunkRx = Receiver<Result<Option<ChunkTokens>>>;
+
+/// Token buffers going back to the gatherer once used.
+type SpareTx = Sender<(Vec<f32>, Vec<f32>)>;
+
+/// A chunk whose backbone is begun: what taking its result needs.
+struct InFlight {
+    pending: PendingBackbone,
+    modality: Modality,
+    /// The chunk's pixels, as positions in their window.
+    members: Vec<u32>,
+    /// Its sequence length.
+    len: usize,
 }
 
 /// Chunks of tokens the gatherer sends ahead of the backend.

@@ -255,6 +255,39 @@ pub fn isa(choice: BackendChoice) -> String {
 
 /// The widest f32 vector ISA this CPU offers of those the `gemm` crate
 /// dispatches to.
+/// Threads [`interleave_features`] copies on, at most.
+const INTERLEAVE_THREADS: usize = 4;
+
+/// `z` (n, 2d) = each pixel's S2 features then its S1 features, from `s2`
+/// and `s1` (n, d each): the head's input. A window's worth (84 MB for the
+/// Large model) is copied on up to [`INTERLEAVE_THREADS`] threads: on a GPU
+/// this runs between a window's last backbone and its head, and one
+/// thread's copy bandwidth is a fraction of the machine's.
+pub(crate) fn interleave_features(z: &mut [f32], s2: &[f32], s1: &[f32], d: usize) {
+    let n = z.len() / (2 * d).max(1);
+    let copy = |z: &mut [f32], first: usize| {
+        for (i, row) in z.chunks_exact_mut(2 * d).enumerate() {
+            let p = first + i;
+            row[..d].copy_from_slice(&s2[p * d..(p + 1) * d]);
+            row[d..].copy_from_slice(&s1[p * d..(p + 1) * d]);
+        }
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |t| t.get())
+        .min(INTERLEAVE_THREADS)
+        .min(n.div_ceil(1024))
+        .max(1);
+    if threads == 1 {
+        return copy(z, 0);
+    }
+    let per = n.div_ceil(threads);
+    std::thread::scope(|s| {
+        for (k, part) in z.chunks_mut(per * 2 * d).enumerate() {
+            s.spawn(move || copy(part, k * per));
+        }
+    });
+}
+
 fn cpu_vector_isa() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
@@ -331,5 +364,28 @@ mod tests {
         };
         assert_eq!(BackendChoice::Auto.resolve(), want);
         assert!(BackendChoice::available().contains(&want));
+    }
+
+    /// Split over threads (3,001 pixels: up to 4 parts, the last short),
+    /// every row is each pixel's S2 features then its S1 features.
+    #[test]
+    fn features_interleave_on_threads_as_on_one() {
+        let (n, d) = (3001, 5);
+        let s2: Vec<f32> = (0..n * d).map(|i| i as f32).collect();
+        let s1: Vec<f32> = (0..n * d).map(|i| -(i as f32) - 1.0).collect();
+        let mut z = vec![f32::NAN; n * 2 * d];
+        interleave_features(&mut z, &s2, &s1, d);
+        for p in 0..n {
+            assert_eq!(
+                &z[p * 2 * d..p * 2 * d + d],
+                &s2[p * d..(p + 1) * d],
+                "pixel {p}"
+            );
+            assert_eq!(
+                &z[p * 2 * d + d..(p + 1) * 2 * d],
+                &s1[p * d..(p + 1) * d],
+                "pixel {p}"
+            );
+        }
     }
 }

@@ -932,10 +932,7 @@ impl<D: Device> GpuModel<D> {
         // into page-locked memory: a window's (84 MB for the Large model)
         // cross once on the host and at the bus's rate.
         let staged = dev.upload_staged_with(n * 2 * d, &mut zd, &mut |z| {
-            for (i, row) in z.chunks_exact_mut(2 * d).enumerate() {
-                row[..d].copy_from_slice(&s2[i * d..(i + 1) * d]);
-                row[d..].copy_from_slice(&s1[i * d..(i + 1) * d]);
-            }
+            super::interleave_features(z, s2, s1, d)
         })?;
         let mut y = scratch.take(dev, Slot::T, n * self.fc1.out_dim)?;
         self.linear(&self.fc1, &zd, n, &mut y, false, None)?;
