@@ -251,6 +251,23 @@ struct HostOnly {
     head_staging: std::sync::Mutex<Vec<f32>>,
 }
 
+impl HostOnly {
+    /// Give the simulated device work of `seconds(its px/s rate)`, queued
+    /// after what it has (or started at `now` if it is idle); returns when
+    /// it will be done. Without a simulated device: `now`.
+    fn queue(&self, now: Instant, seconds: impl FnOnce(f64) -> f64) -> Instant {
+        match (self.device_px_per_s, self.busy_until.lock()) {
+            (Some(rate), Ok(mut busy)) => {
+                let start = busy.map_or(now, |b| b.max(now));
+                let end = start + std::time::Duration::from_secs_f64(seconds(rate));
+                *busy = Some(end);
+                end
+            }
+            _ => now,
+        }
+    }
+}
+
 impl Backend for HostOnly {
     fn name(&self) -> &'static str {
         "host-only"
@@ -267,15 +284,7 @@ impl Backend for HostOnly {
         if let Ok(mut first) = self.first_chunk.lock() {
             first.get_or_insert(now);
         }
-        let done = match (self.device_px_per_s, self.busy_until.lock()) {
-            (Some(rate), Ok(mut busy)) => {
-                let start = busy.map_or(now, |b| b.max(now));
-                let end = start + std::time::Duration::from_secs_f64(batch.n as f64 / rate / 2.0);
-                *busy = Some(end);
-                end
-            }
-            _ => now,
-        };
+        let done = self.queue(now, |rate| batch.n as f64 / rate / 2.0);
         let features = vec![0f32; batch.n * self.d];
         Ok(PendingBackbone::on_device(Box::new((done, features))))
     }
@@ -307,18 +316,8 @@ impl Backend for HostOnly {
         z.resize(n * 2 * d, 0.0);
         crate::backend::interleave_features(&mut z, s2, s1, d);
         std::hint::black_box(&*z);
-        let now = Instant::now();
-        let done = match (self.device_px_per_s, self.busy_until.lock()) {
-            (Some(_), Ok(mut busy)) => {
-                let start = busy.map_or(now, |b| b.max(now));
-                let bytes = (z.len() + n * self.repr_dim) * 4;
-                let end = start
-                    + std::time::Duration::from_secs_f64(bytes as f64 / HEAD_LINK_BYTES_PER_S);
-                *busy = Some(end);
-                end
-            }
-            _ => now,
-        };
+        let bytes = (z.len() + n * self.repr_dim) * 4;
+        let done = self.queue(Instant::now(), |_| bytes as f64 / HEAD_LINK_BYTES_PER_S);
         std::thread::sleep(done.saturating_duration_since(Instant::now()));
         Ok(vec![0.0; n * self.repr_dim])
     }

@@ -488,11 +488,8 @@ impl<L: LinearKernel> Backend for BlockBackend<L> {
         let mut out = vec![0f32; n * r];
         self.for_blocks(r, &mut out, |start, b, o| {
             let mut z = vec![0f32; b * 2 * d];
-            for i in 0..b {
-                let p = start + i;
-                z[i * 2 * d..i * 2 * d + d].copy_from_slice(&s2[p * d..(p + 1) * d]);
-                z[i * 2 * d + d..(i + 1) * 2 * d].copy_from_slice(&s1[p * d..(p + 1) * d]);
-            }
+            let pixels = start * d..(start + b) * d;
+            super::interleave_features(&mut z, &s2[pixels.clone()], &s1[pixels], d);
             let mut y = vec![0f32; b * 4 * d];
             self.fc1.forward(&z, b, &mut y, Epilogue::None)?;
             h.norm1.apply_rows(&mut y);

@@ -253,8 +253,6 @@ pub fn isa(choice: BackendChoice) -> String {
     }
 }
 
-/// The widest f32 vector ISA this CPU offers of those the `gemm` crate
-/// dispatches to.
 /// Threads [`interleave_features`] copies on, at most.
 const INTERLEAVE_THREADS: usize = 4;
 
@@ -262,7 +260,8 @@ const INTERLEAVE_THREADS: usize = 4;
 /// and `s1` (n, d each): the head's input. A window's worth (84 MB for the
 /// Large model) is copied on up to [`INTERLEAVE_THREADS`] threads: on a GPU
 /// this runs between a window's last backbone and its head, and one
-/// thread's copy bandwidth is a fraction of the machine's.
+/// thread's copy bandwidth is a fraction of the machine's. Up to 1,024
+/// pixels (a CPU backend's block, say) are copied on the calling thread.
 pub(crate) fn interleave_features(z: &mut [f32], s2: &[f32], s1: &[f32], d: usize) {
     let n = z.len() / (2 * d).max(1);
     let copy = |z: &mut [f32], first: usize| {
@@ -288,6 +287,8 @@ pub(crate) fn interleave_features(z: &mut [f32], s2: &[f32], s1: &[f32], d: usiz
     });
 }
 
+/// The widest f32 vector ISA this CPU offers of those the `gemm` crate
+/// dispatches to.
 fn cpu_vector_isa() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {

@@ -605,31 +605,22 @@ impl<D: Device> GpuModel<D> {
     }
 
     /// [`GpuModel::attention`] on bf16: `qkv` in bf16, `attn` written in
-    /// bf16. With `mma` ([`GpuModel::attention_mma_launch`]) one kernel on
-    /// tensor cores; else per head the scores in f32 (`scores`), their
-    /// softmax in bf16 (`probs`) and the second GEMM.
+    /// bf16, the way `way` says.
     #[allow(clippy::too_many_arguments)]
     fn attention_half(
         &self,
         qkv: &D::Half,
         attn: &mut D::Half,
-        mma: Option<Launch>,
-        scores: &mut Option<(D::Buf, D::Half)>,
+        way: &mut HalfAttention<D>,
         px: usize,
         len: usize,
         d: usize,
         nhead: usize,
     ) -> Result<()> {
-        let launch = match (mma, scores) {
-            (Some(launch), _) => launch,
-            (None, Some((scores, probs))) => {
+        let launch = match way {
+            HalfAttention::Mma(launch) => *launch,
+            HalfAttention::Gemms { scores, probs } => {
                 return self.attention_half_gemms(qkv, attn, scores, probs, px, len, d, nhead)
-            }
-            (None, None) => {
-                return Err(EncodeError::backend(
-                    "gpu",
-                    "attention on GEMMs without buffers for the scores",
-                ))
             }
         };
         if D::half_len(qkv) < px * len * 3 * d || D::half_len(attn) < px * len * d {
@@ -814,14 +805,13 @@ impl<D: Device> GpuModel<D> {
         // taken only if a GEMM's bias and ReLU are not fused.
         let wide = m * (3 * d).max(bb.ffn);
         let mut y: Option<D::Buf> = None;
-        let mma = self.attention_mma_launch(px, len, d, bb.nhead)?;
         // The scores go through memory only for attention on GEMMs.
-        let mut scores = match mma {
-            Some(_) => None,
-            None => Some((
-                scratch.take(dev, Slot::Scores, px * len * len)?,
-                scratch.take_half(dev, HalfSlot::Probs, px * len * len)?,
-            )),
+        let mut attention = match self.attention_mma_launch(px, len, d, bb.nhead)? {
+            Some(launch) => HalfAttention::Mma(launch),
+            None => HalfAttention::Gemms {
+                scores: scratch.take(dev, Slot::Scores, px * len * len)?,
+                probs: scratch.take_half(dev, HalfSlot::Probs, px * len * len)?,
+            },
         };
         let mut pooled = scratch.take(dev, Slot::Pooled, px * d)?;
         let mut t_h = scratch.take_half(dev, HalfSlot::T, m * d)?;
@@ -863,7 +853,7 @@ impl<D: Device> GpuModel<D> {
                 &mut y,
                 (scratch, wide),
             )?;
-            self.attention_half(&qkv_h, &mut attn_h, mma, &mut scores, px, len, d, bb.nhead)?;
+            self.attention_half(&qkv_h, &mut attn_h, &mut attention, px, len, d, bb.nhead)?;
             let fused = self.linear_half_residual(&l.out_proj, &attn_h, m, &mut t, &h)?;
             let added = (!fused).then_some((&l.out_proj.bias, &h));
             self.add_norm(added, &mut t, m, &l.norm1, Some(&mut h_h))?;
@@ -897,7 +887,7 @@ impl<D: Device> GpuModel<D> {
         if let Some(y) = y {
             scratch.give(Slot::Ff, y);
         }
-        if let Some((scores, probs)) = scores {
+        if let HalfAttention::Gemms { scores, probs } = attention {
             scratch.give(Slot::Scores, scores);
             scratch.give_half(HalfSlot::Probs, probs);
         }
@@ -960,6 +950,13 @@ impl<D: Device> GpuModel<D> {
 /// H200 showed in f32 (4,096 px), and keeps every buffer's element count
 /// (at most 2^19 x the FFN's width) far inside a kernel's and cuBLAS's int.
 pub(crate) const MAX_ROWS: usize = 1 << 19;
+
+/// How a bf16 backbone computes attention: `attention_mma` with this
+/// launch, or the batched GEMMs and `softmax_rows` through these buffers.
+enum HalfAttention<D: Device> {
+    Mma(Launch),
+    Gemms { scores: D::Buf, probs: D::Half },
+}
 
 /// The f32 device buffers a chunk works in, by role.
 #[derive(Debug, Clone, Copy)]
