@@ -311,9 +311,12 @@ PY
     done
     if [[ " $dts " == *" bf16 "* ]]; then
         # The same two tiles on the heuristic's first GEMM algorithms,
-        # unfused (no cuBLASLt), and with attention on the batched GEMMs
-        # instead of attention_mma: what each of those levers is worth here.
-        for variant in FLOTILLA_CUDA_NO_GEMM_TUNING FLOTILLA_CUDA_UNFUSED FLOTILLA_CUDA_GEMM_ATTENTION; do
+        # unfused (no cuBLASLt), with attention on the batched GEMMs
+        # instead of attention_mma, and with the pooled features taken to
+        # the host and back for the head instead of kept on the GPU: what
+        # each of those levers is worth here.
+        for variant in FLOTILLA_CUDA_NO_GEMM_TUNING FLOTILLA_CUDA_UNFUSED FLOTILLA_CUDA_GEMM_ATTENTION \
+            FLOTILLA_CUDA_HOST_FEATURES; do
             env "$variant=1" "$enc" --backend cuda --dtype bf16 --batch-pixels "$best_chunk" \
                 --ckpt "$work/large.safetensors" --data-root "$work/tiles" --out-dir "$work/twice-$variant" \
                 >"$work/twice-$variant.log" 2>&1 || true
@@ -324,6 +327,9 @@ PY
     echo "== 4. the host side of the same encode alone (no model compute), against reading the files,"
     echo "   and what of a simulated 75,000 px/s device (the bf16 goal) it keeps"
     "$enc" host-rate --tile "$work/tile" --batch-pixels "${best_chunk:-4096}" --reps 2 --device-rate 75000 || failed=1
+    echo "   the same with the pooled features through the host (FLOTILLA_CUDA_HOST_FEATURES=1)"
+    FLOTILLA_CUDA_HOST_FEATURES=1 "$enc" host-rate --tile "$work/tile" --batch-pixels "${best_chunk:-4096}" \
+        --reps 2 --device-rate 75000 | grep 'simulated device' || failed=1
     stamp
 
     fi

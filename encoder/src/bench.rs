@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::{Backend, BackendChoice, PendingBackbone, SequenceBatch};
+use crate::backend::{Backend, BackendChoice, KeptRows, PendingBackbone, SequenceBatch};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::encode::Encoder;
@@ -249,6 +249,10 @@ struct HostOnly {
     busy_until: std::sync::Mutex<Option<Instant>>,
     /// Where `head` assembles its inputs.
     head_staging: std::sync::Mutex<Vec<f32>>,
+    /// Whether the pooled features stay on the simulated device, as the
+    /// GPU backend keeps them ([`Backend::keeps_features`]; both follow
+    /// `FLOTILLA_CUDA_HOST_FEATURES`).
+    keep_features: bool,
 }
 
 impl HostOnly {
@@ -268,6 +272,22 @@ impl HostOnly {
     }
 }
 
+impl HostOnly {
+    /// A backbone on the simulated device, bringing back `floats` features.
+    fn begin(&self, batch: &SequenceBatch<'_>, floats: usize) -> Result<PendingBackbone> {
+        batch.check(self.name())?;
+        let now = Instant::now();
+        if let Ok(mut first) = self.first_chunk.lock() {
+            first.get_or_insert(now);
+        }
+        let done = self.queue(now, |rate| batch.n as f64 / rate / 2.0);
+        Ok(PendingBackbone::on_device(Box::new((
+            done,
+            vec![0f32; floats],
+        ))))
+    }
+}
+
 impl Backend for HostOnly {
     fn name(&self) -> &'static str {
         "host-only"
@@ -279,14 +299,32 @@ impl Backend for HostOnly {
     }
 
     fn backbone_begin(&self, _: Modality, batch: &SequenceBatch<'_>) -> Result<PendingBackbone> {
-        batch.check(self.name())?;
-        let now = Instant::now();
-        if let Ok(mut first) = self.first_chunk.lock() {
-            first.get_or_insert(now);
-        }
-        let done = self.queue(now, |rate| batch.n as f64 / rate / 2.0);
-        let features = vec![0f32; batch.n * self.d];
-        Ok(PendingBackbone::on_device(Box::new((done, features))))
+        self.begin(batch, batch.n * self.d)
+    }
+
+    fn keeps_features(&self) -> bool {
+        self.keep_features
+    }
+
+    fn backbone_begin_kept(
+        &self,
+        _: Modality,
+        batch: &SequenceBatch<'_>,
+        place: &KeptRows<'_>,
+    ) -> Result<PendingBackbone> {
+        place.check(self.name(), batch.n)?;
+        // The features stay on the device: none come back.
+        self.begin(batch, 0)
+    }
+
+    /// A GPU's head on features it kept: only the result comes down, at
+    /// [`HEAD_LINK_BYTES_PER_S`], after what the device was given before,
+    /// while the caller waits.
+    fn head_kept(&self, _slot: usize, n: usize) -> Result<Vec<f32>> {
+        let bytes = n * self.repr_dim * 4;
+        let done = self.queue(Instant::now(), |_| bytes as f64 / HEAD_LINK_BYTES_PER_S);
+        std::thread::sleep(done.saturating_duration_since(Instant::now()));
+        Ok(vec![0.0; n * self.repr_dim])
     }
 
     fn backbone_end(&self, pending: PendingBackbone) -> Result<Vec<f32>> {
@@ -377,6 +415,7 @@ pub fn host_rate(
         first_chunk: std::sync::Mutex::new(None),
         busy_until: std::sync::Mutex::new(None),
         head_staging: std::sync::Mutex::new(Vec::new()),
+        keep_features: !crate::backend::features_on_host(),
     });
     let mut enc = Encoder::with_backend(weights, Box::new(Shared(backend.clone())), profile);
     enc.set_window_pixels(window_pixels);
@@ -454,6 +493,20 @@ impl<B: Backend> Backend for Shared<B> {
     }
     fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>> {
         self.0.head(s2, s1, n)
+    }
+    fn keeps_features(&self) -> bool {
+        self.0.keeps_features()
+    }
+    fn backbone_begin_kept(
+        &self,
+        m: Modality,
+        batch: &SequenceBatch<'_>,
+        place: &KeptRows<'_>,
+    ) -> Result<PendingBackbone> {
+        self.0.backbone_begin_kept(m, batch, place)
+    }
+    fn head_kept(&self, slot: usize, n: usize) -> Result<Vec<f32>> {
+        self.0.head_kept(slot, n)
     }
 }
 
@@ -569,6 +622,7 @@ mod tests {
             first_chunk: std::sync::Mutex::new(None),
             busy_until: std::sync::Mutex::new(None),
             head_staging: std::sync::Mutex::new(Vec::new()),
+            keep_features: true,
         };
         let (values, doys) = (vec![0f32; 40 * 2 * 4], vec![0f32; 40 * 2]);
         let batch = SequenceBatch {
@@ -590,6 +644,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not a backbone begun here"), "{e}");
+        // Kept, the features stay on the device: none come back, and a
+        // pixel's row must lie in its window.
+        let rows: Vec<u32> = (0..40).collect();
+        let place = KeptRows {
+            slot: 1,
+            pixels: 40,
+            rows: &rows,
+        };
+        let kept = dev
+            .backbone_begin_kept(Modality::S2, &batch, &place)
+            .unwrap();
+        assert!(dev.backbone_end(kept).unwrap().is_empty());
+        let outside = KeptRows {
+            pixels: 39,
+            ..place
+        };
+        let e = dev
+            .backbone_begin_kept(Modality::S2, &batch, &outside)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("row 39 of a window of 39 pixels"), "{e}");
+        assert_eq!(dev.head_kept(1, 40).unwrap().len(), 40 * 2);
     }
 
     #[test]

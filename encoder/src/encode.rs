@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
-use crate::backend::{self, Backend, BackendChoice, PendingBackbone, SequenceBatch};
+use crate::backend::{
+    self, Backend, BackendChoice, KeptRows, PendingBackbone, SequenceBatch, KEPT_WINDOWS,
+};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::{EncodeError, Result};
@@ -224,21 +226,29 @@ impl Encoder {
             });
             // Pooled features of one window per modality, reused window
             // after window (every pixel of a window is in exactly one chunk
-            // of each modality, so nothing stale is ever read).
+            // of each modality, so nothing stale is ever read); none where
+            // the backend keeps them.
             let d = self.weights.config.d_model();
-            let wmax = window.min(active.len());
+            let wmax = if self.backend.keeps_features() {
+                0
+            } else {
+                window.min(active.len())
+            };
             let mut pooled = [vec![0f32; wmax * d], vec![0f32; wmax * d]];
             // The next window's first chunk, begun before this window's
             // head (see `encode_window`).
             let mut carried: Option<InFlight> = None;
-            let last = bounds.len().saturating_sub(1);
-            for (wi, win) in bounds.iter().map(|&(a, b)| &active[a..b]).enumerate() {
+            for (wi, &(a, b)) in bounds.iter().enumerate() {
+                let win = &active[a..b];
                 let out = self.encode_window(
-                    win.len(),
+                    Placed {
+                        slot: wi % KEPT_WINDOWS,
+                        pixels: win.len(),
+                    },
                     &mut pooled,
                     (&chunk_rx, &spare_tx),
                     &mut carried,
-                    wi < last,
+                    bounds.get(wi + 1).map(|&(a, b)| b - a),
                     cancel,
                     &mut |t| {
                         done_tokens += t;
@@ -262,27 +272,31 @@ impl Encoder {
         })
     }
 
-    /// Encode one window of `nw` pixels (all with data) from its chunks of
+    /// Encode one window (`win`: its pixels, all with data, and the slot a
+    /// backend that keeps features keeps them in) from its chunks of
     /// tokens, as the gatherer sends them (`None` after the last), each
     /// buffer sent back on `spare` once used, pooling into `pooled` (each
-    /// at least nw x d): returns (nw, repr_dim). `carried` holds this
-    /// window's first chunk if the window before began it, and gets the
-    /// next window's first chunk, begun before this window's head when
-    /// `more` windows follow: a device then computes it while the host
-    /// takes this window's last result and assembles the head's inputs,
-    /// instead of idling from the last backbone to the next window.
+    /// at least win.pixels x d; unused where the backend keeps features):
+    /// returns (win.pixels, repr_dim). `carried` holds this window's first
+    /// chunk if the window before began it, and gets the next window's
+    /// first chunk, begun before this window's head when a next window (of
+    /// `next` pixels) follows: a device then computes it while the host
+    /// takes this window's last result and asks for the head, instead of
+    /// idling from the last backbone to the next window.
     #[allow(clippy::too_many_arguments)]
     fn encode_window(
         &self,
-        nw: usize,
+        win: Placed,
         pooled: &mut [Vec<f32>; 2],
         (chunks, spare): (&ChunkRx, &SpareTx),
         carried: &mut Option<InFlight>,
-        more: bool,
+        next: Option<usize>,
         cancel: &AtomicBool,
         tokens_done: &mut dyn FnMut(usize),
     ) -> Result<Vec<f32>> {
         let d = self.weights.config.d_model();
+        let nw = win.pixels;
+        let keeps = self.backend.keeps_features();
         // One chunk's backbone is begun before the last one's result is
         // taken, so a device finds the next chunk queued when it finishes
         // one (BACKBONES_IN_FLIGHT): the host hands over chunk i + 1 while
@@ -291,24 +305,27 @@ impl Encoder {
         let mut take = |f: InFlight, pooled: &mut [Vec<f32>; 2]| -> Result<()> {
             let n = f.members.len();
             let out = self.backend.backbone_end(f.pending)?;
-            if out.len() != n * d {
+            let want = if keeps { 0 } else { n * d };
+            if out.len() != want {
                 return Err(EncodeError::backend(
                     self.backend.name(),
                     format!("backbone returned {} values for {n} x {d}", out.len()),
                 ));
             }
-            let mi = f.modality as usize;
-            for (k, &i) in f.members.iter().enumerate() {
-                let i = i as usize;
-                pooled[mi][i * d..(i + 1) * d].copy_from_slice(&out[k * d..(k + 1) * d]);
+            if !keeps {
+                let mi = f.modality as usize;
+                for (k, &i) in f.members.iter().enumerate() {
+                    let i = i as usize;
+                    pooled[mi][i * d..(i + 1) * d].copy_from_slice(&out[k * d..(k + 1) * d]);
+                }
             }
             tokens_done(n * f.len);
             Ok(())
         };
         // The gatherer only stops early on an error (sent first) or on
         // `cancel`.
-        let next = || chunks.recv().map_err(|_| EncodeError::Cancelled)?;
-        let begin = |c: ChunkTokens| -> Result<InFlight> {
+        let recv = || chunks.recv().map_err(|_| EncodeError::Cancelled)?;
+        let begin = |c: ChunkTokens, win: Placed| -> Result<InFlight> {
             let batch = SequenceBatch {
                 n: c.members.len(),
                 len: c.len,
@@ -316,7 +333,17 @@ impl Encoder {
                 values: &c.values,
                 doys: &c.doys,
             };
-            let pending = self.backend.backbone_begin(c.modality, &batch)?;
+            let pending = if keeps {
+                let place = KeptRows {
+                    slot: win.slot,
+                    pixels: win.pixels,
+                    rows: &c.members,
+                };
+                self.backend
+                    .backbone_begin_kept(c.modality, &batch, &place)?
+            } else {
+                self.backend.backbone_begin(c.modality, &batch)?
+            };
             // Begun, the batch's buffers are free again; the gatherer may
             // have finished: then they just go.
             let _ = spare.send((c.values, c.doys));
@@ -331,23 +358,25 @@ impl Encoder {
             if cancel.load(Ordering::Relaxed) {
                 return Err(EncodeError::Cancelled);
             }
-            let Some(c) = next()? else {
+            let Some(c) = recv()? else {
                 break;
             };
-            if let Some(prev) = in_flight.replace(begin(c)?) {
+            if let Some(prev) = in_flight.replace(begin(c, win)?) {
                 take(prev, pooled)?;
             }
         }
-        if more && !cancel.load(Ordering::Relaxed) {
+        if let Some(pixels) = next.filter(|_| !cancel.load(Ordering::Relaxed)) {
             // Every pixel of a window is in one chunk of each modality, so
-            // a window after this one starts with a chunk.
-            let Some(c) = next()? else {
+            // a window after this one starts with a chunk. It fills the
+            // other slot: this window's head has yet to read this one.
+            let Some(c) = recv()? else {
                 return Err(EncodeError::backend(
                     self.backend.name(),
                     "a window of pixels came with no chunk",
                 ));
             };
-            *carried = Some(begin(c)?);
+            let slot = (win.slot + 1) % KEPT_WINDOWS;
+            *carried = Some(begin(c, Placed { slot, pixels })?);
         }
         if let Some(last) = in_flight.take() {
             take(last, pooled)?;
@@ -356,11 +385,15 @@ impl Encoder {
             return Err(EncodeError::Cancelled);
         }
         // The head in one call for the whole window: on a GPU each call is
-        // a round trip the device idles through (its inputs copied up, the
-        // result waited for), once a window rather than once a chunk.
+        // a round trip the device idles through (the result waited for),
+        // once a window rather than once a chunk.
         let r = self.weights.config.repr_dim;
-        let (s2, s1) = (&pooled[0][..nw * d], &pooled[1][..nw * d]);
-        let out = self.backend.head(s2, s1, nw)?;
+        let out = if keeps {
+            self.backend.head_kept(win.slot, nw)?
+        } else {
+            let (s2, s1) = (&pooled[0][..nw * d], &pooled[1][..nw * d]);
+            self.backend.head(s2, s1, nw)?
+        };
         if out.len() != nw * r {
             return Err(EncodeError::backend(
                 self.backend.name(),
@@ -392,6 +425,15 @@ fn window_bounds(n: usize, window: usize, chunk: usize) -> Vec<(usize, usize)> {
         start = end;
     }
     bounds
+}
+
+/// A window as the backend sees it: the slot its features are kept in
+/// (where the backend keeps them: [`Backend::keeps_features`]) and its
+/// number of pixels.
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    slot: usize,
+    pixels: usize,
 }
 
 /// Gathered chunks as the gatherer sends them (`None` after a window's last).

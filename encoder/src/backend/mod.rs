@@ -148,6 +148,88 @@ pub trait Backend: Send + Sync {
     /// Run the head on `n` pixels' pooled S2 and S1 features (each (n, d)):
     /// returns (n, repr_dim).
     fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>>;
+    /// Whether this backend keeps a window's pooled features where it
+    /// computes them (a GPU: in device memory, so they never cross to the
+    /// host and back for the head). If so, the caller begins each backbone
+    /// with [`Backend::backbone_begin_kept`] and runs each window's head
+    /// with [`Backend::head_kept`]; otherwise with
+    /// [`Backend::backbone_begin`] and [`Backend::head`].
+    fn keeps_features(&self) -> bool {
+        false
+    }
+    /// [`Backend::backbone_begin`] whose pooled features stay with the
+    /// backend, in `place`'s window at its rows; [`Backend::backbone_end`]
+    /// then gives no features (an empty `Vec`), only that the pass is done.
+    fn backbone_begin_kept(
+        &self,
+        _modality: Modality,
+        _batch: &SequenceBatch<'_>,
+        _place: &KeptRows<'_>,
+    ) -> Result<PendingBackbone> {
+        Err(keeps_nothing(self.name()))
+    }
+    /// The head over the first `n` rows of window `slot`, each row's S2
+    /// and S1 features left there by kept backbones begun since the slot's
+    /// last head: returns (n, repr_dim).
+    fn head_kept(&self, _slot: usize, _n: usize) -> Result<Vec<f32>> {
+        Err(keeps_nothing(self.name()))
+    }
+}
+
+/// Where a kept backbone ([`Backend::backbone_begin_kept`]) leaves each
+/// pixel's pooled features: row `rows[i]` of window `slot`, a window of
+/// `pixels` rows. Windows alternate between [`KEPT_WINDOWS`] slots, so the
+/// next window's first chunk may be begun (and fill its slot) before this
+/// window's head has read this one; every chunk of a window names the same
+/// `pixels`.
+#[derive(Debug, Clone, Copy)]
+pub struct KeptRows<'a> {
+    pub slot: usize,
+    pub pixels: usize,
+    pub rows: &'a [u32],
+}
+
+/// How many windows' features a backend that keeps them holds at once.
+pub const KEPT_WINDOWS: usize = 2;
+
+impl KeptRows<'_> {
+    /// The slot is one of [`KEPT_WINDOWS`], there is a row for each of the
+    /// `n` pixels of the batch, and every row is inside the window.
+    pub fn check(&self, backend: &str, n: usize) -> Result<()> {
+        let fail = |what: String| Err(EncodeError::backend(backend, what));
+        if self.slot >= KEPT_WINDOWS {
+            return fail(format!(
+                "window slot {} (there are {KEPT_WINDOWS})",
+                self.slot
+            ));
+        }
+        if self.rows.len() != n {
+            return fail(format!(
+                "{} rows for a batch of {n} pixels",
+                self.rows.len()
+            ));
+        }
+        if let Some(&r) = self.rows.iter().find(|&&r| r as usize >= self.pixels) {
+            return fail(format!("row {r} of a window of {} pixels", self.pixels));
+        }
+        Ok(())
+    }
+}
+
+fn keeps_nothing(backend: &str) -> EncodeError {
+    EncodeError::backend(
+        backend,
+        "keeps no features: its backbones hand them back for `head`",
+    )
+}
+
+/// Whether `FLOTILLA_CUDA_HOST_FEATURES` is set: the GPU backend then
+/// hands each backbone's pooled features back to the host and takes them
+/// up again for the head, as it did before it kept them (to compare), and
+/// `host-rate`'s simulated device does the same.
+pub(crate) fn features_on_host() -> bool {
+    static SET: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| std::env::var_os("FLOTILLA_CUDA_HOST_FEATURES").is_some())
 }
 
 impl BackendChoice {

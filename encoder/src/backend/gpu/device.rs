@@ -398,6 +398,11 @@ pub(crate) trait Device: Sized {
     fn download_end(&self, staging: Self::Staging, n: usize) -> Result<Vec<f32>>;
     /// Take back staging memory whose copy is done, for later copies.
     fn release(&self, staging: Self::Staging);
+    /// Staging with nothing copied whose [`Device::download_wait`] returns
+    /// once the work queued before it is done ([`Device::download_end`] of
+    /// 0 floats takes it back): how a pass whose results stay on the
+    /// device is known finished.
+    fn marker(&self) -> Result<Self::Staging>;
     /// How many floats `buf` holds.
     fn len(buf: &Self::Buf) -> usize;
     /// A new bf16 buffer holding `host` (bf16 bits).

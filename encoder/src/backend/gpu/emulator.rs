@@ -762,6 +762,11 @@ impl Device for EmulatedDevice {
 
     fn release(&self, _: EmuStaging) {}
 
+    /// Every call has finished when it returns.
+    fn marker(&self) -> Result<EmuStaging> {
+        Ok(EmuStaging { data: Vec::new() })
+    }
+
     /// Reads past a buffer land in its canary (NaN) or panic; never UB.
     unsafe fn gemm_unchecked(
         &self,
@@ -874,7 +879,7 @@ mod tests {
 
     use super::*;
     use crate::backend::gpu::{GpuBackend, MAX_ROWS};
-    use crate::backend::{Backend, BackendChoice, SequenceBatch};
+    use crate::backend::{Backend, BackendChoice, KeptRows, SequenceBatch};
     use crate::checkpoint::Checkpoint;
     use crate::encode::Encoder;
     use crate::golden;
@@ -914,14 +919,104 @@ mod tests {
         weights: &Arc<StudentWeights>,
         tile: &TileInputs,
     ) -> Vec<f32> {
+        encode_windowed(backend, weights, tile, 64, None)
+    }
+
+    /// [`encode_on`] in chunks of `chunk` pixels and, if given, windows of
+    /// `window`.
+    fn encode_windowed(
+        backend: GpuBackend<EmulatedDevice>,
+        weights: &Arc<StudentWeights>,
+        tile: &TileInputs,
+        chunk: usize,
+        window: Option<usize>,
+    ) -> Vec<f32> {
         let profile = DeviceProfile {
-            chunk_pixels: 64,
+            chunk_pixels: chunk,
             ..DeviceProfile::default_for(BackendChoice::Cuda)
         };
-        let enc = Encoder::with_backend(weights.clone(), Box::new(backend), profile);
+        let mut enc = Encoder::with_backend(weights.clone(), Box::new(backend), profile);
+        if let Some(window) = window {
+            enc.set_window_pixels(window);
+        }
         enc.encode_tile(tile, &|_, _| {}, &AtomicBool::new(false))
             .unwrap()
             .values
+    }
+
+    /// The pooled features kept on the device (in two window slots taken
+    /// in turn, the next window's first chunk begun before this window's
+    /// head) give the bits that taking them through the host gives. Small
+    /// chunks and windows, so the tile is five windows, each but the last
+    /// carrying the next one's first chunk; in f32 and in bf16.
+    #[test]
+    fn features_kept_on_the_device_give_the_bits_of_features_on_the_host() {
+        let (tile, weights) = fixture("small");
+        for math in [GemmMath::F32, GemmMath::Bf16] {
+            let run = |keep: bool| {
+                let dev = EmulatedDevice::new(math);
+                let mut backend = GpuBackend::create(NAME, dev, weights.clone()).unwrap();
+                assert_eq!(
+                    backend.keeps_features(),
+                    !crate::backend::features_on_host()
+                );
+                backend.keep_features = keep;
+                let values = encode_windowed(backend, &weights, &tile, 16, Some(32));
+                values.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let (kept, host) = (run(true), run(false));
+            assert!(kept.iter().any(|&b| !f32::from_bits(b).is_nan()));
+            assert_eq!(kept, host, "{math:?}");
+        }
+    }
+
+    /// A head of a window nothing was kept for, or wider than what was,
+    /// is an error, not garbage.
+    #[test]
+    fn a_head_reads_only_features_kept_for_its_window() {
+        let (_, weights) = fixture("small");
+        let dev = EmulatedDevice::new(GemmMath::F32);
+        let backend = GpuBackend::create(NAME, dev, weights.clone()).unwrap();
+        let e = backend.head_kept(0, 4).unwrap_err().to_string();
+        assert!(e.contains("no features kept"), "{e}");
+        let (n, len, bands) = (3, 8, Modality::S2.bands());
+        let (values, doys) = (vec![0.5f32; n * len * bands], vec![100f32; n * len]);
+        let batch = SequenceBatch {
+            n,
+            len,
+            bands,
+            values: &values,
+            doys: &doys,
+        };
+        let rows = [2, 0, 1];
+        let place = KeptRows {
+            slot: 1,
+            pixels: 3,
+            rows: &rows,
+        };
+        for m in [Modality::S2, Modality::S1] {
+            let batch = SequenceBatch {
+                bands: m.bands(),
+                values: &values[..n * len * m.bands()],
+                ..batch
+            };
+            let pending = backend.backbone_begin_kept(m, &batch, &place).unwrap();
+            assert!(backend.backbone_end(pending).unwrap().is_empty());
+        }
+        assert_eq!(backend.head_kept(1, 3).unwrap().len(), 3 * backend.repr_dim);
+        let e = backend.head_kept(1, 4).unwrap_err().to_string();
+        assert!(e.contains("no features kept for a window of 4"), "{e}");
+        // Asking too much loses nothing: the window's features are there.
+        let again = backend.head_kept(1, 3).unwrap();
+        assert!(again.iter().all(|v| v.is_finite()));
+        let e = backend.head_kept(0, 3).unwrap_err().to_string();
+        assert!(e.contains("slot 0"), "{e}");
+        let slot = KeptRows { slot: 2, ..place };
+        let e = backend
+            .backbone_begin_kept(Modality::S2, &batch, &slot)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("window slot 2"), "{e}");
     }
 
     /// Encode a fixture on the emulated GPU and compare with upstream.

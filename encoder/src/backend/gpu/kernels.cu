@@ -273,15 +273,19 @@ extern "C" __global__ void softmax_rows(float* x, unsigned short* half, int rows
     }
 }
 
-// Attention pooling: one block per pixel; h is (pixels, len, d), out (pixels, d).
-// Shared memory: len floats of weights. Each token's score is one warp's
+// Attention pooling: one block per pixel; h is (pixels, len, d). Pixel i's
+// d features go to out at row out_rows[i] (row i if out_rows is null), rows
+// out_ld floats apart, from column out_col: (pixels, d) features as they
+// are, or into a window's (pixels, S2 then S1) rows that the head reads
+// where they are. Shared memory: len floats of weights. Each token's score is one warp's
 // dot product (its lanes read the token's row together, and shuffle-sum),
 // the warps taking tokens in turn; every warp runs every round, past the
 // last token on the last one, writing nothing (shuffles need the whole
 // block). A thread to a token, reading its row alone, left most of each
 // load's bytes unused (2.3 of a 4,096-px chunk's 64 ms on an H200).
 extern "C" __global__ void attention_pool(const float* h, const float* w, float b,
-                                          float* out, int len, int d) {
+                                          float* out, const int* out_rows, int out_ld,
+                                          int out_col, int len, int d) {
     extern __shared__ float weights[];
     const float* hp = h + (long long)blockIdx.x * len * d;
     int lane = threadIdx.x & 31;
@@ -305,10 +309,12 @@ extern "C" __global__ void attention_pool(const float* h, const float* w, float 
         for (int t = 0; t < len; ++t) weights[t] *= inv;
     }
     __syncthreads();
+    long long row = out_rows ? out_rows[blockIdx.x] : blockIdx.x;
+    float* op = out + row * out_ld + out_col;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         float acc = 0.0f;
         for (int t = 0; t < len; ++t) acc += weights[t] * hp[(long long)t * d + j];
-        out[(long long)blockIdx.x * d + j] = acc;
+        op[j] = acc;
     }
 }
 

@@ -50,7 +50,7 @@ pub(crate) use device::{
     Arg, Device, Epilogue, Gemm, GemmMath, HalfGemmOut, Kernel, Launch, DOY_TABLE_DAYS, KERNELS,
 };
 
-use super::{Backend, PendingBackbone, SequenceBatch};
+use super::{Backend, KeptRows, PendingBackbone, SequenceBatch, KEPT_WINDOWS};
 use crate::error::{EncodeError, Result};
 use crate::model::{Backbone, LayerNorm, Linear, Modality, StudentWeights};
 
@@ -117,6 +117,10 @@ pub(crate) struct GpuBackend<D: Device> {
     repr_dim: usize,
     /// [`MAX_ROWS`] (smaller in a test, to make parts).
     max_rows: usize,
+    /// Whether the pooled features stay on the device for the head
+    /// ([`Backend::keeps_features`]): unless `FLOTILLA_CUDA_HOST_FEATURES`
+    /// is set.
+    keep_features: bool,
 }
 
 impl<D: Device> GpuBackend<D> {
@@ -152,6 +156,7 @@ impl<D: Device> GpuBackend<D> {
             d: weights.config.d_model(),
             repr_dim: weights.config.repr_dim,
             max_rows: MAX_ROWS,
+            keep_features: !super::features_on_host(),
         })
     }
 
@@ -681,41 +686,114 @@ impl<D: Device> GpuModel<D> {
         doy_encoding(&self.dev, doys, pe, m, bb.d, Some(&bb.doy_table))
     }
 
-    /// Attention pooling of `px` pixels' (len, d) rows of `h` into `pooled`.
+    /// Attention pooling of `px` pixels' (len, d) rows of `h` into `to`.
     fn pool(
         &self,
         bb: &DeviceBackbone<D>,
         h: &D::Buf,
-        pooled: &mut D::Buf,
+        to: PoolTo<'_, D>,
         px: usize,
         len: usize,
     ) -> Result<()> {
         let weights_bytes = u32::try_from(len * 4)
             .map_err(|_| EncodeError::backend("gpu", format!("sequence of {len}")))?;
         let launch = Launch::rows(px, "pixels", weights_bytes)?;
+        let d = bb.d;
+        let (out, rows, ld, col) = match to {
+            PoolTo::Rows(out) if D::len(out) >= px * d => (out, None, d, 0),
+            // Every row is below the window's size (`KeptRows::check`), and
+            // its buffer holds that many rows of 2d floats (`pool_out`).
+            PoolTo::Window { out, rows, col } if D::len(rows) >= px && col + d <= 2 * d => {
+                (out, Some(rows), 2 * d, col)
+            }
+            _ => {
+                return Err(EncodeError::backend(
+                    "gpu",
+                    format!("pooling {px} pixels: a buffer too short, or a column past 2 x {d}"),
+                ))
+            }
+        };
         let mut args = [
             Arg::In(h),
             Arg::In(&bb.pool_w),
             Arg::F32(bb.pool_b),
-            Arg::Out(pooled),
+            Arg::Out(out),
+            rows.map_or(Arg::Null, Arg::In),
+            Arg::I32(int(ld, "pooled row")?),
+            Arg::I32(int(col, "pooled column")?),
             Arg::I32(int(len, "len")?),
-            Arg::I32(int(bb.d, "d")?),
+            Arg::I32(int(d, "d")?),
         ];
         self.dev.launch(Kernel::AttentionPool, launch, &mut args)
     }
 
+    /// Pool the pass's output `h` (`px` pixels of `len` tokens) and queue
+    /// what the host waits for: the pooled features' download, or where
+    /// they are kept (`keep`), written into their window's rows, only a
+    /// marker. `uploads` are the pass's staged copies, kept with the
+    /// ticket until it is done.
+    #[allow(clippy::too_many_arguments)]
+    fn pool_out(
+        &self,
+        bb: &DeviceBackbone<D>,
+        h: &D::Buf,
+        px: usize,
+        len: usize,
+        keep: Option<Keep<'_>>,
+        scratch: &mut Scratch<D>,
+        mut uploads: Vec<D::Staging>,
+    ) -> Result<DeviceTicket<D>> {
+        let (dev, d) = (&self.dev, bb.d);
+        let Some(keep) = keep else {
+            let mut pooled = scratch.take(dev, Slot::Pooled, px * d)?;
+            self.pool(bb, h, PoolTo::Rows(&mut pooled), px, len)?;
+            let download = dev.download_begin(&pooled, px * d)?;
+            scratch.give(Slot::Pooled, pooled);
+            return Ok(DeviceTicket {
+                uploads,
+                download,
+                floats: px * d,
+            });
+        };
+        let place = keep.place;
+        let mut rows = scratch.take(dev, Slot::Rows, px)?;
+        // The rows go up as their 32 bits (`attention_pool` reads ints):
+        // moved, never computed with, so no float rule touches them.
+        uploads.push(dev.upload_staged_with(px, &mut rows, &mut |staging| {
+            for (v, &r) in staging.iter_mut().zip(place.rows) {
+                *v = f32::from_bits(r);
+            }
+        })?);
+        let mut window = scratch.take_window(dev, place.slot, place.pixels * 2 * d)?;
+        let to = PoolTo::Window {
+            out: &mut window,
+            rows: &rows,
+            col: keep.col,
+        };
+        self.pool(bb, h, to, px, len)?;
+        scratch.give(Slot::Rows, rows);
+        scratch.give_window(place.slot, window);
+        Ok(DeviceTicket {
+            uploads,
+            download: dev.marker()?,
+            floats: 0,
+        })
+    }
+
     /// Queue one backbone pass over `batch` (at most [`MAX_ROWS`] tokens)
     /// on the device: the inputs' copies, the pass, and the copy of its
-    /// pooled features to the host, which the returned ticket waits for.
-    /// The batch's buffers may be reused once this returns.
+    /// pooled features to the host (or, `keep`, their place in a window
+    /// on the device), which the returned ticket waits for. The batch's
+    /// buffers may be reused once this returns.
     fn backbone(
         &self,
         bb: &DeviceBackbone<D>,
         batch: &SequenceBatch<'_>,
+        keep: Option<Keep<'_>>,
         scratch: &mut Scratch<D>,
     ) -> Result<DeviceTicket<D>> {
         if self.half {
-            return self.backbone_half(bb, batch, scratch);
+            return self.backbone_half(bb, batch, keep, scratch);
         }
         let (px, len, d) = (batch.n, batch.len, bb.d);
         let m = px * len;
@@ -733,7 +811,6 @@ impl<D: Device> GpuModel<D> {
         let mut attn = scratch.take(dev, Slot::Attn, m * d)?;
         let mut ff = scratch.take(dev, Slot::Ff, m * bb.ffn)?;
         let mut scores = scratch.take(dev, Slot::Scores, px * len * len)?;
-        let mut pooled = scratch.take(dev, Slot::Pooled, px * d)?;
         // The encoding lives in `attn` until the first attention needs it.
         self.doy_encoding(bb, &doys, &mut attn, m)?;
         self.linear(&bb.embed0, &values, m, &mut t, true, None)?;
@@ -751,8 +828,7 @@ impl<D: Device> GpuModel<D> {
             self.add_norm(Some((&l.linear2.bias, &h)), &mut t, m, &l.norm2, None)?;
             std::mem::swap(&mut t, &mut h);
         }
-        self.pool(bb, &h, &mut pooled, px, len)?;
-        let download = dev.download_begin(&pooled, px * d)?;
+        let ticket = self.pool_out(bb, &h, px, len, keep, scratch, uploads)?;
         // `t` and `h` were swapped an even number of times per layer, so
         // each goes back to its own slot either way; sizes are what count.
         for (slot, buf) in [
@@ -764,15 +840,10 @@ impl<D: Device> GpuModel<D> {
             (Slot::Attn, attn),
             (Slot::Ff, ff),
             (Slot::Scores, scores),
-            (Slot::Pooled, pooled),
         ] {
             scratch.give(slot, buf);
         }
-        Ok(DeviceTicket {
-            uploads,
-            download,
-            floats: px * d,
-        })
+        Ok(ticket)
     }
 
     /// [`GpuModel::backbone`] on bf16 copies: every GEMM reads bf16 (the
@@ -783,6 +854,7 @@ impl<D: Device> GpuModel<D> {
         &self,
         bb: &DeviceBackbone<D>,
         batch: &SequenceBatch<'_>,
+        keep: Option<Keep<'_>>,
         scratch: &mut Scratch<D>,
     ) -> Result<DeviceTicket<D>> {
         let (px, len, d) = (batch.n, batch.len, bb.d);
@@ -813,7 +885,6 @@ impl<D: Device> GpuModel<D> {
                 probs: scratch.take_half(dev, HalfSlot::Probs, px * len * len)?,
             },
         };
-        let mut pooled = scratch.take(dev, Slot::Pooled, px * d)?;
         let mut t_h = scratch.take_half(dev, HalfSlot::T, m * d)?;
         let mut h_h = scratch.take_half(dev, HalfSlot::H, m * d)?;
         let mut qkv_h = scratch.take_half(dev, HalfSlot::Qkv, m * 3 * d)?;
@@ -872,15 +943,13 @@ impl<D: Device> GpuModel<D> {
             self.add_norm(added, &mut t, m, &l.norm2, Some(&mut h_h))?;
             std::mem::swap(&mut t, &mut h);
         }
-        self.pool(bb, &h, &mut pooled, px, len)?;
-        let download = dev.download_begin(&pooled, px * d)?;
+        let ticket = self.pool_out(bb, &h, px, len, keep, scratch, uploads)?;
         for (slot, buf) in [
             (Slot::Values, values_f32),
             (Slot::Doys, doys),
             (Slot::T, t),
             (Slot::H, h),
             (Slot::Attn, pe),
-            (Slot::Pooled, pooled),
         ] {
             scratch.give(slot, buf);
         }
@@ -901,13 +970,11 @@ impl<D: Device> GpuModel<D> {
         ] {
             scratch.give_half(slot, buf);
         }
-        Ok(DeviceTicket {
-            uploads,
-            download,
-            floats: px * d,
-        })
+        Ok(ticket)
     }
 
+    /// The head on `n` pixels' pooled features from the host (each
+    /// (n, d)), taken up for it.
     fn head(
         &self,
         s2: &[f32],
@@ -924,19 +991,26 @@ impl<D: Device> GpuModel<D> {
         let staged = dev.upload_staged_with(n * 2 * d, &mut zd, &mut |z| {
             super::interleave_features(z, s2, s1, d)
         })?;
+        let result = self.head_on(&zd, n, scratch);
+        // The head's download waited for the stream, the upload with it.
+        dev.release(staged);
+        scratch.give(Slot::Values, zd);
+        result
+    }
+
+    /// The head on the first `n` rows of `z`, each a pixel's S2 then S1
+    /// features (2d floats); waits for its result.
+    fn head_on(&self, z: &D::Buf, n: usize, scratch: &mut Scratch<D>) -> Result<Vec<f32>> {
+        let dev = &self.dev;
         let mut y = scratch.take(dev, Slot::T, n * self.fc1.out_dim)?;
-        self.linear(&self.fc1, &zd, n, &mut y, false, None)?;
+        self.linear(&self.fc1, z, n, &mut y, false, None)?;
         self.layer_norm(&self.norm1, &mut y, n)?;
         // ReLU after the norm.
         self.epilogue(&mut y, None, n, self.fc1.out_dim, true, None, None)?;
         let mut out = scratch.take(dev, Slot::H, n * self.fc2.out_dim)?;
         self.linear(&self.fc2, &y, n, &mut out, false, None)?;
         self.layer_norm(&self.out_norm, &mut out, n)?;
-        let result = dev.download_prefix(&out, n * self.fc2.out_dim);
-        // The download waited for the stream, the upload with it.
-        dev.release(staged);
-        let result = result?;
-        scratch.give(Slot::Values, zd);
+        let result = dev.download_prefix(&out, n * self.fc2.out_dim)?;
         scratch.give(Slot::T, y);
         scratch.give(Slot::H, out);
         Ok(result)
@@ -970,9 +1044,31 @@ enum Slot {
     Ff,
     Scores,
     Pooled,
+    /// A kept pass's pixels' rows in their window (32-bit ints).
+    Rows,
 }
 
-const SLOTS: usize = Slot::Pooled as usize + 1;
+const SLOTS: usize = Slot::Rows as usize + 1;
+
+/// Where `attention_pool` writes: (pixels, d) rows of their own, or the
+/// pixels' `rows` of a window (rows of S2 then S1 features, 2d floats),
+/// from column `col`.
+enum PoolTo<'a, D: Device> {
+    Rows(&'a mut D::Buf),
+    Window {
+        out: &'a mut D::Buf,
+        rows: &'a D::Buf,
+        col: usize,
+    },
+}
+
+/// A kept pass's place: its pixels' rows in a window, and the column its
+/// modality's features start at (0 for S2, d for S1).
+#[derive(Clone, Copy)]
+struct Keep<'a> {
+    place: &'a KeptRows<'a>,
+    col: usize,
+}
 
 /// The bf16 device buffers of a bf16 chunk, by role.
 #[derive(Debug, Clone, Copy)]
@@ -994,9 +1090,16 @@ const HALF_SLOTS: usize = HalfSlot::Probs as usize + 1;
 /// buffer is written before it is read within a chunk, so what an earlier
 /// chunk left in it never matters; the emulator fills new buffers with NaN
 /// to show it.
+///
+/// The kept windows' features are the exception: a window's chunks fill
+/// its slot's rows and the head reads them, so its buffer must not be
+/// replaced within a window. It is grown, if at all, to the window's size
+/// on the window's first chunk (every chunk of a window names the same
+/// size, [`KeptRows`]), so it never is.
 struct Scratch<D: Device> {
     slots: [Option<D::Buf>; SLOTS],
     halves: [Option<D::Half>; HALF_SLOTS],
+    windows: [Option<D::Buf>; KEPT_WINDOWS],
 }
 
 impl<D: Device> Scratch<D> {
@@ -1004,7 +1107,24 @@ impl<D: Device> Scratch<D> {
         Scratch {
             slots: std::array::from_fn(|_| None),
             halves: std::array::from_fn(|_| None),
+            windows: std::array::from_fn(|_| None),
         }
+    }
+
+    /// Window `slot`'s features, at least `n` floats (see above).
+    fn take_window(&mut self, dev: &D, slot: usize, n: usize) -> Result<D::Buf> {
+        match self.windows[slot].take() {
+            Some(b) if D::len(&b) >= n => Ok(b),
+            old => {
+                dev.bind()?;
+                drop(old);
+                dev.alloc(n)
+            }
+        }
+    }
+
+    fn give_window(&mut self, slot: usize, buf: D::Buf) {
+        self.windows[slot] = Some(buf);
     }
 
     /// The buffer of `slot` if it holds `n` floats, else a new one of `n`.
@@ -1052,8 +1172,14 @@ struct DeviceTicket<D: Device> {
 }
 
 impl<D: Device> GpuBackend<D> {
-    /// Queue `batch` (at most [`MAX_ROWS`] tokens) on the device.
-    fn enqueue(&self, modality: Modality, batch: &SequenceBatch<'_>) -> Result<DeviceTicket<D>> {
+    /// Queue `batch` (at most [`MAX_ROWS`] tokens) on the device, its
+    /// pooled features for the host or kept at `place`.
+    fn enqueue(
+        &self,
+        modality: Modality,
+        batch: &SequenceBatch<'_>,
+        place: Option<&KeptRows<'_>>,
+    ) -> Result<DeviceTicket<D>> {
         let mut guard = self.lock()?;
         let (model, scratch) = &mut *guard;
         model.dev.bind()?;
@@ -1061,7 +1187,55 @@ impl<D: Device> GpuBackend<D> {
             Modality::S2 => &model.s2,
             Modality::S1 => &model.s1,
         };
-        model.backbone(bb, batch, scratch)
+        let keep = place.map(|place| Keep {
+            place,
+            col: modality as usize * self.d,
+        });
+        model.backbone(bb, batch, keep, scratch)
+    }
+
+    /// [`Backend::backbone_begin`], or with `place` its kept form.
+    fn begin(
+        &self,
+        modality: Modality,
+        batch: &SequenceBatch<'_>,
+        place: Option<&KeptRows<'_>>,
+    ) -> Result<PendingBackbone>
+    where
+        D: 'static,
+    {
+        batch.check(self.name)?;
+        if let Some(place) = place {
+            place.check(self.name, batch.n)?;
+        }
+        // At most MAX_ROWS tokens per pass, so device memory is bounded by
+        // that, not by a chunk of long sequences (16,384 px of 256 tokens
+        // would want 136 GB in bf16; MAX_ROWS about 16 GB).
+        let per = (self.max_rows / batch.len.max(1)).max(1);
+        if batch.n <= per {
+            let ticket = self.enqueue(modality, batch, place)?;
+            return Ok(PendingBackbone::on_device(Box::new(ticket)));
+        }
+        // Such a chunk runs in parts, one after another.
+        let mut out = Vec::with_capacity(if place.is_some() { 0 } else { batch.n * self.d });
+        for start in (0..batch.n).step_by(per) {
+            let n = per.min(batch.n - start);
+            let part = SequenceBatch {
+                n,
+                len: batch.len,
+                bands: batch.bands,
+                values: &batch.values
+                    [start * batch.len * batch.bands..(start + n) * batch.len * batch.bands],
+                doys: &batch.doys[start * batch.len..(start + n) * batch.len],
+            };
+            let part_place = place.map(|p| KeptRows {
+                rows: &p.rows[start..start + n],
+                ..*p
+            });
+            let ticket = self.enqueue(modality, &part, part_place.as_ref())?;
+            out.extend(self.collect(ticket)?);
+        }
+        Ok(PendingBackbone::done(out))
     }
 
     /// The pooled features of a queued backbone, once on the host: waits
@@ -1099,31 +1273,7 @@ where
         modality: Modality,
         batch: &SequenceBatch<'_>,
     ) -> Result<PendingBackbone> {
-        batch.check(self.name)?;
-        // At most MAX_ROWS tokens per pass, so device memory is bounded by
-        // that, not by a chunk of long sequences (16,384 px of 256 tokens
-        // would want 136 GB in bf16; MAX_ROWS about 16 GB).
-        let per = (self.max_rows / batch.len.max(1)).max(1);
-        if batch.n <= per {
-            let ticket = self.enqueue(modality, batch)?;
-            return Ok(PendingBackbone::on_device(Box::new(ticket)));
-        }
-        // Such a chunk runs in parts, one after another.
-        let mut out = Vec::with_capacity(batch.n * self.d);
-        for start in (0..batch.n).step_by(per) {
-            let n = per.min(batch.n - start);
-            let part = SequenceBatch {
-                n,
-                len: batch.len,
-                bands: batch.bands,
-                values: &batch.values
-                    [start * batch.len * batch.bands..(start + n) * batch.len * batch.bands],
-                doys: &batch.doys[start * batch.len..(start + n) * batch.len],
-            };
-            let ticket = self.enqueue(modality, &part)?;
-            out.extend(self.collect(ticket)?);
-        }
-        Ok(PendingBackbone::done(out))
+        self.begin(modality, batch, None)
     }
 
     fn backbone_end(&self, pending: PendingBackbone) -> Result<Vec<f32>> {
@@ -1158,5 +1308,41 @@ where
         let out = model.head(s2, s1, n, d, scratch)?;
         debug_assert_eq!(out.len(), n * self.repr_dim);
         Ok(out)
+    }
+
+    fn keeps_features(&self) -> bool {
+        self.keep_features
+    }
+
+    fn backbone_begin_kept(
+        &self,
+        modality: Modality,
+        batch: &SequenceBatch<'_>,
+        place: &KeptRows<'_>,
+    ) -> Result<PendingBackbone> {
+        self.begin(modality, batch, Some(place))
+    }
+
+    fn head_kept(&self, slot: usize, n: usize) -> Result<Vec<f32>> {
+        let mut guard = self.lock()?;
+        let (model, scratch) = &mut *guard;
+        model.dev.bind()?;
+        // Taken out of the scratch while the head borrows the rest of it
+        // (and put back as it was if it is not what the head needs).
+        let z = match scratch.windows.get_mut(slot).and_then(Option::take) {
+            Some(z) if D::len(&z) >= n * 2 * self.d => z,
+            other => {
+                if let Some(z) = other {
+                    scratch.give_window(slot, z);
+                }
+                return Err(EncodeError::backend(
+                    self.name,
+                    format!("no features kept for a window of {n} pixels in slot {slot}"),
+                ));
+            }
+        };
+        let out = model.head_on(&z, n, scratch);
+        scratch.give_window(slot, z);
+        out
     }
 }
