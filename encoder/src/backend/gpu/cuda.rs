@@ -273,9 +273,12 @@ fn check_download(n: usize, len: usize) -> Result<()> {
     Ok(())
 }
 
-/// Staging buffers kept for reuse: two chunks in flight use three each
-/// (bands, days, features).
-const STAGING_KEPT: usize = 8;
+/// Staging buffers kept for reuse: two chunks in flight use up to four
+/// each (bands, days, and the features' download, or the rows of features
+/// kept on the device and a marker), with room to spare so a chunk of
+/// another size finds one that fits rather than allocating page-locked
+/// memory (slow) while the device waits.
+const STAGING_KEPT: usize = 12;
 
 impl CudaDevice {
     /// The fastest of `candidates` for `key`'s GEMM, each called by `run`

@@ -8,8 +8,10 @@
 //! (sm_80 on), attention is one kernel instead, `attention_mma`, whose
 //! scores stay in registers (`FLOTILLA_CUDA_GEMM_ATTENTION` keeps the
 //! GEMMs, to compare). Only
-//! the inputs (bands and days) go to the device and only the pooled
-//! features and embeddings come back.
+//! the inputs (bands and days) go to the device and only the embeddings
+//! come back: each window's pooled features stay in a device buffer the
+//! head reads (`Backend::keeps_features`; `FLOTILLA_CUDA_HOST_FEATURES`
+//! brings them back per chunk and takes them up again for the head).
 //!
 //! Two devices implement [`Device`] (`device.rs`): `cuda.rs` (cuBLAS and
 //! NVRTC through cudarc, the real thing) and, in this crate's tests,
