@@ -5,7 +5,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::{Backend, BackendChoice, KeptRows, PendingBackbone, SequenceBatch};
+use crate::backend::{
+    Backend, BackendChoice, KeptRows, KeptWindows, PendingBackbone, SequenceBatch, SlotPool,
+};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::encode::Encoder;
@@ -250,9 +252,10 @@ struct HostOnly {
     /// Where `head` assembles its inputs.
     head_staging: std::sync::Mutex<Vec<f32>>,
     /// Whether the pooled features stay on the simulated device, as the
-    /// GPU backend keeps them ([`Backend::keeps_features`]; both follow
+    /// GPU backend keeps them ([`Backend::kept_windows`]; both follow
     /// `FLOTILLA_CUDA_HOST_FEATURES`).
     keep_features: bool,
+    slots: Arc<SlotPool>,
 }
 
 impl HostOnly {
@@ -302,8 +305,8 @@ impl Backend for HostOnly {
         self.begin(batch, batch.n * self.d)
     }
 
-    fn keeps_features(&self) -> bool {
-        self.keep_features
+    fn kept_windows(&self) -> Result<Option<KeptWindows>> {
+        Ok(self.keep_features.then(|| self.slots.lease()))
     }
 
     fn backbone_begin_kept(
@@ -416,6 +419,7 @@ pub fn host_rate(
         busy_until: std::sync::Mutex::new(None),
         head_staging: std::sync::Mutex::new(Vec::new()),
         keep_features: !crate::backend::features_on_host(),
+        slots: Arc::new(SlotPool::default()),
     });
     let mut enc = Encoder::with_backend(weights, Box::new(Shared(backend.clone())), profile);
     enc.set_window_pixels(window_pixels);
@@ -494,8 +498,8 @@ impl<B: Backend> Backend for Shared<B> {
     fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>> {
         self.0.head(s2, s1, n)
     }
-    fn keeps_features(&self) -> bool {
-        self.0.keeps_features()
+    fn kept_windows(&self) -> Result<Option<KeptWindows>> {
+        self.0.kept_windows()
     }
     fn backbone_begin_kept(
         &self,
@@ -623,6 +627,7 @@ mod tests {
             busy_until: std::sync::Mutex::new(None),
             head_staging: std::sync::Mutex::new(Vec::new()),
             keep_features: true,
+            slots: Arc::new(SlotPool::default()),
         };
         let (values, doys) = (vec![0f32; 40 * 2 * 4], vec![0f32; 40 * 2]);
         let batch = SequenceBatch {
@@ -666,6 +671,9 @@ mod tests {
             .to_string();
         assert!(e.contains("row 39 of a window of 39 pixels"), "{e}");
         assert_eq!(dev.head_kept(1, 40).unwrap().len(), 40 * 2);
+        // host-rate hands the encoder the simulated device through
+        // `Shared`: it must keep features there too.
+        assert!(Shared(Arc::new(dev)).kept_windows().unwrap().is_some());
     }
 
     #[test]

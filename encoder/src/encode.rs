@@ -12,9 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
-use crate::backend::{
-    self, Backend, BackendChoice, KeptRows, PendingBackbone, SequenceBatch, KEPT_WINDOWS,
-};
+use crate::backend::{self, Backend, BackendChoice, KeptRows, PendingBackbone, SequenceBatch};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::{EncodeError, Result};
@@ -144,6 +142,8 @@ impl Encoder {
         let npix = tile.height() * tile.width();
         let r = self.weights.config.repr_dim;
         let counts = tile.valid_counts(cancel)?;
+        // This encode's own window slots, where the backend keeps features.
+        let kept = self.backend.kept_windows()?;
         let nodata: Vec<bool> = (0..npix)
             .map(|p| counts[0][p] == 0 && counts[1][p] == 0)
             .collect();
@@ -229,12 +229,19 @@ impl Encoder {
             // of each modality, so nothing stale is ever read); none where
             // the backend keeps them.
             let d = self.weights.config.d_model();
-            let wmax = if self.backend.keeps_features() {
+            let wmax = if kept.is_some() {
                 0
             } else {
                 window.min(active.len())
             };
             let mut pooled = [vec![0f32; wmax * d], vec![0f32; wmax * d]];
+            // Window `wi` as the backend sees it.
+            let placed = |wi: usize| {
+                bounds.get(wi).map(|&(a, b)| Placed {
+                    slot: kept.as_ref().map(|k| k.slot(wi)),
+                    pixels: b - a,
+                })
+            };
             // The next window's first chunk, begun before this window's
             // head (see `encode_window`).
             let mut carried: Option<InFlight> = None;
@@ -242,13 +249,13 @@ impl Encoder {
                 let win = &active[a..b];
                 let out = self.encode_window(
                     Placed {
-                        slot: wi % KEPT_WINDOWS,
+                        slot: kept.as_ref().map(|k| k.slot(wi)),
                         pixels: win.len(),
                     },
                     &mut pooled,
                     (&chunk_rx, &spare_tx),
                     &mut carried,
-                    bounds.get(wi + 1).map(|&(a, b)| b - a),
+                    placed(wi + 1),
                     cancel,
                     &mut |t| {
                         done_tokens += t;
@@ -273,14 +280,14 @@ impl Encoder {
     }
 
     /// Encode one window (`win`: its pixels, all with data, and the slot a
-    /// backend that keeps features keeps them in) from its chunks of
+    /// backend that keeps features keeps them in, if it does) from its chunks of
     /// tokens, as the gatherer sends them (`None` after the last), each
     /// buffer sent back on `spare` once used, pooling into `pooled` (each
     /// at least win.pixels x d; unused where the backend keeps features):
     /// returns (win.pixels, repr_dim). `carried` holds this window's first
     /// chunk if the window before began it, and gets the next window's
-    /// first chunk, begun before this window's head when a next window (of
-    /// `next` pixels) follows: a device then computes it while the host
+    /// first chunk, begun before this window's head when a `next` window
+    /// follows: a device then computes it while the host
     /// takes this window's last result and asks for the head, instead of
     /// idling from the last backbone to the next window.
     #[allow(clippy::too_many_arguments)]
@@ -290,13 +297,13 @@ impl Encoder {
         pooled: &mut [Vec<f32>; 2],
         (chunks, spare): (&ChunkRx, &SpareTx),
         carried: &mut Option<InFlight>,
-        next: Option<usize>,
+        next: Option<Placed>,
         cancel: &AtomicBool,
         tokens_done: &mut dyn FnMut(usize),
     ) -> Result<Vec<f32>> {
         let d = self.weights.config.d_model();
         let nw = win.pixels;
-        let keeps = self.backend.keeps_features();
+        let keeps = win.slot.is_some();
         // One chunk's backbone is begun before the last one's result is
         // taken, so a device finds the next chunk queued when it finishes
         // one (BACKBONES_IN_FLIGHT): the host hands over chunk i + 1 while
@@ -309,7 +316,11 @@ impl Encoder {
             if out.len() != want {
                 return Err(EncodeError::backend(
                     self.backend.name(),
-                    format!("backbone returned {} values for {n} x {d}", out.len()),
+                    format!(
+                        "backbone returned {} values for {n} x {d} (want {want}: features {})",
+                        out.len(),
+                        if keeps { "kept" } else { "handed back" }
+                    ),
                 ));
             }
             if !keeps {
@@ -333,9 +344,9 @@ impl Encoder {
                 values: &c.values,
                 doys: &c.doys,
             };
-            let pending = if keeps {
+            let pending = if let Some(slot) = win.slot {
                 let place = KeptRows {
-                    slot: win.slot,
+                    slot,
                     pixels: win.pixels,
                     rows: &c.members,
                 };
@@ -365,7 +376,7 @@ impl Encoder {
                 take(prev, pooled)?;
             }
         }
-        if let Some(pixels) = next.filter(|_| !cancel.load(Ordering::Relaxed)) {
+        if let Some(next) = next.filter(|_| !cancel.load(Ordering::Relaxed)) {
             // Every pixel of a window is in one chunk of each modality, so
             // a window after this one starts with a chunk. It fills the
             // other slot: this window's head has yet to read this one.
@@ -375,8 +386,7 @@ impl Encoder {
                     "a window of pixels came with no chunk",
                 ));
             };
-            let slot = (win.slot + 1) % KEPT_WINDOWS;
-            *carried = Some(begin(c, Placed { slot, pixels })?);
+            *carried = Some(begin(c, next)?);
         }
         if let Some(last) = in_flight.take() {
             take(last, pooled)?;
@@ -388,8 +398,8 @@ impl Encoder {
         // a round trip the device idles through (the result waited for),
         // once a window rather than once a chunk.
         let r = self.weights.config.repr_dim;
-        let out = if keeps {
-            self.backend.head_kept(win.slot, nw)?
+        let out = if let Some(slot) = win.slot {
+            self.backend.head_kept(slot, nw)?
         } else {
             let (s2, s1) = (&pooled[0][..nw * d], &pooled[1][..nw * d]);
             self.backend.head(s2, s1, nw)?
@@ -428,11 +438,11 @@ fn window_bounds(n: usize, window: usize, chunk: usize) -> Vec<(usize, usize)> {
 }
 
 /// A window as the backend sees it: the slot its features are kept in
-/// (where the backend keeps them: [`Backend::keeps_features`]) and its
+/// (where the backend keeps them: [`Backend::kept_windows`]) and its
 /// number of pixels.
 #[derive(Debug, Clone, Copy)]
 struct Placed {
-    slot: usize,
+    slot: Option<usize>,
     pixels: usize,
 }
 

@@ -148,14 +148,15 @@ pub trait Backend: Send + Sync {
     /// Run the head on `n` pixels' pooled S2 and S1 features (each (n, d)):
     /// returns (n, repr_dim).
     fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>>;
-    /// Whether this backend keeps a window's pooled features where it
+    /// Where this backend keeps a window's pooled features where it
     /// computes them (a GPU: in device memory, so they never cross to the
-    /// host and back for the head). If so, the caller begins each backbone
+    /// host and back for the head): window slots for one encode, its own
+    /// while it holds them. With them, the caller begins each backbone
     /// with [`Backend::backbone_begin_kept`] and runs each window's head
-    /// with [`Backend::head_kept`]; otherwise with
-    /// [`Backend::backbone_begin`] and [`Backend::head`].
-    fn keeps_features(&self) -> bool {
-        false
+    /// with [`Backend::head_kept`]; without (`None`: the backend keeps
+    /// nothing), with [`Backend::backbone_begin`] and [`Backend::head`].
+    fn kept_windows(&self) -> Result<Option<KeptWindows>> {
+        Ok(None)
     }
     /// [`Backend::backbone_begin`] whose pooled features stay with the
     /// backend, in `place`'s window at its rows; [`Backend::backbone_end`]
@@ -177,11 +178,9 @@ pub trait Backend: Send + Sync {
 }
 
 /// Where a kept backbone ([`Backend::backbone_begin_kept`]) leaves each
-/// pixel's pooled features: row `rows[i]` of window `slot`, a window of
-/// `pixels` rows. Windows alternate between [`KEPT_WINDOWS`] slots, so the
-/// next window's first chunk may be begun (and fill its slot) before this
-/// window's head has read this one; every chunk of a window names the same
-/// `pixels`.
+/// pixel's pooled features: row `rows[i]` of window `slot` (one of the
+/// encode's [`KeptWindows`]), a window of `pixels` rows; every chunk of a
+/// window names the same `pixels`.
 #[derive(Debug, Clone, Copy)]
 pub struct KeptRows<'a> {
     pub slot: usize,
@@ -189,20 +188,80 @@ pub struct KeptRows<'a> {
     pub rows: &'a [u32],
 }
 
-/// How many windows' features a backend that keeps them holds at once.
+/// How many windows' features one encode has kept at once: windows take
+/// its slots in turn, so the next window's first chunk may be begun (and
+/// fill its slot) before this window's head has read this one.
 pub const KEPT_WINDOWS: usize = 2;
 
+/// The window slots one encode keeps its features in, leased from a
+/// backend that keeps them ([`Backend::kept_windows`]). Each encode has
+/// its own, so encodes running at once on one backend (an agent runs
+/// several tile jobs on one encoder) never write each other's windows;
+/// dropped, the slots go back to the backend for a later encode.
+#[derive(Debug)]
+pub struct KeptWindows {
+    slots: [usize; KEPT_WINDOWS],
+    pool: Arc<SlotPool>,
+}
+
+impl KeptWindows {
+    /// The slot window number `window` of the encode uses.
+    pub fn slot(&self, window: usize) -> usize {
+        self.slots[window % KEPT_WINDOWS]
+    }
+
+    /// The slots leased, in the order windows take them.
+    pub fn slots(&self) -> [usize; KEPT_WINDOWS] {
+        self.slots
+    }
+}
+
+impl Drop for KeptWindows {
+    fn drop(&mut self) {
+        if let Ok(mut free) = self.pool.free.lock() {
+            free.extend(self.slots);
+        }
+    }
+}
+
+/// A backend's window slots: those no encode holds are leased again
+/// before new numbers are handed out, so a backend holds as many as
+/// encodes have run at once.
+#[derive(Debug, Default)]
+pub struct SlotPool {
+    free: std::sync::Mutex<Vec<usize>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl SlotPool {
+    /// [`KEPT_WINDOWS`] slots no other encode holds.
+    pub fn lease(self: &Arc<Self>) -> KeptWindows {
+        let mut slots = [0; KEPT_WINDOWS];
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        for s in &mut slots {
+            *s = free
+                .pop()
+                .unwrap_or_else(|| self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        }
+        KeptWindows {
+            slots,
+            pool: self.clone(),
+        }
+    }
+}
+
+impl SlotPool {
+    /// How many slots were ever leased: every slot number is below it.
+    pub fn issued(&self) -> usize {
+        self.next.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 impl KeptRows<'_> {
-    /// The slot is one of [`KEPT_WINDOWS`], there is a row for each of the
-    /// `n` pixels of the batch, and every row is inside the window.
+    /// There is a row for each of the `n` pixels of the batch, and every
+    /// row is inside the window.
     pub fn check(&self, backend: &str, n: usize) -> Result<()> {
         let fail = |what: String| Err(EncodeError::backend(backend, what));
-        if self.slot >= KEPT_WINDOWS {
-            return fail(format!(
-                "window slot {} (there are {KEPT_WINDOWS})",
-                self.slot
-            ));
-        }
         if self.rows.len() != n {
             return fail(format!(
                 "{} rows for a batch of {n} pixels",

@@ -353,10 +353,13 @@ impl CudaDevice {
     /// (rounded up to a power of two, so chunks of other sizes reuse it).
     fn take_staging(&self, n: usize) -> Result<CudaStaging> {
         if let Ok(mut kept) = self.staging.lock() {
+            // A marker (n = 0) takes only a marker's own one float: a
+            // larger buffer held just for its event could leave a chunk's
+            // copy to allocate page-locked memory (slow) meanwhile.
             let fit = kept
                 .iter()
                 .enumerate()
-                .filter(|(_, s)| s.host.len() >= n)
+                .filter(|(_, s)| s.host.len() >= n && (n > 0 || s.host.len() == 1))
                 .min_by_key(|(_, s)| s.host.len())
                 .map(|(i, _)| i);
             if let Some(i) = fit {

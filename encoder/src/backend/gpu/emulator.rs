@@ -956,10 +956,7 @@ mod tests {
             let run = |keep: bool| {
                 let dev = EmulatedDevice::new(math);
                 let mut backend = GpuBackend::create(NAME, dev, weights.clone()).unwrap();
-                assert_eq!(
-                    backend.keeps_features(),
-                    !crate::backend::features_on_host()
-                );
+                assert_eq!(backend.keep_features, !crate::backend::features_on_host());
                 backend.keep_features = keep;
                 let values = encode_windowed(backend, &weights, &tile, 16, Some(32));
                 values.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
@@ -970,53 +967,123 @@ mod tests {
         }
     }
 
-    /// A head of a window nothing was kept for, or wider than what was,
-    /// is an error, not garbage.
+    /// A head reads a window only once every pixel of it has both its
+    /// features, and only once: a window of nothing kept, of S2 alone, of
+    /// another size or read before is an error, not garbage; so is a chunk
+    /// naming another window size part-way, or a slot never leased.
     #[test]
     fn a_head_reads_only_features_kept_for_its_window() {
         let (_, weights) = fixture("small");
         let dev = EmulatedDevice::new(GemmMath::F32);
         let backend = GpuBackend::create(NAME, dev, weights.clone()).unwrap();
-        let e = backend.head_kept(0, 4).unwrap_err().to_string();
-        assert!(e.contains("no features kept"), "{e}");
-        let (n, len, bands) = (3, 8, Modality::S2.bands());
-        let (values, doys) = (vec![0.5f32; n * len * bands], vec![100f32; n * len]);
-        let batch = SequenceBatch {
+        let lease = backend
+            .kept_windows()
+            .unwrap()
+            .expect("the GPU keeps features");
+        let slot = lease.slot(1);
+        let e = backend.head_kept(slot, 3).unwrap_err().to_string();
+        assert!(e.contains("kept 0 S2 and 0 S1"), "{e}");
+        let (n, len) = (3, 8);
+        let (values, doys) = (vec![0.5f32; n * len * 10], vec![100f32; n * len]);
+        let batch = |m: Modality| SequenceBatch {
             n,
             len,
-            bands,
-            values: &values,
+            bands: m.bands(),
+            values: &values[..n * len * m.bands()],
             doys: &doys,
         };
         let rows = [2, 0, 1];
         let place = KeptRows {
-            slot: 1,
+            slot,
             pixels: 3,
             rows: &rows,
         };
-        for m in [Modality::S2, Modality::S1] {
-            let batch = SequenceBatch {
-                bands: m.bands(),
-                values: &values[..n * len * m.bands()],
-                ..batch
-            };
-            let pending = backend.backbone_begin_kept(m, &batch, &place).unwrap();
-            assert!(backend.backbone_end(pending).unwrap().is_empty());
+        let keep = |m: Modality, place: &KeptRows<'_>| {
+            let pending = backend.backbone_begin_kept(m, &batch(m), place)?;
+            backend.backbone_end(pending)
+        };
+        assert!(keep(Modality::S2, &place).unwrap().is_empty());
+        let e = backend.head_kept(slot, 3).unwrap_err().to_string();
+        assert!(e.contains("kept 3 S2 and 0 S1"), "{e}");
+        let wider = KeptRows { pixels: 4, ..place };
+        let e = keep(Modality::S1, &wider).unwrap_err().to_string();
+        assert!(e.contains("window of 4 pixels in slot"), "{e}");
+        assert!(keep(Modality::S1, &place).unwrap().is_empty());
+        let e = backend.head_kept(slot, 4).unwrap_err().to_string();
+        assert!(e.contains("a head of 4 pixels"), "{e}");
+        // Asking for the wrong size lost nothing.
+        let out = backend.head_kept(slot, 3).unwrap();
+        assert_eq!(out.len(), 3 * backend.repr_dim);
+        assert!(out.iter().all(|v| v.is_finite()));
+        let e = backend.head_kept(slot, 3).unwrap_err().to_string();
+        assert!(e.contains("kept 0 S2 and 0 S1"), "{e}");
+        let never = KeptRows { slot: 7, ..place };
+        let e = keep(Modality::S2, &never).unwrap_err().to_string();
+        assert!(e.contains("window slot 7 was never leased"), "{e}");
+    }
+
+    /// Each encode leases its own window slots; dropped, they are leased
+    /// again rather than new ones made.
+    #[test]
+    fn encodes_lease_window_slots_of_their_own() {
+        let (_, weights) = fixture("small");
+        let dev = EmulatedDevice::new(GemmMath::F32);
+        let backend = GpuBackend::create(NAME, dev, weights.clone()).unwrap();
+        let a = backend.kept_windows().unwrap().unwrap();
+        let b = backend.kept_windows().unwrap().unwrap();
+        let (sa, sb) = (a.slots(), b.slots());
+        assert!(sa.iter().all(|s| !sb.contains(s)), "{sa:?} {sb:?}");
+        assert_ne!(a.slot(0), a.slot(1));
+        assert_eq!(a.slot(0), a.slot(2));
+        drop(a);
+        let mut c = backend.kept_windows().unwrap().unwrap().slots();
+        c.sort_unstable();
+        let mut sa = sa;
+        sa.sort_unstable();
+        assert_eq!(c, sa);
+        assert_eq!(backend.slots.issued(), 4);
+    }
+
+    /// Two tiles encoded at once on one encoder (as an agent's tile jobs
+    /// share one) each get what they get alone: their windows' features
+    /// never mix. Small chunks and windows, so each encode has several
+    /// windows in flight while the other runs.
+    #[test]
+    fn encodes_at_once_on_one_backend_keep_their_own_features() {
+        let (tile, weights) = fixture("small");
+        let mut other = tile.clone();
+        for v in &mut other.bands {
+            *v = v.saturating_add(300);
         }
-        assert_eq!(backend.head_kept(1, 3).unwrap().len(), 3 * backend.repr_dim);
-        let e = backend.head_kept(1, 4).unwrap_err().to_string();
-        assert!(e.contains("no features kept for a window of 4"), "{e}");
-        // Asking too much loses nothing: the window's features are there.
-        let again = backend.head_kept(1, 3).unwrap();
-        assert!(again.iter().all(|v| v.is_finite()));
-        let e = backend.head_kept(0, 3).unwrap_err().to_string();
-        assert!(e.contains("slot 0"), "{e}");
-        let slot = KeptRows { slot: 2, ..place };
-        let e = backend
-            .backbone_begin_kept(Modality::S2, &batch, &slot)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("window slot 2"), "{e}");
+        let dev = EmulatedDevice::new(GemmMath::F32);
+        let backend = GpuBackend::create(NAME, dev, weights.clone()).unwrap();
+        let profile = DeviceProfile {
+            chunk_pixels: 16,
+            ..DeviceProfile::default_for(BackendChoice::Cuda)
+        };
+        let mut enc = Encoder::with_backend(weights.clone(), Box::new(backend), profile);
+        enc.set_window_pixels(32);
+        let encode = |t: &TileInputs| {
+            let e = enc.encode_tile(t, &|_, _| {}, &AtomicBool::new(false));
+            e.unwrap()
+                .values
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        let alone = [encode(&tile), encode(&other)];
+        assert_ne!(alone[0], alone[1]);
+        for round in 0..3 {
+            let both = std::thread::scope(|s| {
+                let a = s.spawn(|| encode(&tile));
+                let b = s.spawn(|| encode(&other));
+                [a.join().unwrap(), b.join().unwrap()]
+            });
+            assert!(
+                both == alone,
+                "round {round}: an encode read another's features"
+            );
+        }
     }
 
     /// Encode a fixture on the emulated GPU and compare with upstream.

@@ -10,7 +10,7 @@
 //! GEMMs, to compare). Only
 //! the inputs (bands and days) go to the device and only the embeddings
 //! come back: each window's pooled features stay in a device buffer the
-//! head reads (`Backend::keeps_features`; `FLOTILLA_CUDA_HOST_FEATURES`
+//! head reads (`Backend::kept_windows`; `FLOTILLA_CUDA_HOST_FEATURES`
 //! brings them back per chunk and takes them up again for the head).
 //!
 //! Two devices implement [`Device`] (`device.rs`): `cuda.rs` (cuBLAS and
@@ -52,7 +52,7 @@ pub(crate) use device::{
     Arg, Device, Epilogue, Gemm, GemmMath, HalfGemmOut, Kernel, Launch, DOY_TABLE_DAYS, KERNELS,
 };
 
-use super::{Backend, KeptRows, PendingBackbone, SequenceBatch, KEPT_WINDOWS};
+use super::{Backend, KeptRows, KeptWindows, PendingBackbone, SequenceBatch, SlotPool};
 use crate::error::{EncodeError, Result};
 use crate::model::{Backbone, LayerNorm, Linear, Modality, StudentWeights};
 
@@ -120,9 +120,11 @@ pub(crate) struct GpuBackend<D: Device> {
     /// [`MAX_ROWS`] (smaller in a test, to make parts).
     max_rows: usize,
     /// Whether the pooled features stay on the device for the head
-    /// ([`Backend::keeps_features`]): unless `FLOTILLA_CUDA_HOST_FEATURES`
+    /// ([`Backend::kept_windows`]): unless `FLOTILLA_CUDA_HOST_FEATURES`
     /// is set.
     keep_features: bool,
+    /// The window slots encodes lease.
+    slots: Arc<SlotPool>,
 }
 
 impl<D: Device> GpuBackend<D> {
@@ -159,6 +161,7 @@ impl<D: Device> GpuBackend<D> {
             repr_dim: weights.config.repr_dim,
             max_rows: MAX_ROWS,
             keep_features: !super::features_on_host(),
+            slots: Arc::new(SlotPool::default()),
         })
     }
 
@@ -758,6 +761,19 @@ impl<D: Device> GpuModel<D> {
             });
         };
         let place = keep.place;
+        let kept = scratch.window(place.slot);
+        if kept.filled == [0, 0] {
+            kept.pixels = place.pixels;
+        } else if kept.pixels != place.pixels {
+            // Growing its buffer now would lose the rows kept so far.
+            return Err(EncodeError::backend(
+                "gpu",
+                format!(
+                    "a chunk of a window of {} pixels in slot {} of a window of {}",
+                    place.pixels, place.slot, kept.pixels
+                ),
+            ));
+        }
         let mut rows = scratch.take(dev, Slot::Rows, px)?;
         // The rows go up as their 32 bits (`attention_pool` reads ints):
         // moved, never computed with, so no float rule touches them.
@@ -766,15 +782,25 @@ impl<D: Device> GpuModel<D> {
                 *v = f32::from_bits(r);
             }
         })?);
-        let mut window = scratch.take_window(dev, place.slot, place.pixels * 2 * d)?;
+        let kept = scratch.window(place.slot);
+        let mut window = match kept.buf.take() {
+            Some(b) if D::len(&b) >= place.pixels * 2 * d => b,
+            old => {
+                dev.bind()?;
+                drop(old);
+                dev.alloc(place.pixels * 2 * d)?
+            }
+        };
         let to = PoolTo::Window {
             out: &mut window,
             rows: &rows,
-            col: keep.col,
+            col: keep.modality * d,
         };
         self.pool(bb, h, to, px, len)?;
+        let kept = scratch.window(place.slot);
+        kept.buf = Some(window);
+        kept.filled[keep.modality] += px;
         scratch.give(Slot::Rows, rows);
-        scratch.give_window(place.slot, window);
         Ok(DeviceTicket {
             uploads,
             download: dev.marker()?,
@@ -993,11 +1019,12 @@ impl<D: Device> GpuModel<D> {
         let staged = dev.upload_staged_with(n * 2 * d, &mut zd, &mut |z| {
             super::interleave_features(z, s2, s1, d)
         })?;
-        let result = self.head_on(&zd, n, scratch);
-        // The head's download waited for the stream, the upload with it.
+        let result = self.head_on(&zd, n, scratch)?;
+        // The head's download waited for the stream, the upload with it
+        // (on an error the staging is dropped, which waits for its copy).
         dev.release(staged);
         scratch.give(Slot::Values, zd);
-        result
+        Ok(result)
     }
 
     /// The head on the first `n` rows of `z`, each a pixel's S2 then S1
@@ -1064,12 +1091,23 @@ enum PoolTo<'a, D: Device> {
     },
 }
 
-/// A kept pass's place: its pixels' rows in a window, and the column its
-/// modality's features start at (0 for S2, d for S1).
+/// A kept pass's place: its pixels' rows in a window, and its modality
+/// (0 for S2, whose features start at column 0; 1 for S1, at d).
 #[derive(Clone, Copy)]
 struct Keep<'a> {
     place: &'a KeptRows<'a>,
-    col: usize,
+    modality: usize,
+}
+
+/// One window slot's features on the device ([`KeptRows`]): its buffer,
+/// the window's size, and how many pixels' S2 and S1 features its chunks
+/// have written since the slot's last head (so a head reads only a window
+/// whose every pixel has both, and a window's buffer is never replaced
+/// once a chunk has written to it).
+struct KeptWindow<D: Device> {
+    buf: Option<D::Buf>,
+    pixels: usize,
+    filled: [usize; 2],
 }
 
 /// The bf16 device buffers of a bf16 chunk, by role.
@@ -1097,11 +1135,11 @@ const HALF_SLOTS: usize = HalfSlot::Probs as usize + 1;
 /// its slot's rows and the head reads them, so its buffer must not be
 /// replaced within a window. It is grown, if at all, to the window's size
 /// on the window's first chunk (every chunk of a window names the same
-/// size, [`KeptRows`]), so it never is.
+/// size, [`KeptRows`], which [`KeptWindow`]'s count checks), so it never is.
 struct Scratch<D: Device> {
     slots: [Option<D::Buf>; SLOTS],
     halves: [Option<D::Half>; HALF_SLOTS],
-    windows: [Option<D::Buf>; KEPT_WINDOWS],
+    windows: Vec<KeptWindow<D>>,
 }
 
 impl<D: Device> Scratch<D> {
@@ -1109,24 +1147,21 @@ impl<D: Device> Scratch<D> {
         Scratch {
             slots: std::array::from_fn(|_| None),
             halves: std::array::from_fn(|_| None),
-            windows: std::array::from_fn(|_| None),
+            windows: Vec::new(),
         }
     }
 
-    /// Window `slot`'s features, at least `n` floats (see above).
-    fn take_window(&mut self, dev: &D, slot: usize, n: usize) -> Result<D::Buf> {
-        match self.windows[slot].take() {
-            Some(b) if D::len(&b) >= n => Ok(b),
-            old => {
-                dev.bind()?;
-                drop(old);
-                dev.alloc(n)
-            }
+    /// Window slot `slot` (the slots an encode leases are numbered from
+    /// 0, so this grows by a slot or two).
+    fn window(&mut self, slot: usize) -> &mut KeptWindow<D> {
+        if self.windows.len() <= slot {
+            self.windows.resize_with(slot + 1, || KeptWindow {
+                buf: None,
+                pixels: 0,
+                filled: [0, 0],
+            });
         }
-    }
-
-    fn give_window(&mut self, slot: usize, buf: D::Buf) {
-        self.windows[slot] = Some(buf);
+        &mut self.windows[slot]
     }
 
     /// The buffer of `slot` if it holds `n` floats, else a new one of `n`.
@@ -1191,7 +1226,7 @@ impl<D: Device> GpuBackend<D> {
         };
         let keep = place.map(|place| Keep {
             place,
-            col: modality as usize * self.d,
+            modality: modality as usize,
         });
         model.backbone(bb, batch, keep, scratch)
     }
@@ -1209,6 +1244,12 @@ impl<D: Device> GpuBackend<D> {
         batch.check(self.name)?;
         if let Some(place) = place {
             place.check(self.name, batch.n)?;
+            if place.slot >= self.slots.issued() {
+                return Err(EncodeError::backend(
+                    self.name,
+                    format!("window slot {} was never leased", place.slot),
+                ));
+            }
         }
         // At most MAX_ROWS tokens per pass, so device memory is bounded by
         // that, not by a chunk of long sequences (16,384 px of 256 tokens
@@ -1312,8 +1353,17 @@ where
         Ok(out)
     }
 
-    fn keeps_features(&self) -> bool {
-        self.keep_features
+    fn kept_windows(&self) -> Result<Option<KeptWindows>> {
+        if !self.keep_features {
+            return Ok(None);
+        }
+        let lease = self.slots.lease();
+        // Whatever an encode that stopped part-way left in them is gone.
+        let mut guard = self.lock()?;
+        for slot in lease.slots() {
+            guard.1.window(slot).filled = [0, 0];
+        }
+        Ok(Some(lease))
     }
 
     fn backbone_begin_kept(
@@ -1329,22 +1379,28 @@ where
         let mut guard = self.lock()?;
         let (model, scratch) = &mut *guard;
         model.dev.bind()?;
-        // Taken out of the scratch while the head borrows the rest of it
-        // (and put back as it was if it is not what the head needs).
-        let z = match scratch.windows.get_mut(slot).and_then(Option::take) {
-            Some(z) if D::len(&z) >= n * 2 * self.d => z,
-            other => {
-                if let Some(z) = other {
-                    scratch.give_window(slot, z);
-                }
-                return Err(EncodeError::backend(
-                    self.name,
-                    format!("no features kept for a window of {n} pixels in slot {slot}"),
-                ));
-            }
+        let kept = scratch.window(slot);
+        if kept.pixels != n || kept.filled != [n, n] {
+            return Err(EncodeError::backend(
+                self.name,
+                format!(
+                    "a head of {n} pixels on window slot {slot}, whose chunks kept {} S2 and \
+                     {} S1 features of a window of {}",
+                    kept.filled[0], kept.filled[1], kept.pixels
+                ),
+            ));
+        }
+        // Taken out of the scratch while the head borrows the rest of it;
+        // read once: the slot's next window starts afresh.
+        kept.filled = [0, 0];
+        let Some(z) = kept.buf.take() else {
+            return Err(EncodeError::backend(
+                self.name,
+                "a kept window without a buffer",
+            ));
         };
         let out = model.head_on(&z, n, scratch);
-        scratch.give_window(slot, z);
+        scratch.window(slot).buf = Some(z);
         out
     }
 }
