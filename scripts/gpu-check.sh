@@ -303,6 +303,10 @@ for name, path in [("ours tf32", f"{work}/ours-tf32/tile.npy"), ("ours bf16", f"
 PY
     stamp
 
+    echo "-- tile b's time apart from the encode (the files opened and counted, the output written)"
+    for dt in $dts; do
+        echo "$dt: $(grep -A1 '^tile b:' "$work/twice-$dt.log" | sed -n 's/^  (\(.*\))$/\1/p')"
+    done
     echo "-- memory of the two-tile runs (host, and the GPU's at the end: chunk buffers are kept),"
     echo "   and what timing cuBLASLt's candidates found per GEMM shape (bf16)"
     for dt in $dts; do
