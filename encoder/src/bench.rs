@@ -273,9 +273,7 @@ impl HostOnly {
             _ => now,
         }
     }
-}
 
-impl HostOnly {
     /// A backbone on the simulated device, bringing back `floats` features.
     fn begin(&self, batch: &SequenceBatch<'_>, floats: usize) -> Result<PendingBackbone> {
         batch.check(self.name())?;

@@ -235,12 +235,11 @@ impl Encoder {
                 window.min(active.len())
             };
             let mut pooled = [vec![0f32; wmax * d], vec![0f32; wmax * d]];
-            // Window `wi` as the backend sees it.
-            let placed = |wi: usize| {
-                bounds.get(wi).map(|&(a, b)| Placed {
-                    slot: kept.as_ref().map(|k| k.slot(wi)),
-                    pixels: b - a,
-                })
+            // Window `wi`, of pixels `a..b` of `active`, as the backend
+            // sees it.
+            let placed = |wi: usize, (a, b): (usize, usize)| Placed {
+                slot: kept.as_ref().map(|k| k.slot(wi)),
+                pixels: b - a,
             };
             // The next window's first chunk, begun before this window's
             // head (see `encode_window`).
@@ -248,14 +247,11 @@ impl Encoder {
             for (wi, &(a, b)) in bounds.iter().enumerate() {
                 let win = &active[a..b];
                 let out = self.encode_window(
-                    Placed {
-                        slot: kept.as_ref().map(|k| k.slot(wi)),
-                        pixels: win.len(),
-                    },
+                    placed(wi, (a, b)),
                     &mut pooled,
                     (&chunk_rx, &spare_tx),
                     &mut carried,
-                    placed(wi + 1),
+                    bounds.get(wi + 1).map(|&next| placed(wi + 1, next)),
                     cancel,
                     &mut |t| {
                         done_tokens += t;

@@ -248,9 +248,7 @@ impl SlotPool {
             pool: self.clone(),
         }
     }
-}
 
-impl SlotPool {
     /// How many slots were ever leased: every slot number is below it.
     pub fn issued(&self) -> usize {
         self.next.load(std::sync::atomic::Ordering::Relaxed)

@@ -774,6 +774,9 @@ impl<D: Device> GpuModel<D> {
                 ),
             ));
         }
+        // Grown (on the window's first chunk only, as just checked) to the
+        // window's rows of S2 then S1 features.
+        let mut window = Scratch::fit(dev, kept.buf.take(), place.pixels * 2 * d)?;
         let mut rows = scratch.take(dev, Slot::Rows, px)?;
         // The rows go up as their 32 bits (`attention_pool` reads ints):
         // moved, never computed with, so no float rule touches them.
@@ -782,15 +785,6 @@ impl<D: Device> GpuModel<D> {
                 *v = f32::from_bits(r);
             }
         })?);
-        let kept = scratch.window(place.slot);
-        let mut window = match kept.buf.take() {
-            Some(b) if D::len(&b) >= place.pixels * 2 * d => b,
-            old => {
-                dev.bind()?;
-                drop(old);
-                dev.alloc(place.pixels * 2 * d)?
-            }
-        };
         let to = PoolTo::Window {
             out: &mut window,
             rows: &rows,
@@ -1166,7 +1160,12 @@ impl<D: Device> Scratch<D> {
 
     /// The buffer of `slot` if it holds `n` floats, else a new one of `n`.
     fn take(&mut self, dev: &D, slot: Slot, n: usize) -> Result<D::Buf> {
-        match self.slots[slot as usize].take() {
+        Self::fit(dev, self.slots[slot as usize].take(), n)
+    }
+
+    /// `buf` if it holds `n` floats, else a new buffer of `n`.
+    fn fit(dev: &D, buf: Option<D::Buf>, n: usize) -> Result<D::Buf> {
+        match buf {
             Some(b) if D::len(&b) >= n => Ok(b),
             old => {
                 // Free the small one first: the new one may need its room
