@@ -69,7 +69,7 @@ mod threading;
 pub mod v3;
 
 pub use batched::{BatchedMatMul, BatchedMatMulSpec};
-pub use bf16::{bf16_to_f32, f32_to_bf16, to_bf16_vec, Bf16};
+pub use bf16::{bf16_to_f32, f32_to_bf16, f32_to_bf16_into, to_bf16_vec, Bf16};
 pub use cpu_features::{bf16_supported, effective_isa, version, CpuFeatures, Version};
 pub use engine::{Engine, Stream};
 pub use error::{Error, Result, Status};

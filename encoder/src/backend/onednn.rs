@@ -195,8 +195,7 @@ impl LinearKernel for DnnlLinear {
             DataType::F32 => self.mm.execute(x, out, residual),
             DataType::Bf16 => BF16_SRC.with(|buf| {
                 let mut buf = buf.borrow_mut();
-                buf.clear();
-                buf.extend(x.iter().map(|&v| Bf16::from_f32(v)));
+                onednn::f32_to_bf16_into(x, &mut buf);
                 self.mm.execute(&buf[..], out, residual)
             }),
         }
