@@ -16,6 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             k,
             n,
             data_type: DataType::F32,
+            dst_type: DataType::F32,
             post_ops: vec![PostOp::BinaryAdd],
             threads: 1,
         };

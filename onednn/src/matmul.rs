@@ -34,15 +34,21 @@ use crate::primitive::{reorder, Attr, PostOp, PostOps, Primitive, PrimitiveDesc}
 use crate::sys;
 use crate::threading::ThreadScope;
 
-/// What a [`MatMul`] computes: `dst (M x n, f32) = post_ops(src (M x k) . W^T + bias)`.
+/// What a [`MatMul`] computes: `dst (M x n) = post_ops(src (M x k) . W^T + bias)`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MatMulSpec {
     /// Input features (columns of src; the `in` of PyTorch's `out x in` weight).
     pub k: usize,
     /// Output features (columns of dst; the `out` of the weight).
     pub n: usize,
-    /// Element type of src and of the packed weights. dst and bias are always f32.
+    /// Element type of src and of the packed weights. The bias is always f32.
     pub data_type: DataType,
+    /// Element type of dst: f32, or bf16 where the result only feeds
+    /// another bf16 matmul (oneDNN rounds the f32 result, post-ops
+    /// applied, to nearest even as it stores it: the bits a separate
+    /// conversion gives, without writing and re-reading the f32). A
+    /// `BinaryAdd` residual is f32 either way.
+    pub dst_type: DataType,
     pub post_ops: Vec<PostOp>,
     /// oneDNN threads per `execute` call (1 for thread-per-block callers). See `threading`.
     pub threads: usize,
@@ -157,16 +163,17 @@ impl MatMul {
             .len()
     }
 
-    /// `dst = post_ops(src . W^T + bias)`, with M = `src.len() / k`.
+    /// `dst = post_ops(src . W^T + bias)`, with M = `src.len() / k`; dst's
+    /// element type is the spec's `dst_type`.
     ///
     /// `residual` (M x n, f32) is required exactly when the post-ops include
     /// `BinaryAdd`. With `Sum`, dst's current contents are added. No buffer is
     /// copied: oneDNN reads and writes the slices in place. Safe to call from
     /// many threads at once; each uses its own stream and scratchpad.
-    pub fn execute<T: Element>(
+    pub fn execute<T: Element, D: Element>(
         &self,
         src: &[T],
-        dst: &mut [f32],
+        dst: &mut [D],
         residual: Option<&[f32]>,
     ) -> Result<()> {
         let _threads = ThreadScope::new(self.spec.threads);
@@ -176,11 +183,11 @@ impl MatMul {
     }
 
     /// As [`MatMul::execute`], on a stream the caller owns.
-    pub fn execute_on<T: Element>(
+    pub fn execute_on<T: Element, D: Element>(
         &self,
         stream: &Stream,
         src: &[T],
-        dst: &mut [f32],
+        dst: &mut [D],
         residual: Option<&[f32]>,
     ) -> Result<()> {
         if stream.engine().raw() != self.engine.raw() {
@@ -189,7 +196,13 @@ impl MatMul {
                 why: "the stream belongs to another engine than the primitive".into(),
             });
         }
-        let m = check_execute(&self.spec, T::DATA_TYPE, src.len(), dst.len(), residual)?;
+        let m = check_execute(
+            &self.spec,
+            (T::DATA_TYPE, D::DATA_TYPE),
+            src.len(),
+            dst.len(),
+            residual,
+        )?;
         if m == 0 {
             return Ok(());
         }
@@ -236,8 +249,9 @@ impl MatMul {
             .as_ref()
             .map(|_| MemoryDesc::row_major(&[1, s.n], DataType::F32))
             .transpose()?;
-        let dst = MemoryDesc::row_major(&[m, s.n], DataType::F32)?;
-        let post_ops = PostOps::new(&s.post_ops, &dst)?;
+        let dst = MemoryDesc::row_major(&[m, s.n], s.dst_type)?;
+        let residual = MemoryDesc::row_major(&[m, s.n], DataType::F32)?;
+        let post_ops = PostOps::new(&s.post_ops, &residual)?;
         let attr = Attr::new(Some(&post_ops))?;
         PrimitiveDesc::matmul(&self.engine, &src, &weights, bias.as_ref(), &dst, &attr)
     }
@@ -275,7 +289,8 @@ impl MatMul {
             }
         };
         let s = &self.spec;
-        let dst = MemoryDesc::row_major(&[m, s.n], DataType::F32)?;
+        let dst = MemoryDesc::row_major(&[m, s.n], s.dst_type)?;
+        let residual = MemoryDesc::row_major(&[m, s.n], DataType::F32)?;
         let mut args = vec![
             (
                 sys::DNNL_ARG_SRC,
@@ -291,7 +306,7 @@ impl MatMul {
             ));
         }
         if s.post_ops.contains(&PostOp::BinaryAdd) {
-            args.push((binary_arg(&s.post_ops), dst));
+            args.push((binary_arg(&s.post_ops), residual));
         }
         let inst = Arc::new(Instance {
             prim: Primitive::new(pd, &self.engine, args)?,
@@ -306,12 +321,13 @@ impl MatMul {
     }
 }
 
-/// Checks an `execute`'s buffers against `spec` (the source's element type
-/// and length, a whole number of rows; dst's length; a residual exactly
-/// when a `BinaryAdd` post-op wants one, of dst's length) and returns M.
+/// Checks an `execute`'s buffers against `spec` (the source's and dst's
+/// element types; the source's length, a whole number of rows; dst's
+/// length; a residual exactly when a `BinaryAdd` post-op wants one, of
+/// dst's length) and returns M.
 pub(crate) fn check_execute(
     spec: &MatMulSpec,
-    src_type: DataType,
+    (src_type, dst_type): (DataType, DataType),
     src_len: usize,
     dst_len: usize,
     residual: Option<&[f32]>,
@@ -321,6 +337,13 @@ pub(crate) fn check_execute(
             what: "matmul src",
             expected: spec.data_type,
             got: src_type,
+        });
+    }
+    if dst_type != spec.dst_type {
+        return Err(Error::DataType {
+            what: "matmul dst",
+            expected: spec.dst_type,
+            got: dst_type,
         });
     }
     if !src_len.is_multiple_of(spec.k) {

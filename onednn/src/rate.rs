@@ -58,6 +58,7 @@ pub fn matmul_rate(threads: usize, data_type: DataType) -> Result<f64> {
         k,
         n,
         data_type,
+        dst_type: DataType::F32,
         post_ops: vec![],
         threads: threads.max(1),
     };

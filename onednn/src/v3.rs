@@ -493,7 +493,7 @@ impl Attr {
                             *beta,
                         )
                     },
-                    // The residual has dst's shape and layout.
+                    // The residual has dst's shape and layout, in f32.
                     PostOp::BinaryAdd => unsafe {
                         (rt.f.post_ops_append_binary)(attr.post_ops, DNNL_BINARY_ADD, dst.raw)
                     },
@@ -752,13 +752,19 @@ impl MatMul3 {
     }
 
     /// As [`MatMul::execute`](crate::MatMul::execute).
-    pub fn execute<T: Element>(
+    pub fn execute<T: Element, D: Element>(
         &self,
         src: &[T],
-        dst: &mut [f32],
+        dst: &mut [D],
         residual: Option<&[f32]>,
     ) -> Result<()> {
-        let m = check_execute(&self.spec, T::DATA_TYPE, src.len(), dst.len(), residual)?;
+        let m = check_execute(
+            &self.spec,
+            (T::DATA_TYPE, D::DATA_TYPE),
+            src.len(),
+            dst.len(),
+            residual,
+        )?;
         if m == 0 {
             return Ok(());
         }
@@ -767,7 +773,8 @@ impl MatMul3 {
         let s = &self.spec;
         let rt = self.rt;
         let src_md = Desc::row_major(rt, m, s.k, s.data_type)?;
-        let dst_md = Desc::row_major(rt, m, s.n, DataType::F32)?;
+        let dst_md = Desc::row_major(rt, m, s.n, s.dst_type)?;
+        let residual_md = Desc::row_major(rt, m, s.n, DataType::F32)?;
         let bias_md = Desc::row_major(rt, 1, s.n, DataType::F32)?;
         let mut args: Vec<(c_int, &Desc, *mut c_void)> = vec![
             (DNNL_ARG_SRC, &src_md, src.as_ptr() as *mut c_void),
@@ -782,7 +789,11 @@ impl MatMul3 {
             args.push((DNNL_ARG_BIAS, &bias_md, b.as_ptr() as *mut c_void));
         }
         if let Some(r) = residual {
-            args.push((binary_arg(&s.post_ops), &dst_md, r.as_ptr() as *mut c_void));
+            args.push((
+                binary_arg(&s.post_ops),
+                &residual_md,
+                r.as_ptr() as *mut c_void,
+            ));
         }
         // SAFETY: src, dst and residual were length-checked against M, the
         // weights and bias belong to self/inst; oneDNN only writes dst.
@@ -812,8 +823,9 @@ impl MatMul3 {
             .as_ref()
             .map(|_| Desc::row_major(rt, 1, s.n, DataType::F32))
             .transpose()?;
-        let dst = Desc::row_major(rt, m, s.n, DataType::F32)?;
-        let attr = Attr::new(rt, &s.post_ops, &dst)?;
+        let dst = Desc::row_major(rt, m, s.n, s.dst_type)?;
+        let residual = Desc::row_major(rt, m, s.n, DataType::F32)?;
+        let attr = Attr::new(rt, &s.post_ops, &residual)?;
         let mut raw = ptr::null_mut();
         // SAFETY: live descriptors, engine and attribute; out-pointer to a local.
         rt.check("dnnl_matmul_primitive_desc_create", unsafe {

@@ -38,6 +38,7 @@ fn bf16_matmul_within_bf16_tolerance() {
         k,
         n,
         data_type: DataType::Bf16,
+        dst_type: DataType::F32,
         post_ops: vec![PostOp::BinaryAdd, PostOp::Relu],
         threads: 1,
     };
@@ -97,6 +98,7 @@ fn wrong_element_type_is_rejected() {
         k: 8,
         n: 8,
         data_type: DataType::Bf16,
+        dst_type: DataType::F32,
         post_ops: vec![],
         threads: 1,
     };
@@ -109,5 +111,54 @@ fn wrong_element_type_is_rejected() {
             ));
         }
         Err(e) => println!("SKIP: no bf16 matmul here ({e})"),
+    }
+}
+
+/// A bf16 dst holds exactly the f32 dst's result rounded to nearest even
+/// (post-ops applied first), for each post-op the encoder uses, at a shape
+/// like its FFN; a dst of the other type is refused.
+#[test]
+fn bf16_dst_is_the_f32_result_rounded() {
+    if !bf16_supported() {
+        println!("SKIP: no native bf16 on this CPU");
+        return;
+    }
+    let engine = Engine::cpu().unwrap();
+    let (m, k, n) = (128, 640, 320);
+    let (w, b, x, r) = (data(n * k, 1), data(n, 2), data(m * k, 3), data(m * n, 4));
+    let xb = to_bf16_vec(&x);
+    for post_ops in [vec![], vec![PostOp::Relu], vec![PostOp::BinaryAdd]] {
+        let make = |dst_type| {
+            let spec = MatMulSpec {
+                k,
+                n,
+                data_type: DataType::Bf16,
+                dst_type,
+                post_ops: post_ops.clone(),
+                threads: 1,
+            };
+            MatMul::new(&engine, spec, &w, Some(&b), m).unwrap()
+        };
+        let (wide, narrow) = (make(DataType::F32), make(DataType::Bf16));
+        let residual = post_ops.contains(&PostOp::BinaryAdd).then_some(&r[..]);
+        let mut f = vec![0f32; m * n];
+        wide.execute(&xb, &mut f, residual).unwrap();
+        let mut h = vec![Bf16(0); m * n];
+        narrow.execute(&xb, &mut h, residual).unwrap();
+        let want = to_bf16_vec(&f);
+        let differ = h.iter().zip(&want).filter(|(a, b)| a != b).count();
+        println!(
+            "{post_ops:?}: {} ({differ} of {} differ)",
+            narrow.prepare(m).unwrap(),
+            m * n
+        );
+        assert_eq!(differ, 0, "{post_ops:?}");
+        assert!(matches!(
+            narrow.execute(&xb, &mut f, residual),
+            Err(Error::DataType {
+                what: "matmul dst",
+                ..
+            })
+        ));
     }
 }

@@ -10,6 +10,7 @@ fn spec(k: usize, n: usize, post_ops: Vec<PostOp>) -> MatMulSpec {
         k,
         n,
         data_type: DataType::F32,
+        dst_type: DataType::F32,
         post_ops,
         threads: 1,
     }
@@ -145,7 +146,7 @@ fn caller_mistakes_are_errors_not_crashes() {
         Err(Error::DataType { .. })
     ));
     // Empty batch is a no-op.
-    mm.execute::<f32>(&[], &mut [], Some(&[])).unwrap();
+    mm.execute::<f32, f32>(&[], &mut [], Some(&[])).unwrap();
 }
 
 #[test]

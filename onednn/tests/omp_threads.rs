@@ -19,6 +19,7 @@ fn layer(threads: usize) -> (MatMul, Vec<f32>) {
         k,
         n,
         data_type: DataType::F32,
+        dst_type: DataType::F32,
         post_ops: vec![],
         threads,
     };

@@ -29,6 +29,7 @@ fn concurrent_execute_matches_single_caller(threads: usize) {
         k,
         n,
         data_type: DataType::F32,
+        dst_type: DataType::F32,
         post_ops: vec![PostOp::BinaryAdd, PostOp::Relu],
         threads,
     };

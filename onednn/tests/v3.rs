@@ -72,6 +72,7 @@ fn matmul3_matches_the_reference_and_2x_for_every_post_op() {
             k,
             n,
             data_type: DataType::F32,
+            dst_type: DataType::F32,
             post_ops: post_ops.clone(),
             threads: 1,
         };
@@ -118,6 +119,7 @@ fn matmul3_refuses_what_matmul_refuses() {
         k: 4,
         n: 3,
         data_type: DataType::F32,
+        dst_type: DataType::F32,
         post_ops: vec![PostOp::BinaryAdd],
         threads: 1,
     };
@@ -149,6 +151,7 @@ fn bf16_runs_where_3x_says_the_cpu_has_it() {
         k,
         n,
         data_type: DataType::Bf16,
+        dst_type: DataType::F32,
         post_ops: vec![],
         threads: 1,
     };
@@ -169,4 +172,44 @@ fn bf16_runs_where_3x_says_the_cpu_has_it() {
     let d = max_abs_diff(&out, &want);
     assert!(d <= 0.1, "bf16 off the f32 reference by {d}");
     eprintln!("bf16: {}", mm.prepare(m).unwrap());
+}
+
+/// As the 2.x test: a bf16 dst is the f32 dst's result rounded to nearest even.
+#[test]
+fn bf16_dst_is_the_f32_result_rounded_on_3x() {
+    let Some(rt) = runtime() else { return };
+    if !rt.bf16_supported() {
+        eprintln!("no bf16 on this CPU ({}): skipped", rt.effective_isa());
+        return;
+    }
+    let (m, k, n) = (128, 640, 320);
+    let (w, b, x, r) = (data(n * k, 1), data(n, 2), data(m * k, 3), data(m * n, 4));
+    let xb = onednn::to_bf16_vec(&x);
+    for post_ops in [vec![], vec![PostOp::Relu], vec![PostOp::BinaryAdd]] {
+        let make = |dst_type| {
+            let spec = MatMulSpec {
+                k,
+                n,
+                data_type: DataType::Bf16,
+                dst_type,
+                post_ops: post_ops.clone(),
+                threads: 1,
+            };
+            MatMul3::new(rt, spec, &w, Some(&b), m).unwrap()
+        };
+        let (wide, narrow) = (make(DataType::F32), make(DataType::Bf16));
+        let residual = post_ops.contains(&PostOp::BinaryAdd).then_some(&r[..]);
+        let mut f = vec![0f32; m * n];
+        wide.execute(&xb, &mut f, residual).unwrap();
+        let mut h = vec![onednn::Bf16(0); m * n];
+        narrow.execute(&xb, &mut h, residual).unwrap();
+        let want = onednn::to_bf16_vec(&f);
+        let differ = h.iter().zip(&want).filter(|(a, b)| a != b).count();
+        eprintln!(
+            "{post_ops:?}: {} ({differ} of {} differ)",
+            narrow.prepare(m).unwrap(),
+            m * n
+        );
+        assert_eq!(differ, 0, "{post_ops:?}");
+    }
 }

@@ -50,14 +50,46 @@ impl Epilogue<'_> {
     }
 }
 
-/// Builds one layer's kernel: (checkpoint name of the layer, its weights, the epilogue it is always called with).
-pub(crate) type MakeKernel<'a, L> = dyn FnMut(&str, &Linear, Fused) -> Result<L> + 'a;
+/// Where a layer's output goes, known when the layer is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Feeds {
+    /// Only the next Linear (embedding.0 into embedding.2, linear1 into
+    /// linear2), always through [`LinearKernel::forward_pair`]: a kernel
+    /// whose GEMMs read bf16 may hand it over in bf16, never writing it in f32.
+    NextLinear,
+    /// Anything else (a residual, attention, LayerNorm, the caller).
+    Other,
+}
+
+/// Builds one layer's kernel: (checkpoint name of the layer, its weights,
+/// the epilogue it is always called with, where its output goes).
+pub(crate) type MakeKernel<'a, L> = dyn FnMut(&str, &Linear, Fused, Feeds) -> Result<L> + 'a;
 
 /// One Linear layer on some GEMM: `out (m, n) = epilogue(x (m, k) W^T + b)`.
 /// Called from many threads at once, each on its own block, with one
 /// single-threaded GEMM per call.
 pub(crate) trait LinearKernel: Send + Sync {
     fn forward(&self, x: &[f32], m: usize, out: &mut [f32], epilogue: Epilogue<'_>) -> Result<()>;
+
+    /// Two Linears in a row, `first` built with [`Feeds::NextLinear`]:
+    /// `out = epilogues.1(epilogues.0(x W1^T + b1) W2^T + b2)`. The
+    /// intermediate (m rows of `first`'s width) goes through `mid` here; a
+    /// kernel may keep it elsewhere (oneDNN in bf16 keeps it in bf16).
+    fn forward_pair(
+        first: &Self,
+        second: &Self,
+        x: &[f32],
+        m: usize,
+        mid: &mut [f32],
+        out: &mut [f32],
+        epilogues: (Epilogue<'_>, Epilogue<'_>),
+    ) -> Result<()>
+    where
+        Self: Sized,
+    {
+        first.forward(x, m, mid, epilogues.0)?;
+        second.forward(mid, m, out, epilogues.1)
+    }
 }
 
 /// Applies an epilogue the kernel did not fuse: ReLU or the residual add, in place on `out`.
@@ -104,10 +136,20 @@ impl<L: LinearKernel> BlockBackbone<L> {
         for (i, l) in b.layers.iter().enumerate() {
             let at = |name: &str| format!("{prefix}.transformer_encoder.layers.{i}.{name}");
             layers.push(BlockLayer {
-                in_proj: make(&at("self_attn.in_proj"), &l.in_proj, Fused::None)?,
-                out_proj: make(&at("self_attn.out_proj"), &l.out_proj, Fused::Add)?,
-                linear1: make(&at("linear1"), &l.linear1, Fused::Relu)?,
-                linear2: make(&at("linear2"), &l.linear2, Fused::Add)?,
+                in_proj: make(
+                    &at("self_attn.in_proj"),
+                    &l.in_proj,
+                    Fused::None,
+                    Feeds::Other,
+                )?,
+                out_proj: make(
+                    &at("self_attn.out_proj"),
+                    &l.out_proj,
+                    Fused::Add,
+                    Feeds::Other,
+                )?,
+                linear1: make(&at("linear1"), &l.linear1, Fused::Relu, Feeds::NextLinear)?,
+                linear2: make(&at("linear2"), &l.linear2, Fused::Add, Feeds::Other)?,
                 norm1: l.norm1.clone(),
                 norm2: l.norm2.clone(),
             });
@@ -116,8 +158,18 @@ impl<L: LinearKernel> BlockBackbone<L> {
             d: b.d_model,
             nhead: b.nhead,
             ffn,
-            embed0: make(&format!("{prefix}.embedding.0"), &b.embed0, Fused::Relu)?,
-            embed2: make(&format!("{prefix}.embedding.2"), &b.embed2, Fused::Add)?,
+            embed0: make(
+                &format!("{prefix}.embedding.0"),
+                &b.embed0,
+                Fused::Relu,
+                Feeds::NextLinear,
+            )?,
+            embed2: make(
+                &format!("{prefix}.embedding.2"),
+                &b.embed2,
+                Fused::Add,
+                Feeds::Other,
+            )?,
             layers,
             pool_w: b.pool.weight.clone(),
             pool_b: b.pool.bias[0],
@@ -257,17 +309,18 @@ impl<L: LinearKernel> BlockBackbone<L> {
         let d = self.d;
         let m = b * len;
         let md = m * d;
-        self.embed0
-            .forward(values, m, &mut ws.t[..md], Epilogue::Relu)?;
         // The day-of-year encoding goes in as the residual of embedding.2.
         for (row, &doy) in ws.attn[..md].chunks_exact_mut(d).zip(doys) {
             self.doy.encode(doy, row);
         }
-        self.embed2.forward(
-            &ws.t[..md],
+        L::forward_pair(
+            &self.embed0,
+            &self.embed2,
+            values,
             m,
+            &mut ws.t[..md],
             &mut ws.h[..md],
-            Epilogue::Add(&ws.attn[..md]),
+            (Epilogue::Relu, Epilogue::Add(&ws.attn[..md])),
         )?;
         for l in &self.layers {
             l.in_proj
@@ -281,13 +334,14 @@ impl<L: LinearKernel> BlockBackbone<L> {
             )?;
             l.norm1.apply_rows(&mut ws.t[..md]);
             std::mem::swap(&mut ws.t, &mut ws.h);
-            l.linear1
-                .forward(&ws.h[..md], m, &mut ws.ff[..m * self.ffn], Epilogue::Relu)?;
-            l.linear2.forward(
-                &ws.ff[..m * self.ffn],
+            L::forward_pair(
+                &l.linear1,
+                &l.linear2,
+                &ws.h[..md],
                 m,
+                &mut ws.ff[..m * self.ffn],
                 &mut ws.t[..md],
-                Epilogue::Add(&ws.h[..md]),
+                (Epilogue::Relu, Epilogue::Add(&ws.h[..md])),
             )?;
             l.norm2.apply_rows(&mut ws.t[..md]);
             std::mem::swap(&mut ws.t, &mut ws.h);
@@ -409,8 +463,18 @@ impl<L: LinearKernel> BlockBackend<L> {
             name,
             s2: BlockBackbone::new("s2_backbone", &weights.s2, ffn, make)?,
             s1: BlockBackbone::new("s1_backbone", &weights.s1, ffn, make)?,
-            fc1: make("dim_reducer.0", &weights.head.fc1, Fused::None)?,
-            fc2: make("dim_reducer.4", &weights.head.fc2, Fused::None)?,
+            fc1: make(
+                "dim_reducer.0",
+                &weights.head.fc1,
+                Fused::None,
+                Feeds::Other,
+            )?,
+            fc2: make(
+                "dim_reducer.4",
+                &weights.head.fc2,
+                Fused::None,
+                Feeds::Other,
+            )?,
             block_pixels: profile.block_pixels.max(1),
             weights,
         })

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use onednn::v3::{self, MatMul3};
 use onednn::{Bf16, DataType, Element, Engine, MatMul, MatMulSpec, PostOp};
 
-use super::block::{apply_epilogue, BlockBackend, Epilogue, Fused, LinearKernel};
+use super::block::{apply_epilogue, BlockBackend, Epilogue, Feeds, Fused, LinearKernel};
 use super::{Backend, SequenceBatch};
 use crate::error::{EncodeError, Result};
 use crate::model::{Linear, Modality, StudentWeights};
@@ -61,10 +61,10 @@ impl Mm {
         }
     }
 
-    fn execute<T: Element>(
+    fn execute<T: Element, D: Element>(
         &self,
         src: &[T],
-        dst: &mut [f32],
+        dst: &mut [D],
         residual: Option<&[f32]>,
     ) -> onednn::Result<()> {
         match self {
@@ -129,14 +129,21 @@ pub(crate) struct DnnlLinear {
 thread_local! {
     /// Each worker thread's bf16 copy of its current GEMM input (bf16 only).
     static BF16_SRC: RefCell<Vec<Bf16>> = const { RefCell::new(Vec::new()) };
+    /// Each worker thread's bf16 intermediate of a pair of Linears (the
+    /// FFN's 2,560-wide hidden layer, the embedding's first layer), written
+    /// by the first GEMM and read by the second (bf16 only).
+    static BF16_MID: RefCell<Vec<Bf16>> = const { RefCell::new(Vec::new()) };
 }
 
 impl DnnlLinear {
+    /// `dst_type` bf16 (with `data_type` bf16) only for a layer that feeds
+    /// the next Linear alone ([`Feeds::NextLinear`]): it is then called
+    /// through `forward_pair`, and `forward` refuses it.
     fn new(
         engine: &Engine,
         name: &str,
         l: &Linear,
-        fused: Fused,
+        (fused, dst_type): (Fused, DataType),
         data_type: DataType,
         m_hint: usize,
     ) -> Result<Self> {
@@ -149,6 +156,7 @@ impl DnnlLinear {
             k: l.in_dim,
             n: l.out_dim,
             data_type,
+            dst_type,
             post_ops,
             threads: 1,
         };
@@ -169,17 +177,18 @@ impl DnnlLinear {
     }
 }
 
-impl LinearKernel for DnnlLinear {
-    fn forward(&self, x: &[f32], m: usize, out: &mut [f32], epilogue: Epilogue<'_>) -> Result<()> {
-        let (k, n) = (self.mm.spec().k, self.mm.spec().n);
-        let (x, out) = (&x[..m * k], &mut out[..m * n]);
+impl DnnlLinear {
+    /// The residual to hand oneDNN for `epilogue`, and whether the
+    /// epilogue is left to apply afterwards (not fused at creation).
+    fn fused_residual<'a>(
+        &self,
+        m: usize,
+        epilogue: Epilogue<'a>,
+    ) -> Result<(Option<&'a [f32]>, bool)> {
+        let n = self.mm.spec().n;
         // The post-ops are fixed at creation; a call with another epilogue
         // (none in this crate) still gets the right answer, unfused.
         let fused_here = epilogue.kind() == self.fused;
-        let residual = match epilogue {
-            Epilogue::Add(r) if fused_here => Some(&r[..m * n]),
-            _ => None,
-        };
         if !fused_here && self.fused != Fused::None {
             return Err(EncodeError::backend(
                 "onednn",
@@ -191,6 +200,16 @@ impl LinearKernel for DnnlLinear {
                 ),
             ));
         }
+        let residual = match epilogue {
+            Epilogue::Add(r) if fused_here => Some(&r[..m * n]),
+            _ => None,
+        };
+        Ok((residual, !fused_here))
+    }
+
+    /// `out = x W^T + b` with the fused post-ops, from an f32 `x` (converted
+    /// to bf16 first in a bf16 backend).
+    fn run<D: Element>(&self, x: &[f32], out: &mut [D], residual: Option<&[f32]>) -> Result<()> {
         match self.mm.spec().data_type {
             DataType::F32 => self.mm.execute(x, out, residual),
             DataType::Bf16 => BF16_SRC.with(|buf| {
@@ -199,9 +218,78 @@ impl LinearKernel for DnnlLinear {
                 self.mm.execute(&buf[..], out, residual)
             }),
         }
-        .map_err(|e| self.fail(e))?;
-        if !fused_here {
+        .map_err(|e| self.fail(e))
+    }
+
+    /// Whether this layer hands its output on in bf16 (`forward_pair` only).
+    fn bf16_out(&self) -> bool {
+        self.mm.spec().dst_type == DataType::Bf16
+    }
+}
+
+impl LinearKernel for DnnlLinear {
+    fn forward(&self, x: &[f32], m: usize, out: &mut [f32], epilogue: Epilogue<'_>) -> Result<()> {
+        if self.bf16_out() {
+            return Err(EncodeError::backend(
+                "onednn",
+                format!(
+                    "`{}` writes bf16 for the next layer: call it as a pair",
+                    self.name
+                ),
+            ));
+        }
+        let (k, n) = (self.mm.spec().k, self.mm.spec().n);
+        let (residual, unfused) = self.fused_residual(m, epilogue)?;
+        let out = &mut out[..m * n];
+        self.run(&x[..m * k], out, residual)?;
+        if unfused {
             apply_epilogue(out, epilogue);
+        }
+        Ok(())
+    }
+
+    /// In bf16 the first layer's result goes straight to the second in bf16:
+    /// oneDNN rounds it as it stores it, the bits the separate conversion
+    /// gave, without writing the f32 (for linear1, 2,560 floats a token),
+    /// reading it back and converting it.
+    fn forward_pair(
+        first: &Self,
+        second: &Self,
+        x: &[f32],
+        m: usize,
+        mid: &mut [f32],
+        out: &mut [f32],
+        (e1, e2): (Epilogue<'_>, Epilogue<'_>),
+    ) -> Result<()> {
+        if !first.bf16_out() {
+            first.forward(x, m, mid, e1)?;
+            return second.forward(mid, m, out, e2);
+        }
+        let (k, n1, n2) = (first.mm.spec().k, first.mm.spec().n, second.mm.spec().n);
+        let (r1, unfused1) = first.fused_residual(m, e1)?;
+        if unfused1 {
+            return Err(EncodeError::backend(
+                "onednn",
+                format!(
+                    "`{}` writes bf16 and cannot apply {:?} after its GEMM",
+                    first.name,
+                    e1.kind()
+                ),
+            ));
+        }
+        let (r2, unfused2) = second.fused_residual(m, e2)?;
+        let out = &mut out[..m * n2];
+        BF16_MID.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.resize(m * n1, Bf16(0));
+            first.run(&x[..m * k], &mut buf[..], r1)?;
+            second
+                .mm
+                .execute(&buf[..], out, r2)
+                .map_err(|e| second.fail(e))
+        })?;
+        if unfused2 {
+            apply_epilogue(out, e2);
         }
         Ok(())
     }
@@ -224,14 +312,18 @@ impl OnednnBackend {
         };
         let engine = Engine::cpu().map_err(|e| EncodeError::backend("onednn", e))?;
         let block = profile.block_pixels.max(1);
-        let inner = BlockBackend::new("onednn", weights, profile, &mut |name, l, fused| {
+        let inner = BlockBackend::new("onednn", weights, profile, &mut |name, l, fused, feeds| {
             // The head runs on one row per pixel; backbones on HINT_LEN per pixel.
             let rows = if name.starts_with("dim_reducer") {
                 block
             } else {
                 block * HINT_LEN
             };
-            DnnlLinear::new(&engine, name, l, fused, data_type, rows)
+            let dst_type = match (data_type, feeds) {
+                (DataType::Bf16, Feeds::NextLinear) => DataType::Bf16,
+                _ => DataType::F32,
+            };
+            DnnlLinear::new(&engine, name, l, (fused, dst_type), data_type, rows)
         })?;
         Ok(OnednnBackend { inner, data_type })
     }
@@ -292,7 +384,15 @@ mod tests {
             (Fused::Relu, Epilogue::Relu),
             (Fused::Add, Epilogue::Add(&res)),
         ] {
-            let lin = DnnlLinear::new(&engine, "test", &l, fused, DataType::F32, m).unwrap();
+            let lin = DnnlLinear::new(
+                &engine,
+                "test",
+                &l,
+                (fused, DataType::F32),
+                DataType::F32,
+                m,
+            )
+            .unwrap();
             let name = lin.mm.prepare(m).unwrap();
             eprintln!("{fused:?}: {name}");
             assert!(!name.starts_with("ref"), "{fused:?}: oneDNN chose {name}");
@@ -304,5 +404,57 @@ mod tests {
                 assert!((a - b).abs() <= 1e-4, "{fused:?}: {a} vs {b}");
             }
         }
+    }
+
+    /// A pair whose first layer writes bf16 gives the bits of the same pair
+    /// with an f32 intermediate converted separately (ReLU into a residual
+    /// add, as linear1 into linear2), and the bf16-writing layer refuses to
+    /// be called alone.
+    #[test]
+    fn bf16_pair_gives_the_bits_of_the_f32_intermediate() {
+        if !bf16_supported() {
+            eprintln!("SKIP: no native bf16 here");
+            return;
+        }
+        let engine = Engine::cpu().expect("oneDNN CPU engine");
+        let (k, n1, n2, m) = (64, 96, 64, 48);
+        let layer = |i: usize, o: usize, seed: usize| Linear {
+            in_dim: i,
+            out_dim: o,
+            weight: (0..o * i)
+                .map(|j| (((j + seed) * 37 % 101) as f32 - 50.0) / 100.0)
+                .collect(),
+            bias: (0..o).map(|j| (j % 7) as f32 / 10.0 - 0.3).collect(),
+        };
+        let (l1, l2) = (layer(k, n1, 1), layer(n1, n2, 2));
+        let make = |l: &Linear, fused, dst| {
+            DnnlLinear::new(&engine, "test", l, (fused, dst), DataType::Bf16, m).unwrap()
+        };
+        let first_f32 = make(&l1, Fused::Relu, DataType::F32);
+        let first_bf16 = make(&l1, Fused::Relu, DataType::Bf16);
+        let second = make(&l2, Fused::Add, DataType::F32);
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0)
+            .collect();
+        let res: Vec<f32> = (0..m * n2).map(|i| (i % 11) as f32 - 5.0).collect();
+        let epilogues = (Epilogue::Relu, Epilogue::Add(&res));
+        let (mut mid, mut want, mut got) =
+            (vec![0f32; m * n1], vec![0f32; m * n2], vec![0f32; m * n2]);
+        DnnlLinear::forward_pair(&first_f32, &second, &x, m, &mut mid, &mut want, epilogues)
+            .unwrap();
+        mid.fill(f32::NAN);
+        DnnlLinear::forward_pair(&first_bf16, &second, &x, m, &mut mid, &mut got, epilogues)
+            .unwrap();
+        assert!(
+            mid.iter().all(|v| v.is_nan()),
+            "the bf16 pair wrote the f32 intermediate"
+        );
+        let differ = got
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(differ, 0, "{differ} of {} outputs differ", m * n2);
+        assert!(first_bf16.forward(&x, m, &mut mid, Epilogue::Relu).is_err());
     }
 }
