@@ -28,8 +28,9 @@
 #      and bf16, with each precision's fidelity against f32;
 #   4. the host side of the same encode alone (`tessera-encode host-rate`);
 #   5. the host CPU: onednn on oneDNN 2.6 (linked), 2.6 with AMX forced,
-#      and 3.2 (opened at run time), f32 and bf16, with the kernels each ran
-#      (ONEDNN_VERBOSE), bf16 on the fixtures, against PyTorch CPU on the
+#      and 3.2 (opened at run time), f32 and bf16 (and bf16 on 3.2 with the
+#      f32 attention), with the kernels each ran (ONEDNN_VERBOSE), bf16 on
+#      the fixtures, against PyTorch CPU on the
 #      same 32 x 32 tile;
 #   6. where Nsight Compute is installed, the bf16 kernels of one chunk.
 # `scripts/gpu-check.sh profile` prints only the profiles: the kernels of
@@ -355,8 +356,12 @@ PY
         libs="$work/lib:$LD_LIBRARY_PATH"
         LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" "$cpu" backends || true
         for dt in f32 bf16; do
-            for run in "2.6:FLOTILLA_ONEDNN3=0" "2.6-amx:FLOTILLA_ONEDNN3=0 ONEDNN_MAX_CPU_ISA=AVX512_CORE_AMX" \
-                "3.2:FLOTILLA_ONEDNN3=$work/lib/libdnnl.so.3"; do
+            runs=("2.6:FLOTILLA_ONEDNN3=0" "2.6-amx:FLOTILLA_ONEDNN3=0 ONEDNN_MAX_CPU_ISA=AVX512_CORE_AMX"
+                "3.2:FLOTILLA_ONEDNN3=$work/lib/libdnnl.so.3")
+            # bf16 attention runs on oneDNN's batched matmuls by default; the
+            # f32 one (gemm crate, no AMX) is its peer here.
+            [ "$dt" = bf16 ] && runs+=("3.2-f32attention:FLOTILLA_ONEDNN3=$work/lib/libdnnl.so.3 FLOTILLA_ONEDNN_F32_ATTENTION=1")
+            for run in "${runs[@]}"; do
                 label=${run%%:*}
                 t0=$(date +%s%N)
                 # shellcheck disable=SC2086 # the settings are words

@@ -51,36 +51,11 @@ pub struct BatchedMatMul {
 
 impl BatchedMatMul {
     pub fn new(engine: &Engine, spec: BatchedMatMulSpec) -> Result<Self> {
-        validate_post_ops(&spec.post_ops)?;
-        let all_positive = spec
-            .batch
-            .iter()
-            .chain([&spec.m, &spec.k, &spec.n, &spec.threads])
-            .all(|&d| d > 0);
-        if !all_positive || spec.batch.len() + 2 > sys::DNNL_MAX_NDIMS {
-            return Err(Error::Invalid {
-                what: "batched matmul spec",
-                why: format!(
-                    "batch {:?}, m {}, k {}, n {}, threads {}",
-                    spec.batch, spec.m, spec.k, spec.n, spec.threads
-                ),
-            });
-        }
-        let dims =
-            |r: usize, c: usize| spec.batch.iter().copied().chain([r, c]).collect::<Vec<_>>();
-        let (src_dims, wei_dims, dst_dims) = (
-            dims(spec.m, spec.k),
-            dims(spec.k, spec.n),
-            dims(spec.m, spec.n),
-        );
-        let strides = |given: &Option<Vec<usize>>, dims: &[usize]| {
-            given.clone().unwrap_or_else(|| row_major_strides(dims))
-        };
-        let (src_st, wei_st, dst_st) = (
-            strides(&spec.src_strides, &src_dims),
-            strides(&spec.weights_strides, &wei_dims),
-            strides(&spec.dst_strides, &dst_dims),
-        );
+        let Layouts {
+            dims: [src_dims, wei_dims, dst_dims],
+            strides: [src_st, wei_st, dst_st],
+            spans,
+        } = layouts(&spec)?;
         let src = MemoryDesc::strided(&src_dims, &src_st, spec.data_type)?;
         let weights = MemoryDesc::strided(&wei_dims, &wei_st, spec.data_type)?;
         let dst = MemoryDesc::strided(&dst_dims, &dst_st, DataType::F32)?;
@@ -103,11 +78,6 @@ impl BatchedMatMul {
             args.push((binary_arg(&spec.post_ops), r));
         }
         let prim = Primitive::new(&pd, engine, args)?;
-        let spans = [
-            span(&src_dims, &src_st),
-            span(&wei_dims, &wei_st),
-            span(&dst_dims, &dst_st),
-        ];
         Ok(BatchedMatMul {
             engine: engine.clone(),
             spec,
@@ -156,32 +126,14 @@ impl BatchedMatMul {
                 why: "the stream belongs to another engine than the primitive".into(),
             });
         }
-        if T::DATA_TYPE != self.spec.data_type {
-            return Err(Error::DataType {
-                what: "batched matmul src/weights",
-                expected: self.spec.data_type,
-                got: T::DATA_TYPE,
-            });
-        }
-        // A longer slice is fine (e.g. Q read in place out of a QKV buffer).
-        check_at_least("batched matmul src", self.spans[0], src.len())?;
-        check_at_least("batched matmul weights", self.spans[1], weights.len())?;
-        check_at_least("batched matmul dst", self.spans[2], dst.len())?;
-        match (&self.residual, residual) {
-            (Some(md), Some(r)) => {
-                check_len("batched matmul residual", md.size_bytes() / 4, r.len())?
-            }
-            (None, None) => {}
-            _ => {
-                return Err(Error::Invalid {
-                    what: "batched matmul residual",
-                    why: format!(
-                    "a residual must be given exactly when the post-ops include BinaryAdd ({:?})",
-                    self.spec.post_ops
-                ),
-                })
-            }
-        }
+        check_buffers(
+            &self.spec,
+            self.spans,
+            self.residual.as_ref().map(|md| md.size_bytes() / 4),
+            T::DATA_TYPE,
+            (src.len(), weights.len(), dst.len()),
+            residual,
+        )?;
         let _threads = ThreadScope::new(self.spec.threads);
         let mut buffers = vec![
             src.as_ptr() as *mut c_void,
@@ -195,6 +147,89 @@ impl BatchedMatMul {
         // (checked above) and outlives the call; src, weights and residual are
         // only read, dst is exclusively borrowed.
         unsafe { self.prim.execute(stream, &buffers) }
+    }
+}
+
+/// Each operand's dims and element strides (src, weights, dst) and the
+/// elements they reach, from a validated spec: the same for oneDNN 2.x and 3.x.
+pub(crate) struct Layouts {
+    pub dims: [Vec<usize>; 3],
+    pub strides: [Vec<usize>; 3],
+    pub spans: [usize; 3],
+}
+
+pub(crate) fn layouts(spec: &BatchedMatMulSpec) -> Result<Layouts> {
+    validate_post_ops(&spec.post_ops)?;
+    let all_positive = spec
+        .batch
+        .iter()
+        .chain([&spec.m, &spec.k, &spec.n, &spec.threads])
+        .all(|&d| d > 0);
+    if !all_positive || spec.batch.len() + 2 > sys::DNNL_MAX_NDIMS {
+        return Err(Error::Invalid {
+            what: "batched matmul spec",
+            why: format!(
+                "batch {:?}, m {}, k {}, n {}, threads {}",
+                spec.batch, spec.m, spec.k, spec.n, spec.threads
+            ),
+        });
+    }
+    let dims = |r: usize, c: usize| spec.batch.iter().copied().chain([r, c]).collect::<Vec<_>>();
+    let dims = [
+        dims(spec.m, spec.k),
+        dims(spec.k, spec.n),
+        dims(spec.m, spec.n),
+    ];
+    let given = [&spec.src_strides, &spec.weights_strides, &spec.dst_strides];
+    let mut strides: [Vec<usize>; 3] = Default::default();
+    for ((st, given), dims) in strides.iter_mut().zip(given).zip(&dims) {
+        *st = given.clone().unwrap_or_else(|| row_major_strides(dims));
+        if st.len() != dims.len() {
+            return Err(Error::Invalid {
+                what: "batched matmul strides",
+                why: format!("{} strides for {} dims", st.len(), dims.len()),
+            });
+        }
+    }
+    let spans = [0, 1, 2].map(|i| span(&dims[i], &strides[i]));
+    Ok(Layouts {
+        dims,
+        strides,
+        spans,
+    })
+}
+
+/// Checks an execute's buffers: the element type, each slice reaching as
+/// far as its strides do (longer is fine: Q read in place out of a QKV
+/// buffer), and a residual exactly when the post-ops take one.
+pub(crate) fn check_buffers(
+    spec: &BatchedMatMulSpec,
+    spans: [usize; 3],
+    residual_len: Option<usize>,
+    data_type: DataType,
+    (src, weights, dst): (usize, usize, usize),
+    residual: Option<&[f32]>,
+) -> Result<()> {
+    if data_type != spec.data_type {
+        return Err(Error::DataType {
+            what: "batched matmul src/weights",
+            expected: spec.data_type,
+            got: data_type,
+        });
+    }
+    check_at_least("batched matmul src", spans[0], src)?;
+    check_at_least("batched matmul weights", spans[1], weights)?;
+    check_at_least("batched matmul dst", spans[2], dst)?;
+    match (residual_len, residual) {
+        (Some(n), Some(r)) => check_len("batched matmul residual", n, r.len()),
+        (None, None) => Ok(()),
+        _ => Err(Error::Invalid {
+            what: "batched matmul residual",
+            why: format!(
+                "a residual must be given exactly when the post-ops include BinaryAdd ({:?})",
+                spec.post_ops
+            ),
+        }),
     }
 }
 

@@ -39,12 +39,13 @@ use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::{Arc, OnceLock, RwLock};
 
+use crate::batched::{check_buffers, layouts, Layouts};
 use crate::error::{check, Error, Result};
 use crate::matmul::{check_execute, check_len, validate_post_ops};
 use crate::memory::{AlignedBuf, DataType, Element};
 use crate::primitive::{with_scratchpad, PostOp};
 use crate::threading::ThreadScope;
-use crate::{MatMulSpec, Version};
+use crate::{BatchedMatMulSpec, MatMulSpec, Version};
 
 type Status = c_int;
 type Md = *mut c_void;
@@ -336,14 +337,30 @@ impl Desc {
         strides: [usize; 2],
         t: DataType,
     ) -> Result<Self> {
-        let dims = dims.map(|d| d as i64);
-        let strides = strides.map(|s| s as i64);
+        Self::strided_nd(rt, &dims, &strides, t)
+    }
+
+    /// A tensor of `dims` with element strides `strides` (as many).
+    fn strided_nd(
+        rt: &'static Runtime3,
+        dims: &[usize],
+        strides: &[usize],
+        t: DataType,
+    ) -> Result<Self> {
+        if dims.len() != strides.len() {
+            return Err(Error::Invalid {
+                what: "memory descriptor",
+                why: format!("{} strides for {} dims", strides.len(), dims.len()),
+            });
+        }
+        let dims: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        let strides: Vec<i64> = strides.iter().map(|&s| s as i64).collect();
         let mut raw = ptr::null_mut();
-        // SAFETY: out-pointer to a local; two dims and strides.
+        // SAFETY: out-pointer to a local; as many dims as strides.
         rt.check("dnnl_memory_desc_create_with_strides", unsafe {
             (rt.f.md_create_with_strides)(
                 &mut raw,
-                2,
+                dims.len() as c_int,
                 dims.as_ptr(),
                 data_type(t),
                 strides.as_ptr(),
@@ -890,4 +907,109 @@ fn binary_arg(post_ops: &[PostOp]) -> c_int {
         .position(|op| *op == PostOp::BinaryAdd)
         .expect("binary_arg is only called when a BinaryAdd post-op exists");
     (DNNL_ARG_ATTR_MULTIPLE_POST_OP_BASE * (idx as c_int + 1)) | DNNL_ARG_SRC_1
+}
+
+/// [`BatchedMatMul`](crate::BatchedMatMul) on oneDNN 3.x: the same spec,
+/// strides and checks, the same `execute` (attention's Q.K^T and P.V,
+/// which 3.x runs on AMX where the CPU has it).
+pub struct BatchedMatMul3 {
+    spec: BatchedMatMulSpec,
+    prim: Primitive,
+    src: Desc,
+    weights: Desc,
+    dst: Desc,
+    residual: Option<Desc>,
+    spans: [usize; 3],
+}
+
+impl BatchedMatMul3 {
+    pub fn new(rt: &'static Runtime3, spec: BatchedMatMulSpec) -> Result<Self> {
+        let Layouts {
+            dims,
+            strides,
+            spans,
+        } = layouts(&spec)?;
+        let src = Desc::strided_nd(rt, &dims[0], &strides[0], spec.data_type)?;
+        let weights = Desc::strided_nd(rt, &dims[1], &strides[1], spec.data_type)?;
+        let dst = Desc::strided_nd(rt, &dims[2], &strides[2], DataType::F32)?;
+        let dense = crate::memory::row_major_strides(&dims[2]);
+        let residual = Desc::strided_nd(rt, &dims[2], &dense, DataType::F32)?;
+        let _threads = ThreadScope::new(spec.threads);
+        let attr = Attr::new(rt, &spec.post_ops, &residual)?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: live descriptors, engine and attribute; no bias; out-pointer to a local.
+        rt.check("dnnl_matmul_primitive_desc_create", unsafe {
+            (rt.f.matmul_pd_create)(
+                &mut raw,
+                rt.engine,
+                src.raw,
+                weights.raw,
+                ptr::null_mut(),
+                dst.raw,
+                attr.raw,
+            )
+        })?;
+        let pd = PrimDesc { rt, raw };
+        let prim = Primitive::new(&pd)?;
+        let residual = spec
+            .post_ops
+            .contains(&PostOp::BinaryAdd)
+            .then_some(residual);
+        Ok(BatchedMatMul3 {
+            spec,
+            prim,
+            src,
+            weights,
+            dst,
+            residual,
+            spans,
+        })
+    }
+
+    pub fn spec(&self) -> &BatchedMatMulSpec {
+        &self.spec
+    }
+
+    /// The implementation oneDNN chose, e.g. "brg_matmul:avx512_core_amx".
+    pub fn impl_name(&self) -> &str {
+        &self.prim.impl_name
+    }
+
+    /// As [`BatchedMatMul::execute`](crate::BatchedMatMul::execute).
+    pub fn execute<T: Element>(
+        &self,
+        src: &[T],
+        weights: &[T],
+        dst: &mut [f32],
+        residual: Option<&[f32]>,
+    ) -> Result<()> {
+        check_buffers(
+            &self.spec,
+            self.spans,
+            self.residual.as_ref().map(|d| d.size_bytes() / 4),
+            T::DATA_TYPE,
+            (src.len(), weights.len(), dst.len()),
+            residual,
+        )?;
+        let _threads = ThreadScope::new(self.spec.threads);
+        let mut args: Vec<(c_int, &Desc, *mut c_void)> = vec![
+            (DNNL_ARG_SRC, &self.src, src.as_ptr() as *mut c_void),
+            (
+                DNNL_ARG_WEIGHTS,
+                &self.weights,
+                weights.as_ptr() as *mut c_void,
+            ),
+            (DNNL_ARG_DST, &self.dst, dst.as_mut_ptr().cast()),
+        ];
+        if let (Some(d), Some(r)) = (&self.residual, residual) {
+            args.push((
+                binary_arg(&self.spec.post_ops),
+                d,
+                r.as_ptr() as *mut c_void,
+            ));
+        }
+        // SAFETY: each slice reaches as far as its descriptor's strides
+        // (checked above) and outlives the call; only dst is written.
+        unsafe { self.prim.execute(&args) }
+    }
 }

@@ -10,8 +10,8 @@
 mod common;
 
 use common::{data, linear, max_abs_diff};
-use onednn::v3::{self, MatMul3};
-use onednn::{DataType, Engine, MatMul, MatMulSpec, PostOp};
+use onednn::v3::{self, BatchedMatMul3, MatMul3};
+use onednn::{BatchedMatMul, BatchedMatMulSpec, DataType, Engine, MatMul, MatMulSpec, PostOp};
 
 fn runtime() -> Option<&'static v3::Runtime3> {
     static SETUP: std::sync::Once = std::sync::Once::new();
@@ -211,5 +211,67 @@ fn bf16_dst_is_the_f32_result_rounded_on_3x() {
             m * n
         );
         assert_eq!(differ, 0, "{post_ops:?}");
+    }
+}
+
+/// `BatchedMatMul3` gives 2.x's `BatchedMatMul` results on attention's
+/// shapes: scaled Q.K^T read in place through strides, and P.V written
+/// into a token-major layout; bad buffers are refused as 2.x refuses them.
+#[test]
+fn batched_matmul3_matches_2x_on_attention_shapes() {
+    let Some(rt) = runtime() else { return };
+    let engine = Engine::cpu().unwrap();
+    let (pixels, t, heads, dh) = (3, 16, 4, 8);
+    let d = heads * dh;
+    let qkv = data(pixels * t * 3 * d, 5);
+    let probs = data(pixels * heads * t * t, 6);
+    let scores_spec = BatchedMatMulSpec {
+        batch: vec![pixels, heads],
+        m: t,
+        k: dh,
+        n: t,
+        src_strides: Some(vec![t * 3 * d, dh, 3 * d, 1]),
+        weights_strides: Some(vec![t * 3 * d, dh, 1, 3 * d]),
+        dst_strides: None,
+        data_type: DataType::F32,
+        post_ops: vec![PostOp::Linear {
+            alpha: 0.25,
+            beta: 0.0,
+        }],
+        threads: 1,
+    };
+    let values_spec = BatchedMatMulSpec {
+        batch: vec![pixels, heads],
+        m: t,
+        k: t,
+        n: dh,
+        src_strides: None,
+        weights_strides: Some(vec![t * 3 * d, dh, 3 * d, 1]),
+        dst_strides: Some(vec![t * d, dh, d, 1]),
+        data_type: DataType::F32,
+        post_ops: vec![],
+        threads: 1,
+    };
+    for (spec, src, weights, out_len) in [
+        (scores_spec, &qkv[..], &qkv[d..], pixels * heads * t * t),
+        (values_spec, &probs[..], &qkv[2 * d..], pixels * t * d),
+    ] {
+        let two = BatchedMatMul::new(&engine, spec.clone()).unwrap();
+        let three = BatchedMatMul3::new(rt, spec).unwrap();
+        let (mut want, mut got) = (vec![0f32; out_len], vec![0f32; out_len]);
+        two.execute(src, weights, &mut want, None).unwrap();
+        three.execute(src, weights, &mut got, None).unwrap();
+        let d = max_abs_diff(&got, &want);
+        eprintln!(
+            "3.x {} vs 2.x {}: {d:e}",
+            three.impl_name(),
+            two.impl_name()
+        );
+        assert!(d <= 1e-5, "3.x off 2.x by {d}");
+        assert!(three
+            .execute(src, weights, &mut got[..out_len - 1], None)
+            .is_err());
+        let bf: Vec<onednn::Bf16> = onednn::to_bf16_vec(src);
+        assert!(three.execute(&bf, &bf, &mut got, None).is_err());
     }
 }

@@ -92,6 +92,24 @@ pub(crate) trait LinearKernel: Send + Sync {
     }
 }
 
+/// Multi-head self-attention of a block, where a backend has its own
+/// (oneDNN's batched bf16 matmuls); otherwise [`attention_f32`] on the `gemm`
+/// crate in f32. Called from many threads at once, each on its own block.
+pub(crate) trait AttentionKernel: Send + Sync {
+    /// Reads `b` pixels' sequences of `len` tokens as packed (b·len, 3d)
+    /// `qkv` (q, k, v side by side, heads within each), writes the heads'
+    /// outputs side by side into (b·len, d) `attn`.
+    fn attend(
+        &self,
+        qkv: &[f32],
+        attn: &mut [f32],
+        b: usize,
+        len: usize,
+        d: usize,
+        nh: usize,
+    ) -> Result<()>;
+}
+
 /// Applies an epilogue the kernel did not fuse: ReLU or the residual add, in place on `out`.
 pub(crate) fn apply_epilogue(out: &mut [f32], epilogue: Epilogue<'_>) {
     match epilogue {
@@ -201,7 +219,7 @@ impl Workspace {
     }
 }
 
-fn softmax_in_place(row: &mut [f32]) {
+pub(crate) fn softmax_in_place(row: &mut [f32]) {
     let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut s = 0.0f32;
     for v in row.iter_mut() {
@@ -218,7 +236,7 @@ fn softmax_in_place(row: &mut [f32]) {
 /// packed (b·len, 3d) `qkv`, writes the heads' outputs side by side into
 /// (b·len, d) `attn`. Q·K^T and P·V are single-threaded `gemm` calls that
 /// read each head in place through strides.
-fn attention(
+pub(crate) fn attention_f32(
     qkv: &[f32],
     attn: &mut [f32],
     scores: &mut [f32],
@@ -297,8 +315,10 @@ fn attention(
 impl<L: LinearKernel> BlockBackbone<L> {
     /// Carry `b` pixels (sequences of `len`) through the whole backbone;
     /// writes (b, d) pooled features to `out`.
+    #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
+        attention_kernel: Option<&dyn AttentionKernel>,
         b: usize,
         len: usize,
         values: &[f32],
@@ -325,7 +345,10 @@ impl<L: LinearKernel> BlockBackbone<L> {
         for l in &self.layers {
             l.in_proj
                 .forward(&ws.h[..md], m, &mut ws.qkv[..3 * md], Epilogue::None)?;
-            attention(&ws.qkv, &mut ws.attn, &mut ws.scores, b, len, d, self.nhead);
+            match attention_kernel {
+                Some(k) => k.attend(&ws.qkv, &mut ws.attn, b, len, d, self.nhead)?,
+                None => attention_f32(&ws.qkv, &mut ws.attn, &mut ws.scores, b, len, d, self.nhead),
+            }
             l.out_proj.forward(
                 &ws.attn[..md],
                 m,
@@ -387,6 +410,8 @@ pub(crate) struct BlockBackend<L> {
     /// in afresh, about 4 % of a bf16 encode here and more where AMX makes
     /// the GEMMs fast.
     pool: Option<rayon::ThreadPool>,
+    /// The backend's own attention, if it has one (see [`AttentionKernel`]).
+    attention: Option<Box<dyn AttentionKernel>>,
 }
 
 thread_local! {
@@ -439,6 +464,7 @@ impl<L: LinearKernel> BlockBackend<L> {
         weights: Arc<StudentWeights>,
         profile: &DeviceProfile,
         make: &mut MakeKernel<'_, L>,
+        attention: Option<Box<dyn AttentionKernel>>,
     ) -> Result<Self> {
         let ffn = weights.config.dim_feedforward;
         let threads = profile.threads.max(1);
@@ -460,6 +486,7 @@ impl<L: LinearKernel> BlockBackend<L> {
         };
         Ok(BlockBackend {
             pool,
+            attention,
             name,
             s2: BlockBackbone::new("s2_backbone", &weights.s2, ffn, make)?,
             s1: BlockBackbone::new("s1_backbone", &weights.s1, ffn, make)?,
@@ -539,7 +566,7 @@ impl<L: LinearKernel> Backend for BlockBackend<L> {
             with_workspace(rows, len, d, bb.ffn, |ws| {
                 let v = &batch.values[start * len * bands..(start + b) * len * bands];
                 let doys = &batch.doys[start * len..(start + b) * len];
-                bb.block(b, len, v, doys, ws, o)
+                bb.block(self.attention.as_deref(), b, len, v, doys, ws, o)
             })
         })?;
         Ok(out)

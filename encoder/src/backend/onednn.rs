@@ -31,10 +31,14 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
+mod attention;
+
 use onednn::v3::{self, MatMul3};
 use onednn::{Bf16, DataType, Element, Engine, MatMul, MatMulSpec, PostOp};
 
-use super::block::{apply_epilogue, BlockBackend, Epilogue, Feeds, Fused, LinearKernel};
+use super::block::{
+    apply_epilogue, AttentionKernel, BlockBackend, Epilogue, Feeds, Fused, LinearKernel,
+};
 use super::{Backend, SequenceBatch};
 use crate::error::{EncodeError, Result};
 use crate::model::{Linear, Modality, StudentWeights};
@@ -295,6 +299,12 @@ impl LinearKernel for DnnlLinear {
     }
 }
 
+/// `FLOTILLA_ONEDNN_F32_ATTENTION=1`: a bf16 backend keeps attention in f32
+/// on the `gemm` crate, as before oneDNN's batched bf16 attention.
+fn f32_attention_asked() -> bool {
+    std::env::var_os("FLOTILLA_ONEDNN_F32_ATTENTION").is_some_and(|v| v == "1")
+}
+
 /// The oneDNN backend.
 pub struct OnednnBackend {
     inner: BlockBackend<DnnlLinear>,
@@ -312,7 +322,13 @@ impl OnednnBackend {
         };
         let engine = Engine::cpu().map_err(|e| EncodeError::backend("onednn", e))?;
         let block = profile.block_pixels.max(1);
-        let inner = BlockBackend::new("onednn", weights, profile, &mut |name, l, fused, feeds| {
+        // bf16 attention on oneDNN's batched matmuls, unless asked to keep
+        // the f32 one on the `gemm` crate (`FLOTILLA_ONEDNN_F32_ATTENTION=1`,
+        // to compare).
+        let attention: Option<Box<dyn AttentionKernel>> = (data_type == DataType::Bf16
+            && !f32_attention_asked())
+        .then(|| Box::new(attention::OnednnAttention::new(&engine)) as _);
+        let make = &mut |name: &str, l: &Linear, fused, feeds| {
             // The head runs on one row per pixel; backbones on HINT_LEN per pixel.
             let rows = if name.starts_with("dim_reducer") {
                 block
@@ -324,7 +340,8 @@ impl OnednnBackend {
                 _ => DataType::F32,
             };
             DnnlLinear::new(&engine, name, l, (fused, dst_type), data_type, rows)
-        })?;
+        };
+        let inner = BlockBackend::new("onednn", weights, profile, make, attention)?;
         Ok(OnednnBackend { inner, data_type })
     }
 

@@ -85,6 +85,7 @@ impl CpuBackend {
             weights,
             profile,
             &mut |_, l, _, _| Ok(PLinear::new(l)),
+            None,
         )?))
     }
 }
