@@ -213,7 +213,7 @@ run)
     echo "== 2. chunk sweep, bf16 (tune; best written to ${OUT:-/tmp}/tessera-profiles.toml)"
     timeout 110 "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
         --out "${OUT:-/tmp}/tessera-profiles.toml" | tee "$work/tune.txt" || echo "tune failed or timed out"
-    best_chunk=$(sed -n 's/^best: chunk \([0-9]*\).*/\1/p' "$work/tune.txt")
+    best_chunk=$(sed -n 's/^best: [0-9]* threads, chunk \([0-9]*\).*/\1/p' "$work/tune.txt")
     best_chunk=${best_chunk:-4096}
     stamp
 
@@ -374,9 +374,10 @@ PY
                 echo "onednn $dt, oneDNN $label: $((side * side * 1000 / (ms > 0 ? ms : 1))) px/s whole process ($ms ms); kernels: $kernels"
             done
         done
-        echo "-- onednn bf16 chunk x block sweep on oneDNN 3.2 (tune; AMX may want larger blocks than the default 8)"
-        env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" timeout 90 "$cpu" tune \
-            --backend onednn --dtype bf16 --pixels 1024 --chunks 256,1024 --blocks 8,16,32,64 \
+        echo "-- onednn bf16 threads x block sweep on oneDNN 3.2 (tune; AMX may want larger blocks than the default 8,"
+        echo "   and one thread a core where two share its AMX unit: tune tries the physical cores' count too)"
+        env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" timeout 100 "$cpu" tune \
+            --backend onednn --dtype bf16 --pixels 1024 --chunks 1024 --blocks 8,16,32,64 \
             --out "${OUT:-/tmp}/tessera-profiles-cpu.toml" || echo "tune failed or timed out"
         echo "-- bf16 on the CPU against upstream f32 on the fixtures (oneDNN 3.2)"
         for case in small long; do

@@ -572,35 +572,58 @@ pub fn distinct_chunks(chunks: &[usize], pixels: usize) -> Vec<usize> {
     out
 }
 
-/// Sweep chunk and block sizes; returns every measurement, fastest first.
+/// What `tune` sweeps: every combination of these is timed once.
+pub struct TuneSweep<'a> {
+    pub threads: &'a [usize],
+    pub chunks: &'a [usize],
+    pub blocks: &'a [usize],
+}
+
+/// The thread counts `tune` tries on a CPU backend: the profile's, and the
+/// physical cores where there are fewer (two hardware threads on a core
+/// share its AMX unit, so one a core with larger blocks may be faster: to
+/// be measured, not assumed). Fewest first, each once.
+pub fn cpu_thread_counts(profile_threads: usize, physical_cores: Option<usize>) -> Vec<usize> {
+    let mut counts = vec![profile_threads.max(1)];
+    if let Some(p) = physical_cores.filter(|&p| p > 0 && p < profile_threads) {
+        counts.insert(0, p);
+    }
+    counts
+}
+
+/// Sweep thread counts, chunk and block sizes; returns every measurement,
+/// fastest first.
 pub fn tune(
     ckpt: &Checkpoint,
     choice: BackendChoice,
     base: &DeviceProfile,
     tile: &TileInputs,
-    chunks: &[usize],
-    blocks: &[usize],
+    sweep: &TuneSweep,
     on_result: &mut dyn FnMut(&BenchResult),
 ) -> Result<Vec<BenchResult>> {
     let mut results = Vec::new();
-    for &chunk in chunks {
-        for &block in blocks {
-            if block > chunk {
-                continue;
+    for &threads in sweep.threads {
+        for &chunk in sweep.chunks {
+            for &block in sweep.blocks {
+                if block > chunk {
+                    continue;
+                }
+                let p = DeviceProfile {
+                    threads: threads.max(1),
+                    chunk_pixels: chunk,
+                    block_pixels: block,
+                    ..base.clone()
+                };
+                // A GPU's first pass builds its GEMM plans and times
+                // cuBLASLt's candidates per shape: one untimed pass first,
+                // so the sweep compares steady rates (a CPU's first-pass
+                // costs are small next to its encode, and its sweep long
+                // already).
+                let warmup = choice.resolve() == BackendChoice::Cuda;
+                let r = bench_encoder(ckpt, choice, p, tile, 1, warmup)?;
+                on_result(&r);
+                results.push(r);
             }
-            let p = DeviceProfile {
-                chunk_pixels: chunk,
-                block_pixels: block,
-                ..base.clone()
-            };
-            // A GPU's first pass builds its GEMM plans and times cuBLASLt's
-            // candidates per shape: one untimed pass first, so the sweep
-            // compares steady rates (a CPU's first-pass costs are small
-            // next to its encode, and its sweep long already).
-            let warmup = choice.resolve() == BackendChoice::Cuda;
-            let r = bench_encoder(ckpt, choice, p, tile, 1, warmup)?;
-            on_result(&r);
-            results.push(r);
         }
     }
     results.sort_by(|a, b| b.pixels_per_s.total_cmp(&a.pixels_per_s));
@@ -672,6 +695,18 @@ mod tests {
         // host-rate hands the encoder the simulated device through
         // `Shared`: it must keep features there too.
         assert!(Shared(Arc::new(dev)).kept_windows().unwrap().is_some());
+    }
+
+    #[test]
+    fn cpu_threads_add_the_physical_cores_only_where_fewer() {
+        // 16 logical CPUs on 8 cores: both, fewest first.
+        assert_eq!(cpu_thread_counts(16, Some(8)), vec![8, 16]);
+        // One thread a core, unknown topology, or a profile already at or
+        // below the cores: the profile's alone.
+        assert_eq!(cpu_thread_counts(2, Some(2)), vec![2]);
+        assert_eq!(cpu_thread_counts(16, None), vec![16]);
+        assert_eq!(cpu_thread_counts(4, Some(8)), vec![4]);
+        assert_eq!(cpu_thread_counts(0, Some(0)), vec![1]);
     }
 
     #[test]

@@ -249,8 +249,11 @@ struct TuneArgs {
     /// agent, runs here).
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     backend: BackendChoice,
-    #[arg(long)]
-    threads: Option<usize>,
+    /// Thread counts to try (default: the profile's; on a CPU backend
+    /// where a core runs two threads, the physical cores' count too, as
+    /// two threads on a core share its AMX unit).
+    #[arg(long, value_delimiter = ',')]
+    threads: Vec<usize>,
     /// Precision to tune and store (default: the stored profile's, else f32).
     #[arg(long, value_enum)]
     dtype: Option<Dtype>,
@@ -669,28 +672,41 @@ fn run_tune(a: TuneArgs) -> Result<()> {
     let (ck, tile) = a.inputs.load(pixels)?;
     let chunks = bench::distinct_chunks(&chunks, tile.pixels());
     let mut base = DeviceProfile::resolve(Some(a.out.as_path()), choice)?;
-    if let Some(t) = a.threads {
-        base.threads = t.max(1);
-    }
     if let Some(d) = a.dtype {
         base.dtype = d;
     }
+    let threads = if !a.threads.is_empty() {
+        a.threads.iter().map(|&t| t.max(1)).collect()
+    } else if gpu {
+        vec![base.threads]
+    } else {
+        bench::cpu_thread_counts(base.threads, tessera_encoder::profile::physical_cores())
+    };
     println!(
         "device: {} ({}, {}, {} threads, {})",
         base.device,
         base.backend,
         tessera_encoder::backend::isa(choice),
-        base.threads,
+        threads
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(" or "),
         base.dtype
     );
     println!(
-        "{:>6} {:>6} {:>10} {:>9}",
-        "chunk", "block", "pixels/s", "GFLOP/s"
+        "{:>7} {:>6} {:>6} {:>10} {:>9}",
+        "threads", "chunk", "block", "pixels/s", "GFLOP/s"
     );
-    let results = bench::tune(&ck, choice, &base, &tile, &chunks, &blocks, &mut |r| {
+    let sweep = bench::TuneSweep {
+        threads: &threads,
+        chunks: &chunks,
+        blocks: &blocks,
+    };
+    let results = bench::tune(&ck, choice, &base, &tile, &sweep, &mut |r| {
         println!(
-            "{:>6} {:>6} {:>10.2} {:>9.1}",
-            r.chunk_pixels, r.block_pixels, r.pixels_per_s, r.gflops
+            "{:>7} {:>6} {:>6} {:>10.2} {:>9.1}",
+            r.threads, r.chunk_pixels, r.block_pixels, r.pixels_per_s, r.gflops
         )
     })?;
     let best = results
@@ -702,6 +718,7 @@ fn run_tune(a: TuneArgs) -> Result<()> {
         ProfileSet::default()
     };
     let chosen = DeviceProfile {
+        threads: best.threads,
         chunk_pixels: best.chunk_pixels,
         block_pixels: best.block_pixels,
         ..base
@@ -709,7 +726,8 @@ fn run_tune(a: TuneArgs) -> Result<()> {
     set.upsert(chosen.clone());
     set.save(&a.out)?;
     println!(
-        "best: chunk {} block {} ({:.2} pixels/s); written to {}",
+        "best: {} threads, chunk {} block {} ({:.2} pixels/s); written to {}",
+        chosen.threads,
         chosen.chunk_pixels,
         chosen.block_pixels,
         best.pixels_per_s,

@@ -199,9 +199,62 @@ pub fn available_threads() -> usize {
         .unwrap_or(1)
 }
 
+/// The physical cores under the logical CPUs listed in `/sys` (a core's
+/// hardware threads share one `core_cpus_list`, older kernels call it
+/// `thread_siblings_list`); `None` where that is not readable (off Linux).
+/// `tune` tries this many threads too where it is fewer than
+/// [`available_threads`]: two threads on a core share its AMX unit and its
+/// FMA ports.
+pub fn physical_cores() -> Option<usize> {
+    physical_cores_in(Path::new("/sys/devices/system/cpu"))
+}
+
+fn physical_cores_in(cpu_dir: &Path) -> Option<usize> {
+    let mut cores = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(cpu_dir).ok()? {
+        let entry = entry.ok()?;
+        let name = entry.file_name();
+        let Some(index) = name.to_str().and_then(|n| n.strip_prefix("cpu")) else {
+            continue;
+        };
+        if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let topology = entry.path().join("topology");
+        let siblings = std::fs::read_to_string(topology.join("core_cpus_list"))
+            .or_else(|_| std::fs::read_to_string(topology.join("thread_siblings_list")))
+            .ok()?;
+        cores.insert(siblings.trim().to_string());
+    }
+    (!cores.is_empty()).then_some(cores.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn physical_cores_count_each_cores_threads_once() {
+        let dir = tempfile::tempdir().unwrap();
+        // Two cores with two threads each, and files that are not CPUs.
+        for (cpu, list) in [(0, "0,2"), (1, "1,3"), (2, "0,2"), (3, "1,3")] {
+            let topology = dir.path().join(format!("cpu{cpu}/topology"));
+            std::fs::create_dir_all(&topology).unwrap();
+            std::fs::write(topology.join("core_cpus_list"), format!("{list}\n")).unwrap();
+        }
+        std::fs::create_dir_all(dir.path().join("cpufreq")).unwrap();
+        std::fs::write(dir.path().join("online"), "0-3\n").unwrap();
+        assert_eq!(physical_cores_in(dir.path()), Some(2));
+        // An older kernel's name for the same list.
+        let old = dir.path().join("cpu4/topology");
+        std::fs::create_dir_all(&old).unwrap();
+        std::fs::write(old.join("thread_siblings_list"), "4\n").unwrap();
+        assert_eq!(physical_cores_in(dir.path()), Some(3));
+        // A CPU without either list: unknown, not a guess.
+        std::fs::create_dir_all(dir.path().join("cpu5/topology")).unwrap();
+        assert_eq!(physical_cores_in(dir.path()), None);
+        assert_eq!(physical_cores_in(&dir.path().join("missing")), None);
+    }
 
     #[test]
     fn toml_round_trip_and_upsert() {

@@ -117,8 +117,10 @@ fn tune_writes_the_best_into_the_profile() {
     let auto = tessera_encoder::BackendChoice::Auto.resolve();
     assert_eq!(p.backend, auto, "{text}");
     assert_eq!(p.device, tessera_encoder::backend::device_name(auto));
-    // A second sweep updates the same entry rather than adding one.
-    run(
+    assert_eq!(p.threads, 1, "{text}");
+    // A second sweep, over thread counts too, updates the same entry
+    // rather than adding one, and stores the thread count it chose.
+    let text = run(
         &[
             "tune",
             "--size",
@@ -132,12 +134,27 @@ fn tune_writes_the_best_into_the_profile() {
             "--blocks",
             "2",
             "--threads",
-            "1",
+            "1,2",
             "--profile",
         ],
         &[&profile],
     );
-    assert_eq!(ProfileSet::load(&profile).unwrap().profiles.len(), 1);
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.len() == 5 && w.iter().all(|x| x.parse::<f64>().is_ok()))
+        .collect();
+    let tried: Vec<&str> = rows.iter().map(|w| w[0]).collect();
+    assert_eq!(tried, ["1", "2"], "one row per thread count: {text}");
+    let set = ProfileSet::load(&profile).unwrap();
+    assert_eq!(set.profiles.len(), 1);
+    let best = text
+        .lines()
+        .find_map(|l| l.strip_prefix("best: "))
+        .and_then(|l| l.split_once(" threads"))
+        .map(|(t, _)| t.to_string())
+        .unwrap_or_else(|| panic!("no best line: {text}"));
+    assert_eq!(set.profiles[0].threads.to_string(), best, "{text}");
     std::fs::remove_dir_all(&d).unwrap();
 }
 
