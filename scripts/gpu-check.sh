@@ -29,9 +29,9 @@
 #   4. the host side of the same encode alone (`tessera-encode host-rate`);
 #   5. the host CPU: onednn on oneDNN 2.6 (linked), 2.6 with AMX forced,
 #      and 3.2 (opened at run time), f32 and bf16 (and bf16 on 3.2 with the
-#      f32 attention), with the kernels each ran (ONEDNN_VERBOSE), bf16 on
-#      the fixtures, against PyTorch CPU on the
-#      same 32 x 32 tile;
+#      f32 attention), with the kernels each ran (ONEDNN_VERBOSE), the
+#      running encoder's whole-tile figure on 3.2, bf16 on the fixtures,
+#      against PyTorch CPU on the same 32 x 32 tile;
 #   6. where Nsight Compute is installed, the bf16 kernels of one chunk.
 # `scripts/gpu-check.sh profile` prints only the profiles: the kernels of
 # one chunk per precision in GPU_PROFILE_DTYPES (default bf16; empty: none),
@@ -373,6 +373,21 @@ PY
                     sort | uniq -c | sort -rn | head -3 | awk '{printf "%s x%s; ", $2, $1}')
                 echo "onednn $dt, oneDNN $label: $((side * side * 1000 / (ms > 0 ? ms : 1))) px/s whole process ($ms ms); kernels: $kernels"
             done
+        done
+        echo "-- the tile twice in one process on oneDNN 3.2: the second is the running encoder's figure"
+        echo "   (read, encode, write; no start-up, checkpoint or JIT), as PyTorch's encode_tile after its warm-up"
+        mkdir -p "$work/tiles32"
+        cp -r "$work/tile32" "$work/tiles32/a"
+        cp -r "$work/tile32" "$work/tiles32/b"
+        for run in "f32:" "bf16:" "bf16:FLOTILLA_ONEDNN_F32_ATTENTION=1"; do
+            dt=${run%%:*} settings=${run#*:}
+            # shellcheck disable=SC2086 # the settings are words
+            env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" $settings timeout 60 "$cpu" \
+                --backend onednn --dtype "$dt" --ckpt "$work/large.safetensors" --data-root "$work/tiles32" \
+                --out-dir "$work/cpu-twice-$dt" >"$work/cpu-twice.log" 2>&1 || echo "onednn $dt twice failed"
+            sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' "$work/cpu-twice.log" |
+                awk -v what="$dt${settings:+ ($settings)}" -v px=$((side * side)) \
+                    '{printf "onednn %s, oneDNN 3.2, whole tile: %.0f px/s (%.3f s)\n", what, px / $1, $1}'
         done
         echo "-- onednn bf16 threads x block sweep on oneDNN 3.2 (tune; AMX may want larger blocks than the default 8,"
         echo "   and one thread a core where two share its AMX unit: tune tries the physical cores' count too)"
