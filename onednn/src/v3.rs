@@ -428,6 +428,30 @@ impl Drop for PrimDesc {
 }
 
 impl PrimDesc {
+    /// A matmul's primitive descriptor for `[src, weights, dst]`, with an
+    /// optional bias, under `attr`'s post-ops.
+    fn matmul(
+        rt: &'static Runtime3,
+        [src, weights, dst]: [&Desc; 3],
+        bias: Option<&Desc>,
+        attr: &Attr,
+    ) -> Result<Self> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: live descriptors, engine and attribute; out-pointer to a local.
+        rt.check("dnnl_matmul_primitive_desc_create", unsafe {
+            (rt.f.matmul_pd_create)(
+                &mut raw,
+                rt.engine,
+                src.raw,
+                weights.raw,
+                bias.map_or(ptr::null_mut(), |b| b.raw),
+                dst.raw,
+                attr.raw,
+            )
+        })?;
+        Ok(PrimDesc { rt, raw })
+    }
+
     /// The descriptor `what` refers to (`None` when the primitive has none, as
     /// a zero-size scratchpad).
     fn query_md(&self, what: c_int) -> Result<Option<Desc>> {
@@ -843,20 +867,7 @@ impl MatMul3 {
         let dst = Desc::row_major(rt, m, s.n, s.dst_type)?;
         let residual = Desc::row_major(rt, m, s.n, DataType::F32)?;
         let attr = Attr::new(rt, &s.post_ops, &residual)?;
-        let mut raw = ptr::null_mut();
-        // SAFETY: live descriptors, engine and attribute; out-pointer to a local.
-        rt.check("dnnl_matmul_primitive_desc_create", unsafe {
-            (rt.f.matmul_pd_create)(
-                &mut raw,
-                rt.engine,
-                src.raw,
-                weights.raw,
-                bias.as_ref().map_or(ptr::null_mut(), |b| b.raw),
-                dst.raw,
-                attr.raw,
-            )
-        })?;
-        Ok(PrimDesc { rt, raw })
+        PrimDesc::matmul(rt, [&src, &weights, &dst], bias.as_ref(), &attr)
     }
 
     fn insert_instance(&self, m: usize, pd: &PrimDesc) -> Result<Arc<Instance>> {
@@ -936,20 +947,7 @@ impl BatchedMatMul3 {
         let residual = Desc::strided_nd(rt, &dims[2], &dense, DataType::F32)?;
         let _threads = ThreadScope::new(spec.threads);
         let attr = Attr::new(rt, &spec.post_ops, &residual)?;
-        let mut raw = ptr::null_mut();
-        // SAFETY: live descriptors, engine and attribute; no bias; out-pointer to a local.
-        rt.check("dnnl_matmul_primitive_desc_create", unsafe {
-            (rt.f.matmul_pd_create)(
-                &mut raw,
-                rt.engine,
-                src.raw,
-                weights.raw,
-                ptr::null_mut(),
-                dst.raw,
-                attr.raw,
-            )
-        })?;
-        let pd = PrimDesc { rt, raw };
+        let pd = PrimDesc::matmul(rt, [&src, &weights, &dst], None, &attr)?;
         let prim = Primitive::new(&pd)?;
         let residual = spec
             .post_ops
