@@ -199,25 +199,57 @@ pub fn available_threads() -> usize {
         .unwrap_or(1)
 }
 
-/// The physical cores under the logical CPUs listed in `/sys` (a core's
-/// hardware threads share one `core_cpus_list`, older kernels call it
-/// `thread_siblings_list`); `None` where that is not readable (off Linux).
-/// `tune` tries this many threads too where it is fewer than
-/// [`available_threads`]: two threads on a core share its AMX unit and its
-/// FMA ports.
+/// The physical cores under the logical CPUs this process may run on
+/// (`Cpus_allowed_list` of `/proc/self/status`; all of them where that is
+/// not readable): a core's hardware threads share one `core_cpus_list` in
+/// `/sys` (older kernels call it `thread_siblings_list`). `None` where the
+/// topology is not readable (off Linux). `tune` tries this many threads too
+/// where it is fewer than [`available_threads`]: two threads on a core
+/// share its AMX unit and its FMA ports.
 pub fn physical_cores() -> Option<usize> {
-    physical_cores_in(Path::new("/sys/devices/system/cpu"))
+    let allowed = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .and_then(|list| cpu_list(list.trim()))
+        });
+    physical_cores_in(Path::new("/sys/devices/system/cpu"), allowed.as_deref())
 }
 
-fn physical_cores_in(cpu_dir: &Path) -> Option<usize> {
+/// The CPUs of a kernel CPU list such as "0-3,8,10-11"; `None` if malformed.
+fn cpu_list(list: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        let (first, last): (usize, usize) = match part.split_once('-') {
+            Some((a, b)) => (a.parse().ok()?, b.parse().ok()?),
+            None => {
+                let c = part.parse().ok()?;
+                (c, c)
+            }
+        };
+        if last < first || last - first > 1 << 16 {
+            return None;
+        }
+        cpus.extend(first..=last);
+    }
+    Some(cpus)
+}
+
+fn physical_cores_in(cpu_dir: &Path, allowed: Option<&[usize]>) -> Option<usize> {
     let mut cores = std::collections::BTreeSet::new();
     for entry in std::fs::read_dir(cpu_dir).ok()? {
         let entry = entry.ok()?;
         let name = entry.file_name();
-        let Some(index) = name.to_str().and_then(|n| n.strip_prefix("cpu")) else {
+        let Some(index) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("cpu"))
+            .and_then(|i| i.parse::<usize>().ok())
+        else {
             continue;
         };
-        if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        if allowed.is_some_and(|a| !a.contains(&index)) {
             continue;
         }
         let topology = entry.path().join("topology");
@@ -244,16 +276,29 @@ mod tests {
         }
         std::fs::create_dir_all(dir.path().join("cpufreq")).unwrap();
         std::fs::write(dir.path().join("online"), "0-3\n").unwrap();
-        assert_eq!(physical_cores_in(dir.path()), Some(2));
+        assert_eq!(physical_cores_in(dir.path(), None), Some(2));
         // An older kernel's name for the same list.
         let old = dir.path().join("cpu4/topology");
         std::fs::create_dir_all(&old).unwrap();
         std::fs::write(old.join("thread_siblings_list"), "4\n").unwrap();
-        assert_eq!(physical_cores_in(dir.path()), Some(3));
+        assert_eq!(physical_cores_in(dir.path(), None), Some(3));
         // A CPU without either list: unknown, not a guess.
         std::fs::create_dir_all(dir.path().join("cpu5/topology")).unwrap();
-        assert_eq!(physical_cores_in(dir.path()), None);
-        assert_eq!(physical_cores_in(&dir.path().join("missing")), None);
+        assert_eq!(physical_cores_in(dir.path(), None), None);
+        assert_eq!(physical_cores_in(&dir.path().join("missing"), None), None);
+        // Only the CPUs this process may run on count: 0 and 2 are one core.
+        assert_eq!(physical_cores_in(dir.path(), Some(&[0, 2])), Some(1));
+        assert_eq!(physical_cores_in(dir.path(), Some(&[0, 1, 4])), Some(3));
+    }
+
+    #[test]
+    fn cpu_lists_read_as_the_kernel_writes_them() {
+        assert_eq!(cpu_list("0-3,8,10-11"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(cpu_list("5"), Some(vec![5]));
+        assert_eq!(cpu_list(""), Some(vec![]));
+        for bad in ["a", "3-1", "0-", "1,,x"] {
+            assert_eq!(cpu_list(bad), None, "{bad}");
+        }
     }
 
     #[test]
