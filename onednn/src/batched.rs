@@ -43,8 +43,6 @@ pub struct BatchedMatMul {
     engine: Engine,
     spec: BatchedMatMulSpec,
     prim: Primitive,
-    /// The dense f32 residual's descriptor, if a `BinaryAdd` post-op takes one.
-    residual: Option<MemoryDesc>,
     /// Elements each operand's strides reach: the minimum slice length.
     spans: [usize; 3],
 }
@@ -82,7 +80,6 @@ impl BatchedMatMul {
             engine: engine.clone(),
             spec,
             prim,
-            residual,
             spans,
         })
     }
@@ -129,7 +126,6 @@ impl BatchedMatMul {
         check_buffers(
             &self.spec,
             self.spans,
-            self.residual.as_ref().map(|md| md.size_bytes() / 4),
             T::DATA_TYPE,
             (src.len(), weights.len(), dst.len()),
             residual,
@@ -205,7 +201,6 @@ pub(crate) fn layouts(spec: &BatchedMatMulSpec) -> Result<Layouts> {
 pub(crate) fn check_buffers(
     spec: &BatchedMatMulSpec,
     spans: [usize; 3],
-    residual_len: Option<usize>,
     data_type: DataType,
     (src, weights, dst): (usize, usize, usize),
     residual: Option<&[f32]>,
@@ -220,6 +215,11 @@ pub(crate) fn check_buffers(
     check_at_least("batched matmul src", spans[0], src)?;
     check_at_least("batched matmul weights", spans[1], weights)?;
     check_at_least("batched matmul dst", spans[2], dst)?;
+    // The residual is dense f32 of dst's dims, whatever dst's strides.
+    let residual_len = spec
+        .post_ops
+        .contains(&PostOp::BinaryAdd)
+        .then(|| spec.batch.iter().product::<usize>() * spec.m * spec.n);
     match (residual_len, residual) {
         (Some(n), Some(r)) => check_len("batched matmul residual", n, r.len()),
         (None, None) => Ok(()),

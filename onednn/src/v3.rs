@@ -984,7 +984,6 @@ impl BatchedMatMul3 {
         check_buffers(
             &self.spec,
             self.spans,
-            self.residual.as_ref().map(|d| d.size_bytes() / 4),
             T::DATA_TYPE,
             (src.len(), weights.len(), dst.len()),
             residual,

@@ -3,7 +3,8 @@
 //! The `gemm` crate's f32 attention (`block::attention_f32`) reads each head
 //! in place and computes Q.K^T and P.V in f32 on the vector units; on the
 //! 2-core AVX-512 machine it was ~40 % of the encoder's own time outside
-//! oneDNN (150 of ~400 ms on a 128-px Large tile), and it cannot use AMX. Here a block's Q, K and V are packed once per layer into dense
+//! oneDNN (150 of ~400 ms on a 128-px Large tile), and it cannot use AMX.
+//! Here a block's Q, K and V are packed once per layer into dense
 //! per-head bf16 tensors (the pass that converts them anyway), and both
 //! products run as one batched bf16 matmul each over (pixel, head) with f32
 //! accumulation: oneDNN's brgemm on AVX-512 bf16 or AMX (strided heads read
