@@ -275,3 +275,89 @@ fn batched_matmul3_matches_2x_on_attention_shapes() {
         assert!(three.execute(&bf, &bf, &mut got, None).is_err());
     }
 }
+
+/// A `BinaryAdd` residual on a batched matmul whose dst is strided
+/// (token-major, as attention's P.V writes): the residual is dense f32 of
+/// dst's dims, added element for element; one of the wrong length, a
+/// missing one and one the post-ops do not take are refused. On 2.x, and
+/// on 3.x where it loads.
+#[test]
+fn batched_residual_is_dense_of_dst_dims_on_2x_and_3x() {
+    let engine = Engine::cpu().unwrap();
+    let (pixels, heads, t, dh) = (2, 3, 5, 4);
+    let d = heads * dh;
+    let spec = |post_ops| BatchedMatMulSpec {
+        batch: vec![pixels, heads],
+        m: t,
+        k: t,
+        n: dh,
+        src_strides: None,
+        weights_strides: None,
+        dst_strides: Some(vec![t * d, dh, d, 1]),
+        data_type: DataType::F32,
+        post_ops,
+        threads: 1,
+    };
+    let src = data(pixels * heads * t * t, 7);
+    let weights = data(pixels * heads * t * dh, 8);
+    let res = data(pixels * heads * t * dh, 9);
+    let out_len = pixels * t * d;
+    type Exec<'a> = Box<dyn Fn(&mut [f32], Option<&[f32]>) -> onednn::Result<()> + 'a>;
+    let (plain2, add2) = (
+        BatchedMatMul::new(&engine, spec(vec![])).unwrap(),
+        BatchedMatMul::new(&engine, spec(vec![PostOp::BinaryAdd])).unwrap(),
+    );
+    let threes = runtime().map(|rt| {
+        (
+            BatchedMatMul3::new(rt, spec(vec![])).unwrap(),
+            BatchedMatMul3::new(rt, spec(vec![PostOp::BinaryAdd])).unwrap(),
+        )
+    });
+    let mut runs: Vec<(&str, Exec, Exec)> = Vec::new();
+    runs.push((
+        "2.x",
+        Box::new(|dst, r| plain2.execute(&src, &weights, dst, r)),
+        Box::new(|dst, r| add2.execute(&src, &weights, dst, r)),
+    ));
+    if let Some((plain3, add3)) = &threes {
+        runs.push((
+            "3.x",
+            Box::new(|dst, r| plain3.execute(&src, &weights, dst, r)),
+            Box::new(|dst, r| add3.execute(&src, &weights, dst, r)),
+        ));
+    }
+    for (version, plain, add) in &runs {
+        let mut want = vec![0f32; out_len];
+        plain(&mut want, None).unwrap();
+        let mut got = vec![0f32; out_len];
+        add(&mut got, Some(&res)).unwrap();
+        for p in 0..pixels {
+            for h in 0..heads {
+                for i in 0..t {
+                    for j in 0..dh {
+                        let at = p * t * d + i * d + h * dh + j;
+                        let r = res[((p * heads + h) * t + i) * dh + j];
+                        assert!(
+                            (got[at] - (want[at] + r)).abs() <= 1e-5,
+                            "{version}: ({p}, {h}, {i}, {j}): {} != {} + {r}",
+                            got[at],
+                            want[at]
+                        );
+                    }
+                }
+            }
+        }
+        let short = add(&mut got, Some(&res[..res.len() - 1])).unwrap_err();
+        assert!(short.to_string().contains("residual"), "{version}: {short}");
+        let missing = add(&mut got, None).unwrap_err();
+        assert!(
+            missing.to_string().contains("BinaryAdd"),
+            "{version}: {missing}"
+        );
+        let unasked = plain(&mut got, Some(&res)).unwrap_err();
+        assert!(
+            unasked.to_string().contains("BinaryAdd"),
+            "{version}: {unasked}"
+        );
+    }
+}
