@@ -383,8 +383,8 @@ pub struct HostRate {
     /// CPU time (user + system) of the best rep's encode, every thread.
     pub cpu_s: f64,
     /// The best rep's time from opening the files to the first chunk handed
-    /// to the backend (counting the tile's valid observations, reading and
-    /// gathering the first window): time a device waits at the start.
+    /// to the backend (counting the first window's valid observations,
+    /// reading and gathering it): time a device waits at the start.
     pub first_chunk_s: f64,
 }
 

@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
-use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, OnceLock};
 
 use crate::backend::{self, Backend, BackendChoice, KeptRows, PendingBackbone, SequenceBatch};
 use crate::checkpoint::Checkpoint;
@@ -141,51 +141,109 @@ impl Encoder {
     ) -> Result<TileEmbedding> {
         let npix = tile.height() * tile.width();
         let r = self.weights.config.repr_dim;
-        let counts = tile.valid_counts(cancel)?;
         // This encode's own window slots, where the backend keeps features.
         let kept = self.backend.kept_windows()?;
-        let nodata: Vec<bool> = (0..npix)
-            .map(|p| counts[0][p] == 0 && counts[1][p] == 0)
-            .collect();
-        let active: Vec<u32> = (0..npix as u32).filter(|&p| !nodata[p as usize]).collect();
-
-        // Progress is measured in tokens so long sequences weigh what they cost.
-        let tokens = |p: u32| {
-            bin_len(counts[0][p as usize] as usize) + bin_len(counts[1][p as usize] as usize)
-        };
-        let total_tokens: usize = active.iter().map(|&p| tokens(p)).sum();
-        let mut done_tokens = 0usize;
-        let report = |done_tokens: usize| {
-            let done = if total_tokens == 0 {
-                active.len()
-            } else {
-                (active.len() as u128 * done_tokens as u128 / total_tokens as u128) as usize
-            };
-            progress(done, active.len());
-        };
-
-        let mut values = vec![f32::NAN; npix * r];
         let window = self.window_pixels.max(self.profile.chunk_pixels);
         let chunk = self.profile.chunk_pixels.max(1);
-        let bounds = window_bounds(active.len(), window, chunk);
+
+        // Progress is measured in tokens so long sequences weigh what they
+        // cost, against the whole tile's pixels with data and tokens: known
+        // once the counter has counted the tile's last range (it runs
+        // ahead of everything else, so early on), reported from then on.
+        let totals: OnceLock<(usize, usize)> = OnceLock::new();
+        let report = |done_tokens: usize| {
+            let Some(&(active, total_tokens)) = totals.get() else {
+                return;
+            };
+            let done = if total_tokens == 0 {
+                active
+            } else {
+                (active as u128 * done_tokens.min(total_tokens) as u128 / total_tokens as u128)
+                    as usize
+            };
+            progress(done, active);
+        };
+        let mut done_tokens = 0usize;
+
+        // Zeroed, not filled: a large zeroed allocation is mapped page by
+        // page as windows write it (a tile's is 620 MB for 1,100 x 1,100
+        // px), where filling it first held up the first chunk (13 ms of
+        // page faults for 256 x 256 px on the 2-core dev VM); pixels
+        // without data get their NaN at the end.
+        let mut values = vec![0f32; npix * r];
+        let mut nodata = vec![true; npix];
         std::thread::scope(|s| -> Result<()> {
-            // Three stages, each on its own thread, joined by bounded
-            // channels: the reader reads windows (at most READ_AHEAD
-            // ahead), the gatherer turns each into chunks of tokens (at
-            // most GATHER_AHEAD ahead), and this thread runs the backend on
-            // them. So a device never waits for the host to read or gather
-            // its next chunk, only to hand it over. A stage stops when the
-            // next hangs up (an error or cancel here), on `cancel`, or after
-            // sending its own error.
-            let (win_tx, win_rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
-            let (bounds, active) = (&bounds, &active);
-            let windows = bounds.iter().map(move |&(a, b)| &active[a..b]);
+            // Four stages, each on its own thread, joined by channels: the
+            // counter counts the tile's observations range by range (a
+            // small range first), the reader cuts the pixels with data into
+            // windows as their counts arrive and reads each (at most
+            // READ_AHEAD ahead), the gatherer turns each window into chunks
+            // of tokens (at most GATHER_AHEAD ahead), and this thread runs
+            // the backend on them. So a device waits neither for the whole
+            // tile to be counted before its first chunk (it did: about 30 ms
+            // of a 256 x 256 tile on 2 cores) nor for the host to read or
+            // gather its next chunk, only to hand it over. A stage stops
+            // when the next hangs up (an error or cancel here), on
+            // `cancel`, or after sending its own error; the reader and the
+            // gatherer say when the tile is done, so a stage that stopped
+            // is never taken for the tile's end.
+            let (count_tx, count_rx) = std::sync::mpsc::channel();
+            let totals = &totals;
             s.spawn(move || {
-                for win in windows {
+                let (mut active, mut tokens) = (0usize, 0usize);
+                for range in count_ranges(npix, first_window(window, chunk), window) {
+                    let counted = if cancel.load(Ordering::Relaxed) {
+                        Err(EncodeError::Cancelled)
+                    } else {
+                        tile.valid_counts(range.clone(), cancel)
+                    };
+                    if let Ok(c) = &counted {
+                        for (&s2, &s1) in c[0].iter().zip(&c[1]) {
+                            if s2 > 0 || s1 > 0 {
+                                active += 1;
+                                tokens += bin_len(s2 as usize) + bin_len(s1 as usize);
+                            }
+                        }
+                    }
+                    let failed = counted.is_err();
+                    if count_tx
+                        .send(counted.map(|c| Some((range.start, c))))
+                        .is_err()
+                        || failed
+                    {
+                        return;
+                    }
+                }
+                let _ = totals.set((active, tokens));
+                // The tile's end, said: a counter that stopped (a panic)
+                // only hangs up.
+                let _ = count_tx.send(Ok(None));
+            });
+            let (win_tx, win_rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
+            s.spawn(move || {
+                let mut cutter = WindowCutter::new(window, chunk);
+                let mut counted_all = false;
+                loop {
+                    while !counted_all && !cutter.ready() {
+                        match count_rx.recv() {
+                            Ok(Ok(Some((start, counts)))) => cutter.add(start, &counts),
+                            Ok(Ok(None)) => counted_all = true,
+                            Ok(Err(e)) => {
+                                let _ = win_tx.send(Err(e));
+                                return;
+                            }
+                            Err(_) => return,
+                        }
+                    }
                     if cancel.load(Ordering::Relaxed) {
                         return;
                     }
-                    let read = tile.window(win);
+                    let Some(win) = cutter.take() else {
+                        // Every pixel with data is in a window.
+                        let _ = win_tx.send(Ok(None));
+                        return;
+                    };
+                    let read = tile.window(&win.pixels).map(|part| Some((win, part)));
                     let failed = read.is_err();
                     if win_tx.send(read).is_err() || failed {
                         return;
@@ -196,32 +254,35 @@ impl Encoder {
             // Token buffers come back once used, so a steady encode
             // allocates none.
             let (spare_tx, spare_rx) = std::sync::mpsc::channel::<(Vec<f32>, Vec<f32>)>();
-            let counts = &counts;
-            let windows = bounds.iter().map(move |&(a, b)| &active[a..b]);
-            s.spawn(move || {
-                for win in windows {
-                    let part = match win_rx.recv() {
-                        Ok(Ok(part)) => part,
-                        Ok(Err(e)) => {
-                            let _ = chunk_tx.send(Err(e));
-                            return;
-                        }
-                        Err(_) => return,
-                    };
-                    for plan in plan_window(win, counts, chunk) {
-                        if cancel.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        let spare = spare_rx.try_recv().unwrap_or_default();
-                        let tokens = gather_chunk(&part, plan, spare);
-                        if chunk_tx.send(Ok(Some(tokens))).is_err() {
-                            return;
-                        }
-                    }
-                    // The window's last chunk.
-                    if chunk_tx.send(Ok(None)).is_err() {
+            s.spawn(move || loop {
+                let (win, part) = match win_rx.recv() {
+                    Ok(Ok(Some(read))) => read,
+                    Ok(Ok(None)) => {
+                        let _ = chunk_tx.send(Ok(Gathered::TileDone));
                         return;
                     }
+                    Ok(Err(e)) => {
+                        let _ = chunk_tx.send(Err(e));
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let plans = plan_window(&win.counts, chunk);
+                if chunk_tx.send(Ok(Gathered::Window(win.pixels))).is_err() {
+                    return;
+                }
+                for plan in plans {
+                    if cancel.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let spare = spare_rx.try_recv().unwrap_or_default();
+                    let tokens = gather_chunk(&part, plan, spare);
+                    if chunk_tx.send(Ok(Gathered::Chunk(tokens))).is_err() {
+                        return;
+                    }
+                }
+                if chunk_tx.send(Ok(Gathered::WindowDone)).is_err() {
+                    return;
                 }
             });
             // Pooled features of one window per modality, reused window
@@ -229,29 +290,36 @@ impl Encoder {
             // of each modality, so nothing stale is ever read); none where
             // the backend keeps them.
             let d = self.weights.config.d_model();
-            let wmax = if kept.is_some() {
-                0
-            } else {
-                window.min(active.len())
-            };
+            let wmax = if kept.is_some() { 0 } else { window.min(npix) };
             let mut pooled = [vec![0f32; wmax * d], vec![0f32; wmax * d]];
-            // Window `wi`, of pixels `a..b` of `active`, as the backend
-            // sees it.
-            let placed = |wi: usize, (a, b): (usize, usize)| Placed {
+            // Window number `wi`, of `pixels` pixels, as the backend sees it.
+            let placed = |wi: usize, pixels: usize| Placed {
                 slot: kept.as_ref().map(|k| k.slot(wi)),
-                pixels: b - a,
+                pixels,
             };
+            let recv =
+                || -> Result<Gathered> { chunk_rx.recv().map_err(|_| EncodeError::Cancelled)? };
             // The next window's first chunk, begun before this window's
             // head (see `encode_window`).
             let mut carried: Option<InFlight> = None;
-            for (wi, &(a, b)) in bounds.iter().enumerate() {
-                let win = &active[a..b];
-                let out = self.encode_window(
-                    placed(wi, (a, b)),
+            let mut this = match recv()? {
+                Gathered::Window(pixels) => Some(pixels),
+                Gathered::TileDone => None,
+                _ => {
+                    return Err(out_of_order(
+                        self.backend.name(),
+                        "a chunk came before its window",
+                    ))
+                }
+            };
+            let mut wi = 0;
+            while let Some(win) = this.take() {
+                let (out, next) = self.encode_window(
+                    placed(wi, win.len()),
                     &mut pooled,
-                    (&chunk_rx, &spare_tx),
+                    (&recv, &spare_tx),
                     &mut carried,
-                    bounds.get(wi + 1).map(|&next| placed(wi + 1, next)),
+                    |pixels| placed(wi + 1, pixels),
                     cancel,
                     &mut |t| {
                         done_tokens += t;
@@ -261,11 +329,21 @@ impl Encoder {
                 for (i, &p) in win.iter().enumerate() {
                     let p = p as usize;
                     values[p * r..(p + 1) * r].copy_from_slice(&out[i * r..(i + 1) * r]);
+                    nodata[p] = false;
                 }
+                this = next;
+                wi += 1;
             }
             Ok(())
         })?;
-        report(total_tokens);
+        for (p, _) in nodata.iter().enumerate().filter(|(_, &n)| n) {
+            values[p * r..(p + 1) * r].fill(f32::NAN);
+        }
+        // Every range was counted (the reader said the tile was done only
+        // after the counter's last range), so the totals are known.
+        if let Some(&(_, total_tokens)) = totals.get() {
+            report(total_tokens);
+        }
         Ok(TileEmbedding {
             height: tile.height(),
             width: tile.width(),
@@ -277,26 +355,27 @@ impl Encoder {
 
     /// Encode one window (`win`: its pixels, all with data, and the slot a
     /// backend that keeps features keeps them in, if it does) from its chunks of
-    /// tokens, as the gatherer sends them (`None` after the last), each
+    /// tokens, as the gatherer sends them (`WindowDone` after the last), each
     /// buffer sent back on `spare` once used, pooling into `pooled` (each
     /// at least win.pixels x d; unused where the backend keeps features):
-    /// returns (win.pixels, repr_dim). `carried` holds this window's first
-    /// chunk if the window before began it, and gets the next window's
-    /// first chunk, begun before this window's head when a `next` window
-    /// follows: a device then computes it while the host
-    /// takes this window's last result and asks for the head, instead of
-    /// idling from the last backbone to the next window.
+    /// returns (win.pixels, repr_dim) and the next window's pixels, if the
+    /// tile has another. `carried` holds this window's first chunk if the
+    /// window before began it, and gets the next window's first chunk
+    /// (placed by `next_placed` from its number of pixels), begun before
+    /// this window's head: a device then computes it while the host takes
+    /// this window's last result and asks for the head, instead of idling
+    /// from the last backbone to the next window.
     #[allow(clippy::too_many_arguments)]
     fn encode_window(
         &self,
         win: Placed,
         pooled: &mut [Vec<f32>; 2],
-        (chunks, spare): (&ChunkRx, &SpareTx),
+        (recv, spare): (&dyn Fn() -> Result<Gathered>, &SpareTx),
         carried: &mut Option<InFlight>,
-        next: Option<Placed>,
+        next_placed: impl Fn(usize) -> Placed,
         cancel: &AtomicBool,
         tokens_done: &mut dyn FnMut(usize),
-    ) -> Result<Vec<f32>> {
+    ) -> Result<(Vec<f32>, Option<Vec<u32>>)> {
         let d = self.weights.config.d_model();
         let nw = win.pixels;
         let keeps = win.slot.is_some();
@@ -329,9 +408,6 @@ impl Encoder {
             tokens_done(n * f.len);
             Ok(())
         };
-        // The gatherer only stops early on an error (sent first) or on
-        // `cancel`.
-        let recv = || chunks.recv().map_err(|_| EncodeError::Cancelled)?;
         let begin = |c: ChunkTokens, win: Placed| -> Result<InFlight> {
             let batch = SequenceBatch {
                 n: c.members.len(),
@@ -361,28 +437,38 @@ impl Encoder {
                 len: c.len,
             })
         };
+        let name = self.backend.name();
         loop {
             if cancel.load(Ordering::Relaxed) {
                 return Err(EncodeError::Cancelled);
             }
-            let Some(c) = recv()? else {
-                break;
+            let c = match recv()? {
+                Gathered::Chunk(c) => c,
+                Gathered::WindowDone => break,
+                _ => return Err(out_of_order(name, "a window began inside another")),
             };
             if let Some(prev) = in_flight.replace(begin(c, win)?) {
                 take(prev, pooled)?;
             }
         }
-        if let Some(next) = next.filter(|_| !cancel.load(Ordering::Relaxed)) {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(EncodeError::Cancelled);
+        }
+        // The next window, if the tile has one (the gatherer sends its
+        // pixels, then its chunks, while this window's last is computed).
+        let next = match recv()? {
+            Gathered::Window(pixels) => Some(pixels),
+            Gathered::TileDone => None,
+            _ => return Err(out_of_order(name, "a chunk came outside its window")),
+        };
+        if let Some(pixels) = &next {
             // Every pixel of a window is in one chunk of each modality, so
-            // a window after this one starts with a chunk. It fills the
-            // other slot: this window's head has yet to read this one.
-            let Some(c) = recv()? else {
-                return Err(EncodeError::backend(
-                    self.backend.name(),
-                    "a window of pixels came with no chunk",
-                ));
+            // a window starts with a chunk. It fills the other slot: this
+            // window's head has yet to read this one.
+            let Gathered::Chunk(c) = recv()? else {
+                return Err(out_of_order(name, "a window of pixels came with no chunk"));
             };
-            *carried = Some(begin(c, next)?);
+            *carried = Some(begin(c, next_placed(pixels.len()))?);
         }
         if let Some(last) = in_flight.take() {
             take(last, pooled)?;
@@ -406,31 +492,133 @@ impl Encoder {
                 format!("head returned {} values for {nw} x {r}", out.len()),
             ));
         }
-        Ok(out)
+        Ok((out, next))
     }
 }
 
-/// Where the windows of `n` pixels with data begin and end: the first of
-/// `max(chunk, window / 4)` pixels (at most `window`), the rest of `window`.
-/// A device idles from the start until the first window is read and its
+/// The encode's own stages handed over out of order: a bug, reported as the
+/// backend's error so the job fails rather than writes a wrong tile.
+fn out_of_order(backend: &str, what: &str) -> EncodeError {
+    EncodeError::backend(backend, format!("encode pipeline out of order: {what}"))
+}
+
+/// Pixels with data in the first window: `max(chunk, window / 4)`, at most
+/// `window`; every later window has `window` (the last what is left). A
+/// device idles from the start until the first window is read and its
 /// first chunk gathered, and the host reads each later window while the
-/// device computes the one before: so the first is small, and still
-/// takes the device about as long as reading a whole window takes the
-/// host (on the H200 a quarter window at 75,000 px/s is 55 ms). Windows
-/// regroup pixels into chunks, so the bits may differ from other windows
-/// within the tolerance `windowing_does_not_change_the_output` checks.
-fn window_bounds(n: usize, window: usize, chunk: usize) -> Vec<(usize, usize)> {
+/// device computes the one before: so the first is small, and still takes
+/// the device about as long as reading a whole window takes the host (on
+/// the H200 a quarter window at 75,000 px/s is 55 ms). Windows regroup
+/// pixels into chunks, so the bits may differ from other windows within
+/// the tolerance `windowing_does_not_change_the_output` checks; they do not
+/// depend on how the tile was counted.
+fn first_window(window: usize, chunk: usize) -> usize {
     let window = window.max(1);
-    let first = chunk.max(window / 4).clamp(1, window);
-    let mut bounds = Vec::with_capacity(n.div_ceil(window) + 1);
+    chunk.max(window / 4).clamp(1, window)
+}
+
+/// The ranges of a tile's `npix` pixels the counter counts, in raster
+/// order: `first` pixels (the first window's, if every one has data), then
+/// ranges twice as long each time up to four windows (counted on several
+/// threads where the source can), so the first window waits only for its
+/// own count and the counter soon runs far ahead of the reader.
+fn count_ranges(
+    npix: usize,
+    first: usize,
+    window: usize,
+) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let most = (4 * window).max(first).max(1);
+    let mut len = first.clamp(1, most);
     let mut start = 0;
-    while start < n {
-        let len = if start == 0 { first } else { window };
-        let end = n.min(start + len);
-        bounds.push((start, end));
-        start = end;
+    std::iter::from_fn(move || {
+        (start < npix).then(|| {
+            let range = start..npix.min(start + len);
+            start = range.end;
+            len = (2 * len).min(most);
+            range
+        })
+    })
+}
+
+/// Cuts a tile's pixels with data into windows (see [`first_window`]) as
+/// the counts of its ranges arrive in raster order: the same windows
+/// whatever the ranges.
+struct WindowCutter {
+    first: usize,
+    window: usize,
+    /// Windows taken so far.
+    taken: usize,
+    /// Pixels with data counted and not yet in a window, ascending, and
+    /// their S2 and S1 counts.
+    pixels: Vec<u32>,
+    counts: [Vec<u16>; 2],
+}
+
+/// A window's pixels (ascending, raster order) and their counts.
+struct CutWindow {
+    pixels: Vec<u32>,
+    counts: [Vec<u16>; 2],
+}
+
+impl WindowCutter {
+    fn new(window: usize, chunk: usize) -> Self {
+        WindowCutter {
+            first: first_window(window, chunk),
+            window: window.max(1),
+            taken: 0,
+            pixels: Vec::new(),
+            counts: [Vec::new(), Vec::new()],
+        }
     }
-    bounds
+
+    /// Pixels with data the next window takes, if the tile has them.
+    fn want(&self) -> usize {
+        if self.taken == 0 {
+            self.first
+        } else {
+            self.window
+        }
+    }
+
+    /// Whether the next window is whole (more counts may still add to it
+    /// until it is).
+    fn ready(&self) -> bool {
+        self.pixels.len() >= self.want()
+    }
+
+    /// The counts of pixels `start..start + counts[0].len()`: those with
+    /// data join the queue.
+    fn add(&mut self, start: usize, counts: &[Vec<u16>; 2]) {
+        for (k, (&s2, &s1)) in counts[0].iter().zip(&counts[1]).enumerate() {
+            if s2 > 0 || s1 > 0 {
+                self.pixels.push((start + k) as u32);
+                self.counts[0].push(s2);
+                self.counts[1].push(s1);
+            }
+        }
+    }
+
+    /// The next window (whole, or the rest once the tile is counted);
+    /// `None` once every pixel with data is in one.
+    fn take(&mut self) -> Option<CutWindow> {
+        if self.pixels.is_empty() {
+            return None;
+        }
+        let n = self.want().min(self.pixels.len());
+        self.taken += 1;
+        let pixels = split_front(&mut self.pixels, n);
+        let counts = [
+            split_front(&mut self.counts[0], n),
+            split_front(&mut self.counts[1], n),
+        ];
+        Some(CutWindow { pixels, counts })
+    }
+}
+
+/// The first `n` elements of `v`, taken out of it.
+fn split_front<T>(v: &mut Vec<T>, n: usize) -> Vec<T> {
+    let rest = v.split_off(n);
+    std::mem::replace(v, rest)
 }
 
 /// A window as the backend sees it: the slot its features are kept in
@@ -442,8 +630,15 @@ struct Placed {
     pixels: usize,
 }
 
-/// Gathered chunks as the gatherer sends them (`None` after a window's last).
-type ChunkRx = Receiver<Result<Option<ChunkTokens>>>;
+/// What the gatherer sends this thread, in order: per window its pixels,
+/// its chunks, then that it is done; after the last window, that the tile
+/// is.
+enum Gathered {
+    Window(Vec<u32>),
+    Chunk(ChunkTokens),
+    WindowDone,
+    TileDone,
+}
 
 /// Token buffers going back to the gatherer once used.
 type SpareTx = Sender<(Vec<f32>, Vec<f32>)>;
@@ -479,15 +674,16 @@ struct ChunkTokens {
     doys: Vec<f32>,
 }
 
-/// The chunks of the window `win`: per modality (S2, then S1), its pixels
-/// grouped by sequence length, each group cut into chunks of `chunk`.
-fn plan_window(win: &[u32], counts: &[Vec<u16>; 2], chunk: usize) -> Vec<ChunkPlan> {
+/// The chunks of a window whose pixels have `counts` (S2, S1; one per
+/// pixel, in window order): per modality (S2, then S1), its pixels grouped
+/// by sequence length, each group cut into chunks of `chunk`.
+fn plan_window(counts: &[Vec<u16>; 2], chunk: usize) -> Vec<ChunkPlan> {
     let mut plans = Vec::new();
     for (mi, m) in [Modality::S2, Modality::S1].into_iter().enumerate() {
         let mut by_len: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
-        for (i, &p) in win.iter().enumerate() {
+        for (i, &c) in counts[mi].iter().enumerate() {
             by_len
-                .entry(bin_len(counts[mi][p as usize] as usize))
+                .entry(bin_len(c as usize))
                 .or_default()
                 .push(i as u32);
         }
@@ -585,10 +781,11 @@ mod tests {
             clear: 0.6,
             seed: 5,
         });
-        let counts = tile.valid_counts(&AtomicBool::new(false)).unwrap();
-        let all: Vec<u32> = (0..tile.pixels() as u32).collect();
+        let counts = tile
+            .valid_counts(0..tile.pixels(), &AtomicBool::new(false))
+            .unwrap();
         let mut chunks = 0;
-        for plan in plan_window(&all, &counts, 1 << 20) {
+        for plan in plan_window(&counts, 1 << 20) {
             let copy = |p: &ChunkPlan| ChunkPlan {
                 modality: p.modality,
                 len: p.len,
@@ -618,33 +815,255 @@ mod tests {
         assert!(chunks >= 4, "{chunks}");
     }
 
-    #[test]
-    fn windows_cover_every_pixel_once_and_the_first_is_short() {
-        for (n, window, chunk) in [
-            (0, 16384, 1024),
-            (5, 16384, 1024),
-            (65536, 16384, 1024),
-            (65537, 16384, 4096),
-            (100, 13, 8),
-            (40, 16384, 16384),
-            (9, 1, 1),
-        ] {
-            let b = window_bounds(n, window, chunk);
-            let mut next = 0;
-            for &(a, e) in &b {
-                assert_eq!(a, next, "({n}, {window}, {chunk}): {b:?}");
-                assert!(
-                    a < e && e - a <= window.max(1),
-                    "({n}, {window}, {chunk}): {b:?}"
-                );
-                next = e;
+    /// Counts of `n` pixels where about one in `gap` has no data (and
+    /// the others a few observations of one modality or both).
+    fn counts_with_gaps(n: usize, gap: usize, seed: u64) -> [Vec<u16>; 2] {
+        let mut x = seed | 1;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut s2, mut s1) = (vec![0u16; n], vec![0u16; n]);
+        for (a, b) in s2.iter_mut().zip(&mut s1) {
+            let r = next();
+            if gap == 0 || r % gap as u64 != 0 {
+                *a = (r >> 8) as u16 % 40;
+                *b = (r >> 24) as u16 % 30 + u16::from(*a == 0);
             }
-            assert_eq!(next, n, "({n}, {window}, {chunk}): {b:?}");
+        }
+        [s2, s1]
+    }
+
+    /// The windows the cutter makes from counts arriving in `ranges`.
+    fn cut(
+        counts: &[Vec<u16>; 2],
+        ranges: &[std::ops::Range<usize>],
+        window: usize,
+        chunk: usize,
+    ) -> Vec<Vec<u32>> {
+        let mut cutter = WindowCutter::new(window, chunk);
+        let mut windows = Vec::new();
+        for r in ranges {
+            cutter.add(
+                r.start,
+                &[counts[0][r.clone()].to_vec(), counts[1][r.clone()].to_vec()],
+            );
+            while cutter.ready() {
+                let w = cutter.take().unwrap();
+                // Each window's counts are its own pixels'.
+                for (k, &p) in w.pixels.iter().enumerate() {
+                    assert_eq!(w.counts[0][k], counts[0][p as usize]);
+                    assert_eq!(w.counts[1][k], counts[1][p as usize]);
+                }
+                windows.push(w.pixels);
+            }
+        }
+        while let Some(w) = cutter.take() {
+            windows.push(w.pixels);
+        }
+        windows
+    }
+
+    /// Whatever ranges the tile is counted in, the windows are the pixels
+    /// with data in raster order, cut after `first_window` and then every
+    /// `window` pixels: so how an encode counts never changes its output.
+    #[test]
+    fn windows_are_the_same_whatever_ranges_the_tile_is_counted_in() {
+        for (n, gap, window, chunk) in [
+            (0, 0, 16384, 1024),
+            (5, 0, 16384, 1024),
+            (65536, 0, 16384, 1024),
+            (65537, 3, 16384, 4096),
+            (100, 2, 13, 8),
+            (40, 1, 16384, 16384),
+            (9, 0, 1, 1),
+            (3000, 5, 64, 16),
+        ] {
+            let counts = counts_with_gaps(n, gap, n as u64 + 7);
+            let active: Vec<u32> = (0..n as u32)
+                .filter(|&p| counts[0][p as usize] > 0 || counts[1][p as usize] > 0)
+                .collect();
+            let first = first_window(window, chunk);
+            let mut want = Vec::new();
+            let mut at = 0;
+            while at < active.len() {
+                let len = if at == 0 { first } else { window };
+                let end = active.len().min(at + len);
+                want.push(active[at..end].to_vec());
+                at = end;
+            }
+            let whole: Vec<_> = std::iter::once(0..n).filter(|r| !r.is_empty()).collect();
+            let singles: Vec<_> = (0..n).map(|p| p..p + 1).collect();
+            let odd: Vec<_> = (0..n).step_by(37).map(|a| a..n.min(a + 37)).collect();
+            for (how, ranges) in [
+                (
+                    "as the encoder counts",
+                    count_ranges(n, first, window).collect::<Vec<_>>(),
+                ),
+                ("whole", whole),
+                ("a pixel at a time", singles),
+                ("37 at a time", odd),
+            ] {
+                assert_eq!(
+                    cut(&counts, &ranges, window, chunk),
+                    want,
+                    "({n}, {window}, {chunk}) {how}"
+                );
+            }
         }
         // A quarter window first, where the chunk is smaller; then whole windows.
-        let b = window_bounds(65536, 16384, 1024);
-        assert_eq!(b[0], (0, 4096));
-        assert_eq!(b[1], (4096, 4096 + 16384));
-        assert_eq!(window_bounds(100, 13, 8)[0], (0, 8));
+        assert_eq!(first_window(16384, 1024), 4096);
+        assert_eq!(first_window(13, 8), 8);
+        assert_eq!(first_window(16384, 16384), 16384);
+    }
+
+    /// The counter's ranges cover the tile once, in order, the first as
+    /// long as the first window, then doubling up to four windows.
+    #[test]
+    fn count_ranges_cover_the_tile_once_growing_from_the_first_window() {
+        for (n, first, window) in [
+            (0, 4096, 16384),
+            (1, 4096, 16384),
+            (65536, 4096, 16384),
+            (1_210_000, 4096, 16384),
+            (50, 1, 1),
+            (10, 0, 0),
+        ] {
+            let ranges: Vec<_> = count_ranges(n, first, window).collect();
+            let mut at = 0;
+            for r in &ranges {
+                assert_eq!(r.start, at, "({n}, {first}, {window}): {ranges:?}");
+                assert!(r.end > r.start && r.len() <= (4 * window).max(first).max(1));
+                at = r.end;
+            }
+            assert_eq!(at, n);
+        }
+        let r: Vec<_> = count_ranges(1_000_000, 4096, 16384)
+            .take(6)
+            .map(|r| r.len())
+            .collect();
+        assert_eq!(r, [4096, 8192, 16384, 32768, 65536, 65536]);
+    }
+
+    /// A tile in memory where no pixel past the first `free` is counted
+    /// until a window has been read (or 20 s have passed: then the encode
+    /// waited for more than the first window's count before reading, which
+    /// it must not).
+    struct CountHeldBack {
+        tile: TileInputs,
+        free: usize,
+        read: std::sync::Mutex<bool>,
+        wake: std::sync::Condvar,
+        waited_out: AtomicBool,
+        cancel_after_read: Option<&'static AtomicBool>,
+    }
+
+    impl TileSource for CountHeldBack {
+        fn height(&self) -> usize {
+            self.tile.height
+        }
+        fn width(&self) -> usize {
+            self.tile.width
+        }
+        fn valid_counts(
+            &self,
+            pixels: std::ops::Range<usize>,
+            cancel: &AtomicBool,
+        ) -> Result<[Vec<u16>; 2]> {
+            if pixels.end > self.free {
+                let read = self.read.lock().unwrap();
+                let (read, timeout) = self
+                    .wake
+                    .wait_timeout_while(read, std::time::Duration::from_secs(20), |r| !*r)
+                    .unwrap();
+                if timeout.timed_out() && !*read {
+                    self.waited_out.store(true, Ordering::Relaxed);
+                }
+            }
+            self.tile.valid_counts(pixels, cancel)
+        }
+        fn window(&self, pixels: &[u32]) -> Result<TileInputs> {
+            *self.read.lock().unwrap() = true;
+            self.wake.notify_all();
+            if let Some(c) = self.cancel_after_read {
+                c.store(true, Ordering::Relaxed);
+            }
+            self.tile.window(pixels)
+        }
+    }
+
+    fn held_back(
+        tile: &TileInputs,
+        free: usize,
+        cancel_after_read: Option<&'static AtomicBool>,
+    ) -> CountHeldBack {
+        CountHeldBack {
+            tile: tile.clone(),
+            free,
+            read: std::sync::Mutex::new(false),
+            wake: std::sync::Condvar::new(),
+            waited_out: AtomicBool::new(false),
+            cancel_after_read,
+        }
+    }
+
+    /// An encode reads (and so can compute) its first window before the
+    /// rest of the tile is counted, with the same output bits and a
+    /// progress that only rises, to every pixel with data; cancelled once
+    /// reading began, it says so rather than return part of a tile.
+    #[test]
+    fn the_first_window_is_read_before_the_tile_is_counted_whole() {
+        use crate::backend::BackendChoice;
+        use crate::synth::random_checkpoint;
+        let tile = TileInputs::synthetic(&SynthTile {
+            height: 30,
+            width: 41,
+            s2_frames: 12,
+            s1_asc_frames: 5,
+            s1_desc_frames: 4,
+            clear: 0.5,
+            seed: 3,
+        });
+        let mut profile = DeviceProfile::untuned(BackendChoice::Cpu, "test".into());
+        profile.chunk_pixels = 16;
+        profile.threads = 1;
+        let ckpt = random_checkpoint(&ModelConfig::small(), 2);
+        let mut enc = Encoder::from_checkpoint(&ckpt, BackendChoice::Cpu, profile).unwrap();
+        enc.set_window_pixels(64);
+        let no = AtomicBool::new(false);
+        let want = enc.encode_tile(&tile, &|_, _| {}, &no).unwrap();
+
+        // The first window's pixels all have data here, so it needs only
+        // the first range's count.
+        let first = first_window(64, 16);
+        assert!(want.nodata[..first].iter().all(|&n| !n));
+        let held = held_back(&tile, first, None);
+        let seen = std::sync::Mutex::new(Vec::new());
+        let got = enc
+            .encode(
+                &held,
+                &|done, total| seen.lock().unwrap().push((done, total)),
+                &no,
+            )
+            .unwrap();
+        assert!(
+            !held.waited_out.load(Ordering::Relaxed),
+            "the whole tile was counted before the first window was read"
+        );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got.values), bits(&want.values));
+        assert_eq!(got.nodata, want.nodata);
+        let active = want.nodata.iter().filter(|&&n| !n).count();
+        let seen = seen.into_inner().unwrap();
+        assert_eq!(seen.last(), Some(&(active, active)), "{seen:?}");
+        assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "{seen:?}");
+        assert!(seen.iter().all(|&(d, t)| t == active && d <= t), "{seen:?}");
+
+        static CANCEL: AtomicBool = AtomicBool::new(false);
+        let held = held_back(&tile, first, Some(&CANCEL));
+        let err = enc.encode(&held, &|_, _| {}, &CANCEL).unwrap_err();
+        assert!(matches!(err, EncodeError::Cancelled), "{err}");
     }
 }

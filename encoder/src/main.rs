@@ -625,7 +625,7 @@ fn run_host_rate(a: HostRateArgs) -> Result<()> {
         r.cpu_s / r.pixels.max(1) as f64 * 1e6
     );
     println!(
-        "first chunk handed over after {:.3} s (counting every pixel's observations, reading and gathering the first window: a device's idle start)",
+        "first chunk handed over after {:.3} s (counting the first window's observations, reading and gathering it: a device's idle start)",
         r.first_chunk_s
     );
     if let Some(kib) = bench::peak_resident_kib() {

@@ -293,15 +293,42 @@ pub fn read_elements<T>(
 /// system calls cost nothing next to the copy, small enough to be no memory.
 pub const READ_PIECE_BYTES: usize = 1 << 20;
 
+/// Fill `buf` from `file` at byte `at`, without moving a shared cursor
+/// (so threads may read one file at once).
+#[cfg(unix)]
+fn read_exact_at(file: &std::fs::File, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, at)
+}
+
+/// Fill `buf` from `file` at byte `at` (Windows: `seek_read` may return
+/// fewer bytes than asked, so loop as `read_exact` does).
+#[cfg(windows)]
+fn read_exact_at(file: &std::fs::File, mut buf: &mut [u8], mut at: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        match file.seek_read(buf, at) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                at += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// An open `.npy` file whose header is parsed and whose size matches its
 /// shape, read by position: a tile's inputs are read a window of pixels at a
 /// time rather than whole (issue 16, "Memory"). Errors name the file.
 #[derive(Debug)]
 pub struct NpyFile {
     path: std::path::PathBuf,
-    /// Seek and read under the lock: the only reader is the tile's read-ahead
-    /// thread, so it is never contended.
-    file: std::sync::Mutex<std::fs::File>,
+    /// Read by position (`pread` on Unix, `ReadFile` at an offset on
+    /// Windows), never by seeking: an encode's counting threads and its
+    /// window reader read the same file at once.
+    file: std::fs::File,
     pub header: Header,
 }
 
@@ -334,7 +361,7 @@ impl NpyFile {
         check_body(&h, file_len - h.data_start).map_err(npy_err)?;
         Ok(NpyFile {
             path: path.to_path_buf(),
-            file: std::sync::Mutex::new(f),
+            file: f,
             header: h,
         })
     }
@@ -347,7 +374,6 @@ impl NpyFile {
     /// of the data). A file cut short since it was opened is an error naming
     /// it.
     pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
-        use std::io::{Read, Seek, SeekFrom};
         let end = offset.checked_add(buf.len());
         if end.is_none_or(|e| e > self.header.data_bytes()) {
             return Err(EncodeError::Npy {
@@ -359,12 +385,8 @@ impl NpyFile {
                 ),
             });
         }
-        // A poisoned lock only means another read panicked; the file is fine.
-        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        let r = f
-            .seek(SeekFrom::Start((self.header.data_start + offset) as u64))
-            .and_then(|_| f.read_exact(buf));
-        r.map_err(|e| match e.kind() {
+        let at = (self.header.data_start + offset) as u64;
+        read_exact_at(&self.file, buf, at).map_err(|e| match e.kind() {
             std::io::ErrorKind::UnexpectedEof => EncodeError::Npy {
                 path: self.path.clone(),
                 reason: format!(

@@ -8,12 +8,13 @@
 //! ([`TileSource::window`]): an encode's memory is then bounded by the
 //! window and the read-ahead depth, not by the tile.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::{EncodeError, Result};
 use crate::npy::{DType, Header, NpyFile, READ_PIECE_BYTES};
-use crate::source::TileSource;
+use crate::source::{check_range, TileSource};
 use crate::tile::{as_tile_err, check_dims, check_header, tile_err, SarPass, TileInputs};
 
 const DOY_DTYPES: &[DType] = &[DType::I16, DType::U16, DType::I32, DType::I64, DType::U8];
@@ -146,18 +147,17 @@ const COUNT_THREADS: usize = 8;
 /// Pixels a counting thread takes at least: fewer are not worth a thread.
 const COUNT_MIN_PIXELS: usize = 16_384;
 
-/// Add one to `counts[p]` for each frame of `f` (frames of `hw` pixels of
-/// `pb` bytes) where `valid` holds for pixel `p`'s bytes. The pixels are
-/// split in ranges over up to [`COUNT_THREADS`] threads, each reading its
-/// range a frame at a time (the reads take the file's lock in turn; the
-/// counting runs in parallel): an encode counts every pixel's observations
-/// before its first chunk, while a device waits. The first error, in range
-/// order, is returned; [`EncodeError::Cancelled`] between frames once
-/// `cancel` is set.
+/// Add one to `counts[k]` for each frame of `f` (frames of `hw` pixels of
+/// `pb` bytes) where `valid` holds for pixel `start + k`'s bytes. The
+/// pixels are split in ranges over up to [`COUNT_THREADS`] threads, each
+/// reading its range a frame at a time (positional reads: the threads do
+/// not wait for each other). The first error, in range order, is returned;
+/// [`EncodeError::Cancelled`] between frames once `cancel` is set.
 fn count_where(
     f: &NpyFile,
     hw: usize,
     pb: usize,
+    start: usize,
     cancel: &AtomicBool,
     counts: &mut [u16],
     valid: impl Fn(&[u8]) -> bool + Sync,
@@ -165,30 +165,33 @@ fn count_where(
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, COUNT_THREADS);
-    let per = hw.div_ceil(threads).max(COUNT_MIN_PIXELS);
-    count_in_ranges(f, hw, pb, cancel, counts, &valid, per)
+    let per = counts.len().div_ceil(threads).max(COUNT_MIN_PIXELS);
+    count_in_ranges(f, hw, pb, start, cancel, counts, &valid, per)
 }
 
 /// [`count_where`] in ranges of `per` pixels, a thread each.
+#[allow(clippy::too_many_arguments)]
 fn count_in_ranges(
     f: &NpyFile,
     hw: usize,
     pb: usize,
+    start: usize,
     cancel: &AtomicBool,
     counts: &mut [u16],
     valid: &(impl Fn(&[u8]) -> bool + Sync),
     per: usize,
 ) -> Result<()> {
     let per = per.max(1);
-    let counts = &mut counts[..hw];
     if counts.len() <= per {
-        return count_range(f, hw, pb, 0, counts, cancel, valid);
+        return count_range(f, hw, pb, start, counts, cancel, valid);
     }
     std::thread::scope(|s| {
         let jobs: Vec<_> = counts
             .chunks_mut(per)
             .enumerate()
-            .map(|(i, c)| s.spawn(move || count_range(f, hw, pb, i * per, c, cancel, valid)))
+            .map(|(i, c)| {
+                s.spawn(move || count_range(f, hw, pb, start + i * per, c, cancel, valid))
+            })
             .collect();
         let mut first = Ok(());
         for job in jobs {
@@ -351,14 +354,16 @@ impl TileSource for TileReader {
         self.width
     }
 
-    /// One pass over the masks and the SAR files, a piece at a time (the
-    /// bands are not read).
-    fn valid_counts(&self, cancel: &AtomicBool) -> Result<[Vec<u16>; 2]> {
+    /// One pass over the range's part of the masks and the SAR files, a
+    /// piece at a time (the bands are not read).
+    fn valid_counts(&self, pixels: Range<usize>, cancel: &AtomicBool) -> Result<[Vec<u16>; 2]> {
         let hw = self.pixels();
-        let (mut s2, mut s1) = (vec![0u16; hw], vec![0u16; hw]);
-        count_where(&self.masks, hw, 1, cancel, &mut s2, |m| m[0] == 1).map_err(as_tile_err)?;
+        check_range(&pixels, hw)?;
+        let (n, at) = (pixels.len(), pixels.start);
+        let (mut s2, mut s1) = (vec![0u16; n], vec![0u16; n]);
+        count_where(&self.masks, hw, 1, at, cancel, &mut s2, |m| m[0] == 1).map_err(as_tile_err)?;
         for pass in [&self.ascending, &self.descending].into_iter().flatten() {
-            count_where(&pass.data, hw, 4, cancel, &mut s1, |vv_vh| {
+            count_where(&pass.data, hw, 4, at, cancel, &mut s1, |vv_vh| {
                 vv_vh != [0, 0, 0, 0]
             })
             .map_err(as_tile_err)?;
@@ -387,7 +392,8 @@ mod tests {
 
     /// Counted in ranges on several threads (ranges far smaller than the
     /// encoder's, so the test needs no large tile), the counts are those of
-    /// the tile in memory, a range ending inside a read piece or not.
+    /// the tile in memory, a range ending inside a read piece or not, and
+    /// so are the counts of any part of the tile, in its own place.
     #[test]
     fn counts_in_parallel_ranges_are_the_tiles_counts() {
         let tile = TileInputs::synthetic(&SynthTile {
@@ -404,33 +410,66 @@ mod tests {
         tile.write(&dir).unwrap();
         let reader = TileReader::open(&dir).unwrap();
         let cancel = AtomicBool::new(false);
-        let want = tile.valid_counts(&cancel).unwrap();
-        assert_eq!(reader.valid_counts(&cancel).unwrap(), want);
         let hw = reader.pixels();
-        for per in [1, 7, 1000, hw - 1, hw, hw + 5] {
-            let mut s2 = vec![0u16; hw];
+        let want = tile.valid_counts(0..hw, &cancel).unwrap();
+        assert_eq!(reader.valid_counts(0..hw, &cancel).unwrap(), want);
+        for range in [0..1, 5..6, 7..1000, 1000..hw, hw - 1..hw, hw..hw, 0..hw] {
+            let part = [
+                want[0][range.clone()].to_vec(),
+                want[1][range.clone()].to_vec(),
+            ];
+            assert_eq!(tile.valid_counts(range.clone(), &cancel).unwrap(), part);
+            assert_eq!(
+                reader.valid_counts(range.clone(), &cancel).unwrap(),
+                part,
+                "{range:?}"
+            );
+        }
+        for (start, per) in [
+            (0, 1),
+            (0, 7),
+            (0, 1000),
+            (0, hw - 1),
+            (0, hw),
+            (0, hw + 5),
+            (3, 7),
+            (999, 64),
+        ] {
+            let mut s2 = vec![0u16; hw - start];
             count_in_ranges(
                 &reader.masks,
                 hw,
                 1,
+                start,
                 &cancel,
                 &mut s2,
                 &|m: &[u8]| m[0] == 1,
                 per,
             )
             .unwrap();
-            assert_eq!(s2, want[0], "S2 in ranges of {per}");
-            let mut s1 = vec![0u16; hw];
+            assert_eq!(s2, want[0][start..], "S2 from {start} in ranges of {per}");
+            let mut s1 = vec![0u16; hw - start];
             for pass in [&reader.ascending, &reader.descending]
                 .into_iter()
                 .flatten()
             {
                 let valid = |b: &[u8]| b != [0, 0, 0, 0];
-                count_in_ranges(&pass.data, hw, 4, &cancel, &mut s1, &valid, per).unwrap();
+                count_in_ranges(&pass.data, hw, 4, start, &cancel, &mut s1, &valid, per).unwrap();
             }
-            assert_eq!(s1, want[1], "S1 in ranges of {per}");
+            assert_eq!(s1, want[1][start..], "S1 from {start} in ranges of {per}");
         }
         assert!(want[0].iter().any(|&c| c > 0) && want[1].iter().any(|&c| c > 0));
+        // A range past the tile is refused by both sources.
+        for bad in [hw..hw + 1, 5..hw + 3] {
+            assert!(matches!(
+                tile.valid_counts(bad.clone(), &cancel),
+                Err(EncodeError::Invalid(_))
+            ));
+            assert!(matches!(
+                reader.valid_counts(bad, &cancel),
+                Err(EncodeError::Invalid(_))
+            ));
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
