@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::{
-    Backend, BackendChoice, KeptRows, KeptWindows, PendingBackbone, SequenceBatch, SlotPool,
+    Backend, BackendChoice, KeptRows, KeptWindows, PendingBackbone, PendingHead, SequenceBatch,
+    SlotPool,
 };
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -321,11 +322,25 @@ impl Backend for HostOnly {
     /// A GPU's head on features it kept: only the result comes down, at
     /// [`HEAD_LINK_BYTES_PER_S`], after what the device was given before,
     /// while the caller waits.
-    fn head_kept(&self, _slot: usize, n: usize) -> Result<Vec<f32>> {
+    fn head_kept(&self, slot: usize, n: usize) -> Result<Vec<f32>> {
+        let pending = self.head_kept_begin(slot, n)?;
+        self.head_end(pending)
+    }
+
+    /// [`HostOnly::head_kept`] queued: the result is there once the device
+    /// has done what it was given before and copied it down.
+    fn head_kept_begin(&self, _slot: usize, n: usize) -> Result<PendingHead> {
         let bytes = n * self.repr_dim * 4;
         let done = self.queue(Instant::now(), |_| bytes as f64 / HEAD_LINK_BYTES_PER_S);
-        std::thread::sleep(done.saturating_duration_since(Instant::now()));
-        Ok(vec![0.0; n * self.repr_dim])
+        Ok(PendingHead::on_device(Box::new((
+            done,
+            vec![0f32; n * self.repr_dim],
+        ))))
+    }
+
+    fn head_end(&self, pending: PendingHead) -> Result<Vec<f32>> {
+        // The same ticket as a backbone's: wait until `done`.
+        self.backbone_end(pending)
     }
 
     fn backbone_end(&self, pending: PendingBackbone) -> Result<Vec<f32>> {
@@ -478,7 +493,7 @@ pub fn host_rate(
 }
 
 /// A backend shared with the caller (who reads what it recorded).
-struct Shared<B>(Arc<B>);
+pub(crate) struct Shared<B>(pub(crate) Arc<B>);
 
 impl<B: Backend> Backend for Shared<B> {
     fn name(&self) -> &'static str {
@@ -509,6 +524,12 @@ impl<B: Backend> Backend for Shared<B> {
     }
     fn head_kept(&self, slot: usize, n: usize) -> Result<Vec<f32>> {
         self.0.head_kept(slot, n)
+    }
+    fn head_kept_begin(&self, slot: usize, n: usize) -> Result<PendingHead> {
+        self.0.head_kept_begin(slot, n)
+    }
+    fn head_end(&self, pending: PendingHead) -> Result<Vec<f32>> {
+        self.0.head_end(pending)
     }
 }
 

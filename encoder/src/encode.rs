@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 
-use crate::backend::{self, Backend, BackendChoice, KeptRows, PendingBackbone, SequenceBatch};
+use crate::backend::{
+    self, Backend, BackendChoice, KeptRows, PendingBackbone, PendingHead, SequenceBatch,
+};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::{EncodeError, Result};
@@ -312,27 +314,27 @@ impl Encoder {
                     ))
                 }
             };
+            // The window before's head, begun and not yet taken.
+            let mut head: Option<HeadInFlight> = None;
             let mut wi = 0;
             while let Some(win) = this.take() {
-                let (out, next) = self.encode_window(
-                    placed(wi, win.len()),
+                this = self.encode_window(
+                    (placed(wi, win.len()), win),
                     &mut pooled,
                     (&recv, &spare_tx),
-                    &mut carried,
+                    (&mut carried, &mut head),
                     |pixels| placed(wi + 1, pixels),
+                    (&mut values, &mut nodata),
                     cancel,
                     &mut |t| {
                         done_tokens += t;
                         report(done_tokens);
                     },
                 )?;
-                for (i, &p) in win.iter().enumerate() {
-                    let p = p as usize;
-                    values[p * r..(p + 1) * r].copy_from_slice(&out[i * r..(i + 1) * r]);
-                    nodata[p] = false;
-                }
-                this = next;
                 wi += 1;
+            }
+            if let Some(h) = head.take() {
+                self.finish_head(h, (&mut values, &mut nodata))?;
             }
             Ok(())
         })?;
@@ -368,14 +370,15 @@ impl Encoder {
     #[allow(clippy::too_many_arguments)]
     fn encode_window(
         &self,
-        win: Placed,
+        (win, pixels): (Placed, Vec<u32>),
         pooled: &mut [Vec<f32>; 2],
         (recv, spare): (&dyn Fn() -> Result<Gathered>, &SpareTx),
-        carried: &mut Option<InFlight>,
+        (carried, head): (&mut Option<InFlight>, &mut Option<HeadInFlight>),
         next_placed: impl Fn(usize) -> Placed,
+        out: (&mut [f32], &mut [bool]),
         cancel: &AtomicBool,
         tokens_done: &mut dyn FnMut(usize),
-    ) -> Result<(Vec<f32>, Option<Vec<u32>>)> {
+    ) -> Result<Option<Vec<u32>>> {
         let d = self.weights.config.d_model();
         let nw = win.pixels;
         let keeps = win.slot.is_some();
@@ -449,7 +452,16 @@ impl Encoder {
             };
             if let Some(prev) = in_flight.replace(begin(c, win)?) {
                 take(prev, pooled)?;
+                // The window before's head was queued behind `prev`; the
+                // chunk just begun keeps the device busy while the host
+                // takes the head's result and places it.
+                if let Some(h) = head.take() {
+                    self.finish_head(h, (&mut *out.0, &mut *out.1))?;
+                }
             }
+        }
+        if let Some(h) = head.take() {
+            self.finish_head(h, (&mut *out.0, &mut *out.1))?;
         }
         if cancel.load(Ordering::Relaxed) {
             return Err(EncodeError::Cancelled);
@@ -476,24 +488,49 @@ impl Encoder {
         if cancel.load(Ordering::Relaxed) {
             return Err(EncodeError::Cancelled);
         }
-        // The head in one call for the whole window: on a GPU each call is
-        // a round trip the device idles through (the result waited for),
-        // once a window rather than once a chunk.
-        let r = self.weights.config.repr_dim;
-        let out = if let Some(slot) = win.slot {
-            self.backend.head_kept(slot, nw)?
+        // The head in one call for the whole window, once a window rather
+        // than once a chunk; where the backend keeps the features, begun
+        // only: its result is taken once the next window's second chunk
+        // is queued behind it (or at the tile's end), so a device computes
+        // while the host waits for the result and places it.
+        let pending = if let Some(slot) = win.slot {
+            self.backend.head_kept_begin(slot, nw)?
         } else {
             let (s2, s1) = (&pooled[0][..nw * d], &pooled[1][..nw * d]);
-            self.backend.head(s2, s1, nw)?
+            PendingHead::done(self.backend.head(s2, s1, nw)?)
         };
+        *head = Some(HeadInFlight { pixels, pending });
+        Ok(next)
+    }
+
+    /// Take a begun head's result and place it: each of its pixels'
+    /// `repr_dim` values into `values`, the pixel marked as having data.
+    fn finish_head(
+        &self,
+        h: HeadInFlight,
+        (values, nodata): (&mut [f32], &mut [bool]),
+    ) -> Result<()> {
+        let (r, nw) = (self.weights.config.repr_dim, h.pixels.len());
+        let out = self.backend.head_end(h.pending)?;
         if out.len() != nw * r {
             return Err(EncodeError::backend(
                 self.backend.name(),
                 format!("head returned {} values for {nw} x {r}", out.len()),
             ));
         }
-        Ok((out, next))
+        for (i, &p) in h.pixels.iter().enumerate() {
+            let p = p as usize;
+            values[p * r..(p + 1) * r].copy_from_slice(&out[i * r..(i + 1) * r]);
+            nodata[p] = false;
+        }
+        Ok(())
     }
+}
+
+/// A window's head, begun: its pixels and the result to come.
+struct HeadInFlight {
+    pixels: Vec<u32>,
+    pending: PendingHead,
 }
 
 /// The encode's own stages handed over out of order: a bug, reported as the
@@ -1065,5 +1102,141 @@ mod tests {
         let held = held_back(&tile, first, Some(&CANCEL));
         let err = enc.encode(&held, &|_, _| {}, &CANCEL).unwrap_err();
         assert!(matches!(err, EncodeError::Cancelled), "{err}");
+    }
+
+    /// A backend that keeps features and computes nothing, logging what
+    /// the encode asks of it, in order: "begin" (a kept backbone), "head"
+    /// (a head begun), "taken" (its result taken).
+    struct Recorder {
+        slots: Arc<crate::backend::SlotPool>,
+        log: std::sync::Mutex<Vec<&'static str>>,
+        d: usize,
+        r: usize,
+    }
+
+    impl Backend for Recorder {
+        fn name(&self) -> &'static str {
+            "recorder"
+        }
+        fn backbone(&self, _: Modality, batch: &SequenceBatch<'_>) -> Result<Vec<f32>> {
+            Ok(vec![0.0; batch.n * self.d])
+        }
+        fn head(&self, _: &[f32], _: &[f32], n: usize) -> Result<Vec<f32>> {
+            Ok(vec![0.0; n * self.r])
+        }
+        fn kept_windows(&self) -> Result<Option<backend::KeptWindows>> {
+            Ok(Some(self.slots.lease()))
+        }
+        fn backbone_begin_kept(
+            &self,
+            _: Modality,
+            batch: &SequenceBatch<'_>,
+            place: &KeptRows<'_>,
+        ) -> Result<PendingBackbone> {
+            place.check(self.name(), batch.n)?;
+            self.log.lock().unwrap().push("begin");
+            Ok(PendingBackbone::done(Vec::new()))
+        }
+        fn head_kept(&self, _: usize, n: usize) -> Result<Vec<f32>> {
+            self.log.lock().unwrap().push("head");
+            Ok(vec![1.0; n * self.r])
+        }
+        fn head_end(&self, pending: PendingHead) -> Result<Vec<f32>> {
+            self.log.lock().unwrap().push("taken");
+            Ok(pending.into_parts().unwrap_or_default())
+        }
+    }
+
+    /// Where the backend keeps features, a window's head is begun and its
+    /// result taken only once the next window's second chunk is queued
+    /// behind it (so a device is never idle while the host waits for a
+    /// head and places its result), at most one head at a time; every
+    /// pixel with data gets its head's values, the others NaN.
+    #[test]
+    fn a_heads_result_is_taken_after_the_next_windows_chunks_are_queued() {
+        use crate::backend::BackendChoice;
+        use crate::synth::random_checkpoint;
+        let cfg = ModelConfig::small();
+        let tile = TileInputs::synthetic(&SynthTile {
+            height: 20,
+            width: 23,
+            s2_frames: 12,
+            s1_asc_frames: 5,
+            s1_desc_frames: 4,
+            clear: 0.5,
+            seed: 4,
+        });
+        let weights =
+            Arc::new(StudentWeights::from_checkpoint(&random_checkpoint(&cfg, 1)).unwrap());
+        let rec = Arc::new(Recorder {
+            slots: Arc::default(),
+            log: Default::default(),
+            d: cfg.d_model(),
+            r: cfg.repr_dim,
+        });
+        let mut profile = DeviceProfile::untuned(BackendChoice::Cuda, "test".into());
+        profile.chunk_pixels = 16;
+        let mut enc = Encoder::with_backend(
+            weights,
+            Box::new(crate::bench::Shared(rec.clone())),
+            profile,
+        );
+        enc.set_window_pixels(64);
+        let emb = enc
+            .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
+            .unwrap();
+        let log = rec.log.lock().unwrap().clone();
+        let heads = log.iter().filter(|&&e| e == "head").count();
+        // 460 px in windows of 16, then 64: several windows of several chunks.
+        assert!(heads >= 5, "{log:?}");
+        assert_eq!(
+            log.iter().filter(|&&e| e == "taken").count(),
+            heads,
+            "{log:?}"
+        );
+        let mut open = false;
+        for (i, e) in log.iter().enumerate() {
+            match *e {
+                "head" => {
+                    assert!(!open, "two heads begun at once at {i}: {log:?}");
+                    open = true;
+                }
+                "taken" => {
+                    assert!(open, "a result taken with no head begun at {i}: {log:?}");
+                    open = false;
+                    // Not the tile's last head: the next window's first
+                    // chunk (begun before the head) and its second are
+                    // queued before the result is taken.
+                    if log[i..].contains(&"head") {
+                        let since = log[..i].iter().rev().take_while(|&&e| e != "head").count();
+                        let begun = log[i - since..i].iter().filter(|&&e| e == "begin").count();
+                        assert!(
+                            begun >= 1,
+                            "a head's result taken with nothing queued behind it, at {i}: {log:?}"
+                        );
+                        let before = log[..i - since - 1]
+                            .iter()
+                            .rev()
+                            .take_while(|&&e| e == "begin")
+                            .count();
+                        assert!(
+                            before >= 1,
+                            "no chunk begun before the head at {i}: {log:?}"
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        assert!(!open, "{log:?}");
+        for (p, &nd) in emb.nodata.iter().enumerate() {
+            let v = &emb.values[p * cfg.repr_dim..(p + 1) * cfg.repr_dim];
+            if nd {
+                assert!(v.iter().all(|x| x.is_nan()), "pixel {p}");
+            } else {
+                assert!(v.iter().all(|&x| x == 1.0), "pixel {p}");
+            }
+        }
+        assert!(emb.nodata.iter().any(|&n| !n));
     }
 }

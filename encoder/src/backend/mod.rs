@@ -109,6 +109,11 @@ impl PendingBackbone {
     }
 }
 
+/// A head begun ([`Backend::head_kept_begin`]), to hand to
+/// [`Backend::head_end`]: the same kind of result as a backbone's, computed
+/// already or a device's ticket.
+pub type PendingHead = PendingBackbone;
+
 /// How many backbones a caller may have begun and not yet ended: one
 /// computing, one queued behind it (so a device never waits between
 /// chunks for the host to take a result and hand over the next chunk).
@@ -174,6 +179,24 @@ pub trait Backend: Send + Sync {
     /// last head: returns (n, repr_dim).
     fn head_kept(&self, _slot: usize, _n: usize) -> Result<Vec<f32>> {
         Err(keeps_nothing(self.name()))
+    }
+    /// Begin [`Backend::head_kept`]; [`Backend::head_end`] gives its
+    /// result. A GPU queues the head and the copy of its result and
+    /// returns, so the caller can queue the next window's chunks behind it
+    /// before it waits; the default runs the head here. At most one head
+    /// is begun and not ended; backbones may be begun meanwhile.
+    fn head_kept_begin(&self, slot: usize, n: usize) -> Result<PendingHead> {
+        self.head_kept(slot, n).map(PendingHead::done)
+    }
+    /// The (n, repr_dim) result of a [`Backend::head_kept_begin`], once
+    /// the host has it.
+    fn head_end(&self, pending: PendingHead) -> Result<Vec<f32>> {
+        pending.into_parts().map_err(|_| {
+            EncodeError::backend(
+                self.name(),
+                "a device's head was handed to a backend that began none",
+            )
+        })
     }
 }
 

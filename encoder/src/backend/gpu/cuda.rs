@@ -857,13 +857,6 @@ impl Device for CudaDevice {
         unsafe { self.stream.alloc::<f32>(n) }.map_err(|e| err("allocating GPU memory", e))
     }
 
-    fn download_prefix(&self, buf: &Self::Buf, n: usize) -> Result<Vec<f32>> {
-        check_download(n, buf.len())?;
-        self.stream
-            .clone_dtoh(&buf.slice(..n))
-            .map_err(|e| err("copying from the GPU", e))
-    }
-
     fn len(buf: &Self::Buf) -> usize {
         buf.len()
     }

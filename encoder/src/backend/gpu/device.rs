@@ -364,8 +364,6 @@ pub(crate) trait Device: Sized {
     /// A buffer of `n` floats whose contents are whatever the device had
     /// there (NaN in the emulator).
     fn alloc(&self, n: usize) -> Result<Self::Buf>;
-    /// The first `n` floats of `buf` (at most its length, else an error).
-    fn download_prefix(&self, buf: &Self::Buf, n: usize) -> Result<Vec<f32>>;
     /// Copy `host` into the start of `buf` (at least as long, else an
     /// error) after the work queued before, through host staging memory
     /// (page-locked on a GPU, so the copy needs no host thread): returns

@@ -707,16 +707,6 @@ impl Device for EmulatedDevice {
         Ok(EmuBuf::new(vec![f32::NAN; n]))
     }
 
-    fn download_prefix(&self, buf: &EmuBuf, n: usize) -> Result<Vec<f32>> {
-        if n > buf.len() {
-            return Err(err(format!(
-                "reading {n} floats of a buffer of {}",
-                buf.len()
-            )));
-        }
-        Ok(buf.data[..n].to_vec())
-    }
-
     fn len(buf: &EmuBuf) -> usize {
         buf.len()
     }
@@ -741,8 +731,14 @@ impl Device for EmulatedDevice {
     }
 
     fn download_begin(&self, buf: &EmuBuf, n: usize) -> Result<EmuStaging> {
+        if n > buf.len() {
+            return Err(err(format!(
+                "reading {n} floats of a buffer of {}",
+                buf.len()
+            )));
+        }
         Ok(EmuStaging {
-            data: self.download_prefix(buf, n)?,
+            data: buf.data[..n].to_vec(),
         })
     }
 

@@ -52,7 +52,9 @@ pub(crate) use device::{
     Arg, Device, Epilogue, Gemm, GemmMath, HalfGemmOut, Kernel, Launch, DOY_TABLE_DAYS, KERNELS,
 };
 
-use super::{Backend, KeptRows, KeptWindows, PendingBackbone, SequenceBatch, SlotPool};
+use super::{
+    Backend, KeptRows, KeptWindows, PendingBackbone, PendingHead, SequenceBatch, SlotPool,
+};
 use crate::error::{EncodeError, Result};
 use crate::model::{Backbone, LayerNorm, Linear, Modality, StudentWeights};
 
@@ -1024,6 +1026,21 @@ impl<D: Device> GpuModel<D> {
     /// The head on the first `n` rows of `z`, each a pixel's S2 then S1
     /// features (2d floats); waits for its result.
     fn head_on(&self, z: &D::Buf, n: usize, scratch: &mut Scratch<D>) -> Result<Vec<f32>> {
+        let ticket = self.head_on_begin(z, n, scratch)?;
+        D::download_wait(&ticket.download)?;
+        self.dev.download_end(ticket.download, ticket.floats)
+    }
+
+    /// [`Model::head_on`] queued, with the copy of its result to the host:
+    /// the ticket says when it is there. Its buffers go back to the
+    /// scratch at once; work queued later on the stream reuses them only
+    /// after the head and its copy.
+    fn head_on_begin(
+        &self,
+        z: &D::Buf,
+        n: usize,
+        scratch: &mut Scratch<D>,
+    ) -> Result<DeviceTicket<D>> {
         let dev = &self.dev;
         let mut y = scratch.take(dev, Slot::T, n * self.fc1.out_dim)?;
         self.linear(&self.fc1, z, n, &mut y, false, None)?;
@@ -1033,10 +1050,15 @@ impl<D: Device> GpuModel<D> {
         let mut out = scratch.take(dev, Slot::H, n * self.fc2.out_dim)?;
         self.linear(&self.fc2, &y, n, &mut out, false, None)?;
         self.layer_norm(&self.out_norm, &mut out, n)?;
-        let result = dev.download_prefix(&out, n * self.fc2.out_dim)?;
+        let floats = n * self.fc2.out_dim;
+        let download = dev.download_begin(&out, floats)?;
         scratch.give(Slot::T, y);
         scratch.give(Slot::H, out);
-        Ok(result)
+        Ok(DeviceTicket {
+            uploads: Vec::new(),
+            download,
+            floats,
+        })
     }
 }
 
@@ -1375,6 +1397,15 @@ where
     }
 
     fn head_kept(&self, slot: usize, n: usize) -> Result<Vec<f32>> {
+        let pending = self.head_kept_begin(slot, n)?;
+        self.head_end(pending)
+    }
+
+    /// The head queued after the window's last chunk, and its result's
+    /// copy back: the caller begins the next window's chunks behind it
+    /// before it waits ([`Backend::head_end`]), so the device does not
+    /// idle while the host takes the result and places it.
+    fn head_kept_begin(&self, slot: usize, n: usize) -> Result<PendingHead> {
         let mut guard = self.lock()?;
         let (model, scratch) = &mut *guard;
         model.dev.bind()?;
@@ -1390,7 +1421,8 @@ where
             ));
         }
         // Taken out of the scratch while the head borrows the rest of it;
-        // read once: the slot's next window starts afresh.
+        // read once: the slot's next window starts afresh (its chunks are
+        // queued after this head on the one stream).
         kept.filled = [0, 0];
         let Some(z) = kept.buf.take() else {
             return Err(EncodeError::backend(
@@ -1398,8 +1430,13 @@ where
                 "a kept window without a buffer",
             ));
         };
-        let out = model.head_on(&z, n, scratch);
+        let ticket = model.head_on_begin(&z, n, scratch);
         scratch.window(slot).buf = Some(z);
-        out
+        Ok(PendingHead::on_device(Box::new(ticket?)))
+    }
+
+    fn head_end(&self, pending: PendingHead) -> Result<Vec<f32>> {
+        // A head's ticket is a backbone's: a download to wait for.
+        self.backbone_end(pending)
     }
 }
