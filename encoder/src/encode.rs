@@ -105,9 +105,10 @@ impl Encoder {
     }
 
     /// Encode every pixel of a tile. `progress(done, total)` is called after
-    /// each chunk, in pixels with data (weighted by the tokens they cost);
-    /// when `cancel` becomes true the call returns [`EncodeError::Cancelled`]
-    /// at the next chunk boundary.
+    /// each chunk once the whole tile is counted (which runs ahead of the
+    /// encode), in pixels with data (weighted by the tokens they cost), and
+    /// at the end; when `cancel` becomes true the call returns
+    /// [`EncodeError::Cancelled`] at the next chunk boundary.
     ///
     /// Pixels are taken in windows of [`WINDOW_PIXELS`] (or one chunk, if
     /// larger) so pooled features never need memory for a whole tile; inside
@@ -174,7 +175,13 @@ impl Encoder {
         // without data get their NaN at the end.
         let mut values = vec![0f32; npix * r];
         let mut nodata = vec![true; npix];
+        // Set when this thread leaves the scope (done, or on an error), so
+        // the counter and the reader, which may be waiting on work that no
+        // one will take, stop at once instead of finishing the tile.
+        let stop = AtomicBool::new(false);
         std::thread::scope(|s| -> Result<()> {
+            let stop = &stop;
+            let _stop_on_exit = StopOnDrop(stop);
             // Four stages, each on its own thread, joined by channels: the
             // counter counts the tile's observations range by range (a
             // small range first), the reader cuts the pixels with data into
@@ -194,10 +201,29 @@ impl Encoder {
             s.spawn(move || {
                 let (mut active, mut tokens) = (0usize, 0usize);
                 for range in count_ranges(npix, first_window(window, chunk), window) {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
                     let counted = if cancel.load(Ordering::Relaxed) {
                         Err(EncodeError::Cancelled)
                     } else {
-                        tile.valid_counts(range.clone(), cancel)
+                        tile.valid_counts(range.clone(), cancel).and_then(|c| {
+                            // A source's short answer would leave pixels out
+                            // of every window, silently: refused.
+                            if c[0].len() == range.len() && c[1].len() == range.len() {
+                                Ok(c)
+                            } else {
+                                Err(EncodeError::Invalid(format!(
+                                    "the tile's source counted {} S2 and {} S1 values for \
+                                     the {} pixels {}..{}",
+                                    c[0].len(),
+                                    c[1].len(),
+                                    range.len(),
+                                    range.start,
+                                    range.end
+                                )))
+                            }
+                        })
                     };
                     if let Ok(c) = &counted {
                         for (&s2, &s1) in c[0].iter().zip(&c[1]) {
@@ -237,7 +263,7 @@ impl Encoder {
                             Err(_) => return,
                         }
                     }
-                    if cancel.load(Ordering::Relaxed) {
+                    if cancel.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
                         return;
                     }
                     let Some(win) = cutter.take() else {
@@ -359,14 +385,17 @@ impl Encoder {
     /// backend that keeps features keeps them in, if it does) from its chunks of
     /// tokens, as the gatherer sends them (`WindowDone` after the last), each
     /// buffer sent back on `spare` once used, pooling into `pooled` (each
-    /// at least win.pixels x d; unused where the backend keeps features):
-    /// returns (win.pixels, repr_dim) and the next window's pixels, if the
-    /// tile has another. `carried` holds this window's first chunk if the
-    /// window before began it, and gets the next window's first chunk
-    /// (placed by `next_placed` from its number of pixels), begun before
-    /// this window's head: a device then computes it while the host takes
-    /// this window's last result and asks for the head, instead of idling
-    /// from the last backbone to the next window.
+    /// at least win.pixels x d; unused where the backend keeps features),
+    /// leaving its head begun in `head` (`pixels`: the window's pixels),
+    /// and returns the next window's pixels, if the tile has another. The
+    /// window before's head, if still in `head`, is taken and placed in
+    /// `out` (values, nodata) once this window's second chunk is begun.
+    /// `carried` holds this window's first chunk if the window before
+    /// began it, and gets the next window's first chunk (placed by
+    /// `next_placed` from its number of pixels), begun before this
+    /// window's head: a device then computes it while the host takes this
+    /// window's last result and asks for the head, instead of idling from
+    /// the last backbone to the next window.
     #[allow(clippy::too_many_arguments)]
     fn encode_window(
         &self,
@@ -524,6 +553,15 @@ impl Encoder {
             nodata[p] = false;
         }
         Ok(())
+    }
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -1112,6 +1150,8 @@ mod tests {
         log: std::sync::Mutex<Vec<&'static str>>,
         d: usize,
         r: usize,
+        /// Every backbone fails.
+        fail: bool,
     }
 
     impl Backend for Recorder {
@@ -1134,6 +1174,9 @@ mod tests {
             place: &KeptRows<'_>,
         ) -> Result<PendingBackbone> {
             place.check(self.name(), batch.n)?;
+            if self.fail {
+                return Err(EncodeError::backend(self.name(), "failed as asked"));
+            }
             self.log.lock().unwrap().push("begin");
             Ok(PendingBackbone::done(Vec::new()))
         }
@@ -1173,6 +1216,7 @@ mod tests {
             log: Default::default(),
             d: cfg.d_model(),
             r: cfg.repr_dim,
+            fail: false,
         });
         let mut profile = DeviceProfile::untuned(BackendChoice::Cuda, "test".into());
         profile.chunk_pixels = 16;
@@ -1238,5 +1282,116 @@ mod tests {
             }
         }
         assert!(emb.nodata.iter().any(|&n| !n));
+    }
+
+    /// A tile in memory whose counts take `delay` a range, optionally one
+    /// short, and where no pixel from `data_below` on has data; it counts
+    /// the ranges asked of it.
+    struct SlowCounts {
+        tile: TileInputs,
+        delay: std::time::Duration,
+        short: bool,
+        data_below: usize,
+        ranges: std::sync::atomic::AtomicUsize,
+    }
+
+    impl TileSource for SlowCounts {
+        fn height(&self) -> usize {
+            self.tile.height
+        }
+        fn width(&self) -> usize {
+            self.tile.width
+        }
+        fn valid_counts(
+            &self,
+            pixels: std::ops::Range<usize>,
+            cancel: &AtomicBool,
+        ) -> Result<[Vec<u16>; 2]> {
+            self.ranges.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(self.delay);
+            let start = pixels.start;
+            let mut c = self.tile.valid_counts(pixels, cancel)?;
+            for m in &mut c {
+                for (k, v) in m.iter_mut().enumerate() {
+                    if start + k >= self.data_below {
+                        *v = 0;
+                    }
+                }
+            }
+            if self.short {
+                c[0].pop();
+                c[1].pop();
+            }
+            Ok(c)
+        }
+        fn window(&self, pixels: &[u32]) -> Result<TileInputs> {
+            self.tile.window(pixels)
+        }
+    }
+
+    /// A source that counts a pixel short is refused (its pixels would
+    /// otherwise be left out of every window and the tile returned as if
+    /// whole); and once the backend fails, the counter stops at its next
+    /// range instead of counting the rest of the tile.
+    #[test]
+    fn short_counts_are_refused_and_a_failed_encode_stops_counting() {
+        let cfg = ModelConfig::small();
+        let tile = TileInputs::synthetic(&SynthTile {
+            height: 30,
+            width: 41,
+            s2_frames: 12,
+            s1_asc_frames: 5,
+            s1_desc_frames: 4,
+            clear: 0.5,
+            seed: 3,
+        });
+        let encoder = |fail: bool| {
+            let weights = Arc::new(
+                StudentWeights::from_checkpoint(&crate::synth::random_checkpoint(&cfg, 1)).unwrap(),
+            );
+            let rec = Recorder {
+                slots: Arc::default(),
+                log: Default::default(),
+                d: cfg.d_model(),
+                r: cfg.repr_dim,
+                fail,
+            };
+            let mut profile =
+                DeviceProfile::untuned(crate::backend::BackendChoice::Cuda, "test".into());
+            profile.chunk_pixels = 16;
+            let mut enc = Encoder::with_backend(weights, Box::new(rec), profile);
+            // Windows of 16 px: the counter's ranges grow to 64 px, about
+            // 20 of them for this tile's 1,230.
+            enc.set_window_pixels(16);
+            enc
+        };
+        let source = |delay_ms: u64, short: bool| SlowCounts {
+            tile: tile.clone(),
+            delay: std::time::Duration::from_millis(delay_ms),
+            short,
+            // Data in the first window only: the reader waits for counts
+            // to fill a second, which the rest of the tile never does.
+            data_below: 16,
+            ranges: Default::default(),
+        };
+        let no = AtomicBool::new(false);
+        let all = count_ranges(tile.pixels(), first_window(16, 16), 16).count();
+        assert!(all >= 15, "{all}");
+
+        let short = source(0, true);
+        let err = encoder(false).encode(&short, &|_, _| {}, &no).unwrap_err();
+        assert!(
+            matches!(&err, EncodeError::Invalid(m) if m.contains("counted 15 S2 and 15 S1 values for the 16 pixels 0..16")),
+            "{err}"
+        );
+
+        let slow = source(30, false);
+        let err = encoder(true).encode(&slow, &|_, _| {}, &no).unwrap_err();
+        assert!(matches!(&err, EncodeError::Backend { .. }), "{err}");
+        let counted = slow.ranges.load(Ordering::Relaxed);
+        assert!(
+            counted <= all / 2,
+            "counted {counted} of {all} ranges after the backend failed"
+        );
     }
 }

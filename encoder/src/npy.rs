@@ -326,8 +326,9 @@ fn read_exact_at(file: &std::fs::File, mut buf: &mut [u8], mut at: u64) -> std::
 pub struct NpyFile {
     path: std::path::PathBuf,
     /// Read by position (`pread` on Unix, `ReadFile` at an offset on
-    /// Windows), never by seeking: an encode's counting threads and its
-    /// window reader read the same file at once.
+    /// Windows; its cursor moves, but nothing reads from the cursor): an
+    /// encode's counting threads and its window reader read the same file
+    /// at once.
     file: std::fs::File,
     pub header: Header,
 }

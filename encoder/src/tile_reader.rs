@@ -181,6 +181,7 @@ fn count_in_ranges(
     valid: &(impl Fn(&[u8]) -> bool + Sync),
     per: usize,
 ) -> Result<()> {
+    debug_assert!(start + counts.len() <= hw, "pixels past the frame's end");
     let per = per.max(1);
     if counts.len() <= per {
         return count_range(f, hw, pb, start, counts, cancel, valid);

@@ -183,8 +183,10 @@ pub trait Backend: Send + Sync {
     /// Begin [`Backend::head_kept`]; [`Backend::head_end`] gives its
     /// result. A GPU queues the head and the copy of its result and
     /// returns, so the caller can queue the next window's chunks behind it
-    /// before it waits; the default runs the head here. At most one head
-    /// is begun and not ended; backbones may be begun meanwhile.
+    /// before it waits; the default runs the head here. A caller (one
+    /// encode) has at most one head begun and not ended; backbones may be
+    /// begun meanwhile, and other encodes on the same backend have their
+    /// own.
     fn head_kept_begin(&self, slot: usize, n: usize) -> Result<PendingHead> {
         self.head_kept(slot, n).map(PendingHead::done)
     }

@@ -1031,7 +1031,7 @@ impl<D: Device> GpuModel<D> {
         self.dev.download_end(ticket.download, ticket.floats)
     }
 
-    /// [`Model::head_on`] queued, with the copy of its result to the host:
+    /// [`GpuModel::head_on`] queued, with the copy of its result to the host:
     /// the ticket says when it is there. Its buffers go back to the
     /// scratch at once; work queued later on the stream reuses them only
     /// after the head and its copy.
