@@ -42,6 +42,11 @@
 # (which needs no GPU: `prepare` then `run` checks it on any x86 Linux;
 # GPU_CHECK_CPU_SIDE=4 makes its tile 4 x 4 for a quick look);
 # GPU_CHECK_DTYPES="bf16" limits the GPU part to those precisions.
+# GPU_CHECK_BUDGET_S (default 400) is the time `run` plans for: the GPU
+# part's comparisons stop while GPU_CHECK_CPU_SHARE_S (default 160) is
+# left for the CPU part, whose threads x block sweep and 2.6 runs come last
+# and are left out when the budget is spent; Nsight Compute runs only with
+# 40 s left. Give the device call a timeout_s of about 420.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.gpucheck
@@ -165,6 +170,14 @@ run)
     started=$(date +%s)
     skip="${GPU_CHECK_SKIP:-}"
     stamp() { echo "-- $(($(date +%s) - started)) s"; }
+    # The run must end inside the device call's limit (give that call's
+    # timeout_s about 420): parts worth less are left out once their time
+    # is spent, the CPU part keeps its share, and the parts of each are in
+    # the order they matter.
+    budget="${GPU_CHECK_BUDGET_S:-400}"
+    cpu_share=0
+    [[ ",$skip," == *",cpu,"* ]] || cpu_share="${GPU_CHECK_CPU_SHARE_S:-160}"
+    left() { echo $((budget - ($(date +%s) - started))); }
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
     link_cuda_libs
     manifest=$(cat "$dest/manifest-dir")
@@ -333,9 +346,10 @@ PY
         for variant in FLOTILLA_CUDA_NO_GEMM_TUNING FLOTILLA_CUDA_UNFUSED FLOTILLA_CUDA_GEMM_ATTENTION \
             FLOTILLA_CUDA_HOST_FEATURES; do
             # The comparisons are worth less than the CPU part after them:
-            # past 5 minutes the rest are left out.
-            if [ $(($(date +%s) - started)) -ge 300 ]; then
-                echo "bf16 with $variant=1 and after: left out (past 300 s)"
+            # each takes about 15 s; once the time before the CPU part's
+            # share is spent, the rest are left out.
+            if [ "$(left)" -lt $((cpu_share + 30)) ]; then
+                echo "bf16 with $variant=1 and after: left out ($(left) s of the budget left)"
                 break
             fi
             env "$variant=1" "$enc" --backend cuda --dtype bf16 --batch-pixels "$best_chunk" \
@@ -365,25 +379,27 @@ PY
             --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
         libs="$work/lib:$LD_LIBRARY_PATH"
         LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" "$cpu" backends || true
-        for dt in f32 bf16; do
-            runs=("2.6:FLOTILLA_ONEDNN3=0" "2.6-amx:FLOTILLA_ONEDNN3=0 ONEDNN_MAX_CPU_ISA=AVX512_CORE_AMX"
-                "3.2:FLOTILLA_ONEDNN3=$work/lib/libdnnl.so.3")
-            # bf16 attention runs on oneDNN's batched matmuls by default; the
-            # f32 one (gemm crate, no AMX) is its peer here.
-            [ "$dt" = bf16 ] && runs+=("3.2-f32attention:FLOTILLA_ONEDNN3=$work/lib/libdnnl.so.3 FLOTILLA_ONEDNN_F32_ATTENTION=1")
-            for run in "${runs[@]}"; do
-                label=${run%%:*}
-                t0=$(date +%s%N)
-                # shellcheck disable=SC2086 # the settings are words
-                env LD_LIBRARY_PATH="$libs" ONEDNN_VERBOSE=1 ${run#*:} timeout 60 "$cpu" --backend onednn \
-                    --dtype "$dt" --ckpt "$work/large.safetensors" --tile "$work/tile32" \
-                    --out-dir "$work/cpu-$dt-$label" >"$work/cpu-$dt-$label.log" 2>&1 || echo "onednn $dt $label failed"
-                ms=$((($(date +%s%N) - t0) / 1000000))
-                kernels=$(grep -o 'brg[a-z_:0-9]*\|jit:[a-z_0-9]*\|gemm:[a-z_0-9]*' "$work/cpu-$dt-$label.log" |
-                    sort | uniq -c | sort -rn | head -3 | awk '{printf "%s x%s; ", $2, $1}')
-                echo "onednn $dt, oneDNN $label: $((side * side * 1000 / (ms > 0 ? ms : 1))) px/s whole process ($ms ms); kernels: $kernels"
-            done
-        done
+        # One whole process on the 32 x 32 tile: its rate and the kernels
+        # oneDNN ran (ONEDNN_VERBOSE).
+        cpu_run() {
+            local dt=$1 label=$2 settings=$3 t0 ms kernels
+            t0=$(date +%s%N)
+            # shellcheck disable=SC2086 # the settings are words
+            env LD_LIBRARY_PATH="$libs" ONEDNN_VERBOSE=1 $settings timeout 60 "$cpu" --backend onednn \
+                --dtype "$dt" --ckpt "$work/large.safetensors" --tile "$work/tile32" \
+                --out-dir "$work/cpu-$dt-$label" >"$work/cpu-$dt-$label.log" 2>&1 || echo "onednn $dt $label failed"
+            ms=$((($(date +%s%N) - t0) / 1000000))
+            kernels=$(grep -o 'brg[a-z_:0-9]*\|jit:[a-z_0-9]*\|gemm:[a-z_0-9]*' "$work/cpu-$dt-$label.log" |
+                sort | uniq -c | sort -rn | head -3 | awk '{printf "%s x%s; ", $2, $1}')
+            echo "onednn $dt, oneDNN $label: $((side * side * 1000 / (ms > 0 ? ms : 1))) px/s whole process ($ms ms); kernels: $kernels"
+        }
+        dnnl3="FLOTILLA_ONEDNN3=$work/lib/libdnnl.so.3"
+        # In the order they matter: 3.2 (AMX's kernels) first, with bf16's
+        # attention on oneDNN's batched matmuls (the default) and on the
+        # gemm crate in f32 (no AMX) as its peer; Debian's linked 2.6 last.
+        cpu_run f32 3.2 "$dnnl3"
+        cpu_run bf16 3.2 "$dnnl3"
+        cpu_run bf16 3.2-f32attention "$dnnl3 FLOTILLA_ONEDNN_F32_ATTENTION=1"
         echo "-- the tile twice in one process on oneDNN 3.2: the second is the running encoder's figure"
         echo "   (read, encode, write; no start-up, checkpoint or JIT), as PyTorch's encode_tile after its warm-up"
         mkdir -p "$work/tiles32"
@@ -392,22 +408,21 @@ PY
         for run in "f32:" "bf16:" "bf16:FLOTILLA_ONEDNN_F32_ATTENTION=1"; do
             dt=${run%%:*} settings=${run#*:}
             # shellcheck disable=SC2086 # the settings are words
-            env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" $settings timeout 60 "$cpu" \
+            env LD_LIBRARY_PATH="$libs" "$dnnl3" $settings timeout 60 "$cpu" \
                 --backend onednn --dtype "$dt" --ckpt "$work/large.safetensors" --data-root "$work/tiles32" \
                 --out-dir "$work/cpu-twice-$dt" >"$work/cpu-twice.log" 2>&1 || echo "onednn $dt twice failed"
             sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' "$work/cpu-twice.log" |
                 awk -v what="$dt${settings:+ ($settings)}" -v px=$((side * side)) \
                     '{printf "onednn %s, oneDNN 3.2, whole tile: %.0f px/s (%.3f s)\n", what, px / $1, $1}'
         done
-        echo "-- onednn bf16 threads x block sweep on oneDNN 3.2 (tune; AMX may want larger blocks than the default 8,"
-        echo "   and one thread a core where two share its AMX unit: tune tries the physical cores' count too)"
-        env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" timeout 100 "$cpu" tune \
-            --backend onednn --dtype bf16 --pixels 1024 --chunks 1024 --blocks 8,16,32,64 \
-            --out "${OUT:-/tmp}/tessera-profiles-cpu.toml" || echo "tune failed or timed out"
+        echo "-- PyTorch CPU (peer), the same tile"
+        timeout 120 python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile32" --device cpu \
+            --dtype fp32,bf16 --mode whole --chunk 1024 || echo "PyTorch CPU peer failed or timed out"
+        stamp
         echo "-- bf16 on the CPU against upstream f32 on the fixtures (oneDNN 3.2)"
         for case in small long; do
             for form in "--int8:" ":-f"; do
-                env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" "$cpu" --backend onednn \
+                env LD_LIBRARY_PATH="$libs" "$dnnl3" "$cpu" --backend onednn \
                     --dtype bf16 ${form%%:*} --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
                     --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fx-cpu-bf16-$case${form#*:}" \
                     >/dev/null || failed=1
@@ -415,14 +430,35 @@ PY
         done
         python3 encoder/peers/fidelity.py "$dest/fixtures-encoder" "onednn bf16" "$work/fx-cpu-bf16" \
             --rule 0.9999 || failed=1
-        timeout 120 python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile32" --device cpu \
-            --dtype fp32,bf16 --mode whole --chunk 1024 || echo "PyTorch CPU peer failed or timed out"
+        sweep=$(($(left) - 25))
+        [ "$sweep" -gt 100 ] && sweep=100
+        if [ "$sweep" -ge 20 ]; then
+            echo "-- onednn bf16 threads x block sweep on oneDNN 3.2 (tune, at most $sweep s; AMX may want larger"
+            echo "   blocks than the default 8, and one thread a core where two share its AMX unit: tune tries"
+            echo "   the physical cores' count too)"
+            env LD_LIBRARY_PATH="$libs" "$dnnl3" timeout "$sweep" "$cpu" tune \
+                --backend onednn --dtype bf16 --pixels 1024 --chunks 1024 --blocks 8,16,32,64 \
+                --out "${OUT:-/tmp}/tessera-profiles-cpu.toml" || echo "tune failed or timed out"
+        else
+            echo "-- onednn threads x block sweep: left out ($(left) s of the budget left)"
+        fi
+        # Debian's oneDNN 2.6 (linked), as the issue measured it, and with
+        # AMX forced; 2.6 chose AMX's kernels unforced on the H200's host.
+        for dt in f32 bf16; do
+            for run in "2.6:FLOTILLA_ONEDNN3=0" "2.6-amx:FLOTILLA_ONEDNN3=0 ONEDNN_MAX_CPU_ISA=AVX512_CORE_AMX"; do
+                if [ "$(left)" -lt 15 ]; then
+                    echo "onednn $dt on oneDNN ${run%%:*}: left out ($(left) s of the budget left)"
+                    continue
+                fi
+                cpu_run "$dt" "${run%%:*}" "${run#*:}"
+            done
+        done
         stamp
     fi
 
     # Where the GPU time goes, when Nsight Compute is installed and time
     # is left: kernel time by kernel for one bf16 chunk.
-    if [ "$only" != cpu ] && command -v ncu >/dev/null && [ $(($(date +%s) - started)) -lt 400 ]; then
+    if [ "$only" != cpu ] && command -v ncu >/dev/null && [ "$(left)" -gt 40 ]; then
         "$enc" synth-tile --out "$work/tile64" --height 64 --width 64 --s2-frames 64 \
             --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
         ncu_kernels bf16
