@@ -1022,20 +1022,45 @@ mod tests {
         assert_eq!(r, [4096, 8192, 16384, 32768, 65536, 65536]);
     }
 
-    /// A tile in memory where no pixel past the first `free` is counted
-    /// until a window has been read (or 20 s have passed: then the encode
-    /// waited for more than the first window's count before reading, which
-    /// it must not).
-    struct CountHeldBack {
+    /// A tile in memory that a test can make awkward: no pixel past the
+    /// first `free` is counted until a window has been read (or 20 s have
+    /// passed: `waited_out`, the encode waited for more than the first
+    /// window's count before reading, which it must not); each range's
+    /// count takes `delay`, comes one pixel `short` if asked, and says no
+    /// pixel from `data_below` on has data; reading a window sets
+    /// `cancel_after_read`; `ranges` counts the ranges asked.
+    struct TestSource {
         tile: TileInputs,
         free: usize,
+        delay: std::time::Duration,
+        short: bool,
+        data_below: usize,
+        cancel_after_read: Option<&'static AtomicBool>,
         read: std::sync::Mutex<bool>,
         wake: std::sync::Condvar,
         waited_out: AtomicBool,
-        cancel_after_read: Option<&'static AtomicBool>,
+        ranges: std::sync::atomic::AtomicUsize,
     }
 
-    impl TileSource for CountHeldBack {
+    impl TestSource {
+        /// The tile as it is, nothing held back.
+        fn new(tile: &TileInputs) -> Self {
+            TestSource {
+                tile: tile.clone(),
+                free: usize::MAX,
+                delay: std::time::Duration::ZERO,
+                short: false,
+                data_below: usize::MAX,
+                cancel_after_read: None,
+                read: std::sync::Mutex::new(false),
+                wake: std::sync::Condvar::new(),
+                waited_out: AtomicBool::new(false),
+                ranges: Default::default(),
+            }
+        }
+    }
+
+    impl TileSource for TestSource {
         fn height(&self) -> usize {
             self.tile.height
         }
@@ -1047,6 +1072,7 @@ mod tests {
             pixels: std::ops::Range<usize>,
             cancel: &AtomicBool,
         ) -> Result<[Vec<u16>; 2]> {
+            self.ranges.fetch_add(1, Ordering::Relaxed);
             if pixels.end > self.free {
                 let read = self.read.lock().unwrap();
                 let (read, timeout) = self
@@ -1057,7 +1083,21 @@ mod tests {
                     self.waited_out.store(true, Ordering::Relaxed);
                 }
             }
-            self.tile.valid_counts(pixels, cancel)
+            std::thread::sleep(self.delay);
+            let start = pixels.start;
+            let mut c = self.tile.valid_counts(pixels, cancel)?;
+            for m in &mut c {
+                for (k, v) in m.iter_mut().enumerate() {
+                    if start + k >= self.data_below {
+                        *v = 0;
+                    }
+                }
+            }
+            if self.short {
+                c[0].pop();
+                c[1].pop();
+            }
+            Ok(c)
         }
         fn window(&self, pixels: &[u32]) -> Result<TileInputs> {
             *self.read.lock().unwrap() = true;
@@ -1066,21 +1106,6 @@ mod tests {
                 c.store(true, Ordering::Relaxed);
             }
             self.tile.window(pixels)
-        }
-    }
-
-    fn held_back(
-        tile: &TileInputs,
-        free: usize,
-        cancel_after_read: Option<&'static AtomicBool>,
-    ) -> CountHeldBack {
-        CountHeldBack {
-            tile: tile.clone(),
-            free,
-            read: std::sync::Mutex::new(false),
-            wake: std::sync::Condvar::new(),
-            waited_out: AtomicBool::new(false),
-            cancel_after_read,
         }
     }
 
@@ -1114,7 +1139,10 @@ mod tests {
         // the first range's count.
         let first = first_window(64, 16);
         assert!(want.nodata[..first].iter().all(|&n| !n));
-        let held = held_back(&tile, first, None);
+        let held = TestSource {
+            free: first,
+            ..TestSource::new(&tile)
+        };
         let seen = std::sync::Mutex::new(Vec::new());
         let got = enc
             .encode(
@@ -1137,7 +1165,11 @@ mod tests {
         assert!(seen.iter().all(|&(d, t)| t == active && d <= t), "{seen:?}");
 
         static CANCEL: AtomicBool = AtomicBool::new(false);
-        let held = held_back(&tile, first, Some(&CANCEL));
+        let held = TestSource {
+            free: first,
+            cancel_after_read: Some(&CANCEL),
+            ..TestSource::new(&tile)
+        };
         let err = enc.encode(&held, &|_, _| {}, &CANCEL).unwrap_err();
         assert!(matches!(err, EncodeError::Cancelled), "{err}");
     }
@@ -1284,51 +1316,6 @@ mod tests {
         assert!(emb.nodata.iter().any(|&n| !n));
     }
 
-    /// A tile in memory whose counts take `delay` a range, optionally one
-    /// short, and where no pixel from `data_below` on has data; it counts
-    /// the ranges asked of it.
-    struct SlowCounts {
-        tile: TileInputs,
-        delay: std::time::Duration,
-        short: bool,
-        data_below: usize,
-        ranges: std::sync::atomic::AtomicUsize,
-    }
-
-    impl TileSource for SlowCounts {
-        fn height(&self) -> usize {
-            self.tile.height
-        }
-        fn width(&self) -> usize {
-            self.tile.width
-        }
-        fn valid_counts(
-            &self,
-            pixels: std::ops::Range<usize>,
-            cancel: &AtomicBool,
-        ) -> Result<[Vec<u16>; 2]> {
-            self.ranges.fetch_add(1, Ordering::Relaxed);
-            std::thread::sleep(self.delay);
-            let start = pixels.start;
-            let mut c = self.tile.valid_counts(pixels, cancel)?;
-            for m in &mut c {
-                for (k, v) in m.iter_mut().enumerate() {
-                    if start + k >= self.data_below {
-                        *v = 0;
-                    }
-                }
-            }
-            if self.short {
-                c[0].pop();
-                c[1].pop();
-            }
-            Ok(c)
-        }
-        fn window(&self, pixels: &[u32]) -> Result<TileInputs> {
-            self.tile.window(pixels)
-        }
-    }
-
     /// A source that counts a pixel short is refused (its pixels would
     /// otherwise be left out of every window and the tile returned as if
     /// whole); and once the backend fails, the counter stops at its next
@@ -1365,14 +1352,13 @@ mod tests {
             enc.set_window_pixels(16);
             enc
         };
-        let source = |delay_ms: u64, short: bool| SlowCounts {
-            tile: tile.clone(),
+        let source = |delay_ms: u64, short: bool| TestSource {
             delay: std::time::Duration::from_millis(delay_ms),
             short,
             // Data in the first window only: the reader waits for counts
             // to fill a second, which the rest of the tile never does.
             data_below: 16,
-            ranges: Default::default(),
+            ..TestSource::new(&tile)
         };
         let no = AtomicBool::new(false);
         let all = count_ranges(tile.pixels(), first_window(16, 16), 16).count();
