@@ -42,11 +42,12 @@
 # (which needs no GPU: `prepare` then `run` checks it on any x86 Linux;
 # GPU_CHECK_CPU_SIDE=4 makes its tile 4 x 4 for a quick look);
 # GPU_CHECK_DTYPES="bf16" limits the GPU part to those precisions.
-# GPU_CHECK_BUDGET_S (default 400) is the time `run` plans for: the GPU
-# part's comparisons stop while GPU_CHECK_CPU_SHARE_S (default 160) is
+# GPU_CHECK_BUDGET_S (default 460) is the time `run` plans for: the chunk
+# sweep and the PyTorch peer get shorter limits when time runs short, the
+# GPU part's comparisons stop while GPU_CHECK_CPU_SHARE_S (default 160) is
 # left for the CPU part, whose threads x block sweep and 2.6 runs come last
 # and are left out when the budget is spent; Nsight Compute runs only with
-# 40 s left. Give the device call a timeout_s of about 420.
+# 40 s left. Give the device call a timeout_s of about 480.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.gpucheck
@@ -171,13 +172,23 @@ run)
     skip="${GPU_CHECK_SKIP:-}"
     stamp() { echo "-- $(($(date +%s) - started)) s"; }
     # The run must end inside the device call's limit (give that call's
-    # timeout_s about 420): parts worth less are left out once their time
+    # timeout_s about 480): parts worth less are left out once their time
     # is spent, the CPU part keeps its share, and the parts of each are in
     # the order they matter.
-    budget="${GPU_CHECK_BUDGET_S:-400}"
+    budget="${GPU_CHECK_BUDGET_S:-460}"
     cpu_share=0
     [[ ",$skip," == *",cpu,"* ]] || cpu_share="${GPU_CHECK_CPU_SHARE_S:-160}"
     left() { echo $((budget - ($(date +%s) - started))); }
+    # A step's time limit: `most` seconds, less where the budget (less the
+    # CPU part's share and `after` seconds for what must follow) is
+    # shorter, at least `least`.
+    limit() {
+        local most=$1 least=$2 after=$3 t
+        t=$(($(left) - cpu_share - after))
+        [ "$t" -gt "$most" ] && t=$most
+        [ "$t" -lt "$least" ] && t=$least
+        echo "$t"
+    }
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
     link_cuda_libs
     manifest=$(cat "$dest/manifest-dir")
@@ -224,7 +235,8 @@ run)
     stamp
 
     echo "== 2. chunk sweep, bf16 (tune; best written to ${OUT:-/tmp}/tessera-profiles.toml)"
-    timeout 110 "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
+    # After it: the PyTorch peer and our tiles, about 120 s.
+    timeout "$(limit 110 60 120)" "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
         --out "${OUT:-/tmp}/tessera-profiles.toml" | tee "$work/tune.txt" || echo "tune failed or timed out"
     best_chunk=$(sed -n 's/^best: [0-9]* threads, chunk \([0-9]*\).*/\1/p' "$work/tune.txt")
     best_chunk=${best_chunk:-4096}
@@ -236,7 +248,8 @@ run)
     compile=""
     [[ ",$skip," == *",compile,"* || " $dts " != *" bf16 "* ]] || compile="--compile bf16"
     echo "-- PyTorch (peer): encoder/peers/torch_peer.py tile --chunk 4096 $compile"
-    timeout 200 python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile" --device cuda \
+    # After it: our tiles in three precisions, about 45 s.
+    timeout "$(limit 200 120 45)" python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile" --device cuda \
         --dtype "$peer_dts" --mode whole,forward --chunk 4096 $compile --out-dir "$work/torch" \
         | tee "$work/torch.md" || echo "PyTorch peer failed or timed out"
     stamp
