@@ -319,16 +319,9 @@ impl Backend for HostOnly {
         self.begin(batch, 0)
     }
 
-    /// A GPU's head on features it kept: only the result comes down, at
-    /// [`HEAD_LINK_BYTES_PER_S`], after what the device was given before,
-    /// while the caller waits.
-    fn head_kept(&self, slot: usize, n: usize) -> Result<Vec<f32>> {
-        let pending = self.head_kept_begin(slot, n)?;
-        self.head_end(pending)
-    }
-
-    /// [`HostOnly::head_kept`] queued: the result is there once the device
-    /// has done what it was given before and copied it down.
+    /// A GPU's head on features it kept, queued: only the result comes
+    /// down, at [`HEAD_LINK_BYTES_PER_S`], after what the device was given
+    /// before; it is there once that is done.
     fn head_kept_begin(&self, _slot: usize, n: usize) -> Result<PendingHead> {
         let bytes = n * self.repr_dim * 4;
         let done = self.queue(Instant::now(), |_| bytes as f64 / HEAD_LINK_BYTES_PER_S);
@@ -521,9 +514,6 @@ impl<B: Backend> Backend for Shared<B> {
         place: &KeptRows<'_>,
     ) -> Result<PendingBackbone> {
         self.0.backbone_begin_kept(m, batch, place)
-    }
-    fn head_kept(&self, slot: usize, n: usize) -> Result<Vec<f32>> {
-        self.0.head_kept(slot, n)
     }
     fn head_kept_begin(&self, slot: usize, n: usize) -> Result<PendingHead> {
         self.0.head_kept_begin(slot, n)

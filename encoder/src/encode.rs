@@ -1212,9 +1212,9 @@ mod tests {
             self.log.lock().unwrap().push("begin");
             Ok(PendingBackbone::done(Vec::new()))
         }
-        fn head_kept(&self, _: usize, n: usize) -> Result<Vec<f32>> {
+        fn head_kept_begin(&self, _: usize, n: usize) -> Result<PendingHead> {
             self.log.lock().unwrap().push("head");
-            Ok(vec![1.0; n * self.r])
+            Ok(PendingHead::done(vec![1.0; n * self.r]))
         }
         fn head_end(&self, pending: PendingHead) -> Result<Vec<f32>> {
             self.log.lock().unwrap().push("taken");

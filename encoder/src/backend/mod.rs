@@ -176,19 +176,20 @@ pub trait Backend: Send + Sync {
     }
     /// The head over the first `n` rows of window `slot`, each row's S2
     /// and S1 features left there by kept backbones begun since the slot's
-    /// last head: returns (n, repr_dim).
-    fn head_kept(&self, _slot: usize, _n: usize) -> Result<Vec<f32>> {
-        Err(keeps_nothing(self.name()))
+    /// last head: returns (n, repr_dim). Begun and ended at once.
+    fn head_kept(&self, slot: usize, n: usize) -> Result<Vec<f32>> {
+        let pending = self.head_kept_begin(slot, n)?;
+        self.head_end(pending)
     }
     /// Begin [`Backend::head_kept`]; [`Backend::head_end`] gives its
     /// result. A GPU queues the head and the copy of its result and
     /// returns, so the caller can queue the next window's chunks behind it
-    /// before it waits; the default runs the head here. A caller (one
-    /// encode) has at most one head begun and not ended; backbones may be
-    /// begun meanwhile, and other encodes on the same backend have their
-    /// own.
-    fn head_kept_begin(&self, slot: usize, n: usize) -> Result<PendingHead> {
-        self.head_kept(slot, n).map(PendingHead::done)
+    /// before it waits; a backend computing on the caller's thread runs it
+    /// here ([`PendingHead::done`]). A caller (one encode) has at most one
+    /// head begun and not ended; backbones may be begun meanwhile, and
+    /// other encodes on the same backend have their own.
+    fn head_kept_begin(&self, _slot: usize, _n: usize) -> Result<PendingHead> {
+        Err(keeps_nothing(self.name()))
     }
     /// The (n, repr_dim) result of a [`Backend::head_kept_begin`], once
     /// the host has it.

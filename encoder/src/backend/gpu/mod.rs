@@ -1396,11 +1396,6 @@ where
         self.begin(modality, batch, Some(place))
     }
 
-    fn head_kept(&self, slot: usize, n: usize) -> Result<Vec<f32>> {
-        let pending = self.head_kept_begin(slot, n)?;
-        self.head_end(pending)
-    }
-
     /// The head queued after the window's last chunk, and its result's
     /// copy back: the caller begins the next window's chunks behind it
     /// before it waits ([`Backend::head_end`]), so the device does not
