@@ -14,6 +14,7 @@ use crate::config::ModelConfig;
 use crate::encode::Encoder;
 use crate::error::{EncodeError, Result};
 use crate::model::{Modality, StudentWeights};
+use crate::output::{OutputOptions, OutputWriter};
 use crate::profile::DeviceProfile;
 use crate::sequence::bin_len;
 use crate::synth::random_checkpoint;
@@ -394,6 +395,26 @@ pub struct HostRate {
     /// to the backend (counting the first window's valid observations,
     /// reading and gathering it): time a device waits at the start.
     pub first_chunk_s: f64,
+    /// With an output to write ([`HostRateOutput`]), `encode_s` is the
+    /// encode writing its files as it goes ([`OutputWriter`]) up to their
+    /// rename, and this the peer: best of the reps of encoding into memory,
+    /// then writing the files ([`TileEmbedding::write_outputs`]), as
+    /// before, the two alternating in one process.
+    ///
+    /// [`TileEmbedding::write_outputs`]: crate::output::TileEmbedding::write_outputs
+    pub written_after_s: Option<f64>,
+    /// With an output: of `encode_s`, the best rep's time from the encode's
+    /// end to the files' rename (the last window, the syncs).
+    pub finish_s: f64,
+    /// With an output: the process's peak resident memory (KiB) after its
+    /// first encode, the streamed one, before the peer ran.
+    pub streamed_peak_kib: Option<u64>,
+}
+
+/// Where [`host_rate`] writes the encode's output, and how.
+pub struct HostRateOutput<'a> {
+    pub dir: &'a std::path::Path,
+    pub opts: OutputOptions,
 }
 
 impl HostRate {
@@ -415,6 +436,7 @@ pub fn host_rate(
     window_pixels: usize,
     reps: usize,
     device_px_per_s: Option<f64>,
+    output: Option<&HostRateOutput<'_>>,
 ) -> Result<HostRate> {
     let weights = Arc::new(StudentWeights::from_checkpoint(&random_checkpoint(cfg, 1))?);
     let backend = Arc::new(HostOnly {
@@ -439,8 +461,9 @@ pub fn host_rate(
     }
     let (mut read_s, mut encode_s, mut bytes, mut pixels) = (f64::INFINITY, f64::INFINITY, 0, 0);
     let (mut cpu_s, mut first_chunk_s) = (0.0, 0.0);
+    let (mut written_after_s, mut finish_s, mut streamed_peak_kib) = (f64::INFINITY, 0.0, None);
     let mut buf = vec![0u8; 1 << 20];
-    for _ in 0..reps.max(1) {
+    for rep in 0..reps.max(1) {
         let t = Instant::now();
         bytes = 0;
         for f in &files {
@@ -455,16 +478,43 @@ pub fn host_rate(
             }
         }
         read_s = read_s.min(t.elapsed().as_secs_f64());
+        let streamed = |reader: &TileReader| -> Result<(usize, f64)> {
+            let Some(out) = output else {
+                let emb = enc.encode_files(reader, &|_, _| {}, &cancel)?;
+                return Ok((emb.nodata.iter().filter(|&&n| !n).count(), 0.0));
+            };
+            let size = (reader.height(), reader.width());
+            let mut w = OutputWriter::create(out.dir, "host-rate", out.opts, size, cfg.repr_dim)?;
+            let counted = std::sync::atomic::AtomicUsize::new(0);
+            enc.encode_into(
+                reader,
+                &mut w,
+                &|_, total| counted.store(total, std::sync::atomic::Ordering::Relaxed),
+                &cancel,
+            )?;
+            let t = Instant::now();
+            w.finish()?;
+            Ok((counted.into_inner(), t.elapsed().as_secs_f64()))
+        };
+        // The peer first on odd reps, so neither always runs on a warmer
+        // page cache.
+        if let (Some(out), true) = (output, rep % 2 == 1) {
+            written_after_s = written_after_s.min(written_after(&enc, dir, out, &cancel)?);
+        }
         if let Ok(mut first) = backend.first_chunk.lock() {
             *first = None;
         }
         let t = Instant::now();
         let cpu = process_cpu_s();
         let reader = TileReader::open(dir)?;
-        let emb = enc.encode_files(&reader, &|_, _| {}, &cancel)?;
+        let (with_data, finished_in) = streamed(&reader)?;
         let took = t.elapsed().as_secs_f64();
+        if rep == 0 && output.is_some() {
+            streamed_peak_kib = peak_resident_kib();
+        }
         if took < encode_s {
             encode_s = took;
+            finish_s = finished_in;
             cpu_s = process_cpu_s() - cpu;
             first_chunk_s = backend
                 .first_chunk
@@ -473,7 +523,10 @@ pub fn host_rate(
                 .and_then(|f| *f)
                 .map_or(0.0, |f| (f - t).as_secs_f64());
         }
-        pixels = emb.nodata.iter().filter(|&&n| !n).count();
+        pixels = with_data;
+        if let (Some(out), true) = (output, rep % 2 == 0) {
+            written_after_s = written_after_s.min(written_after(&enc, dir, out, &cancel)?);
+        }
     }
     Ok(HostRate {
         pixels,
@@ -482,7 +535,25 @@ pub fn host_rate(
         encode_s,
         cpu_s,
         first_chunk_s,
+        written_after_s: output.map(|_| written_after_s),
+        finish_s,
+        streamed_peak_kib,
     })
+}
+
+/// [`host_rate`]'s peer when writing: the tile encoded into memory, then
+/// its files written (the way before [`OutputWriter`]). Seconds.
+fn written_after(
+    enc: &Encoder,
+    dir: &std::path::Path,
+    out: &HostRateOutput<'_>,
+    cancel: &AtomicBool,
+) -> Result<f64> {
+    let t = Instant::now();
+    let reader = TileReader::open(dir)?;
+    let emb = enc.encode_files(&reader, &|_, _| {}, cancel)?;
+    emb.write_outputs(out.dir, "host-rate-after", out.opts)?;
+    Ok(t.elapsed().as_secs_f64())
 }
 
 /// A backend shared with the caller (who reads what it recorded).

@@ -19,7 +19,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::{EncodeError, Result};
 use crate::model::{Modality, StudentWeights};
-use crate::output::TileEmbedding;
+use crate::output::{EmbeddingSink, TileEmbedding};
 use crate::profile::DeviceProfile;
 use crate::sequence::{bin_len, Gatherer};
 use crate::source::TileSource;
@@ -142,8 +142,28 @@ impl Encoder {
         progress: &dyn Fn(usize, usize),
         cancel: &AtomicBool,
     ) -> Result<TileEmbedding> {
+        let mut emb =
+            TileEmbedding::empty(tile.height(), tile.width(), self.weights.config.repr_dim);
+        self.encode_into(tile, &mut emb, progress, cancel)?;
+        emb.fill_nodata();
+        Ok(emb)
+    }
+
+    /// Encode every pixel of `tile` (as [`Encoder::encode_tile`]), handing
+    /// each window's embeddings to `sink` as its head is done, on a thread
+    /// of their own: an [`OutputWriter`](crate::output::OutputWriter)
+    /// writes the files while the encode goes on, and the embedding is
+    /// never held whole. Pixels in no window have no data. On an error
+    /// (the sink's own included) or a cancel, what the sink was given is
+    /// incomplete.
+    pub fn encode_into(
+        &self,
+        tile: &dyn TileSource,
+        sink: &mut dyn EmbeddingSink,
+        progress: &dyn Fn(usize, usize),
+        cancel: &AtomicBool,
+    ) -> Result<()> {
         let npix = tile.height() * tile.width();
-        let r = self.weights.config.repr_dim;
         // This encode's own window slots, where the backend keeps features.
         let kept = self.backend.kept_windows()?;
         let window = self.window_pixels.max(self.profile.chunk_pixels);
@@ -168,13 +188,6 @@ impl Encoder {
         };
         let mut done_tokens = 0usize;
 
-        // Zeroed, not filled: a large zeroed allocation is mapped page by
-        // page as windows write it (a tile's is 620 MB for 1,100 x 1,100
-        // px), where filling it first held up the first chunk (13 ms of
-        // page faults for 256 x 256 px on the 2-core dev VM); pixels
-        // without data get their NaN at the end.
-        let mut values = vec![0f32; npix * r];
-        let mut nodata = vec![true; npix];
         // Set when this thread leaves the scope (done, or on an error), so
         // the counter and the reader, which may be waiting on work that no
         // one will take, stop at once instead of finishing the tile.
@@ -182,6 +195,18 @@ impl Encoder {
         std::thread::scope(|s| -> Result<()> {
             let stop = &stop;
             let _stop_on_exit = StopOnDrop(stop);
+            // Each window's embeddings go to the sink on its own thread
+            // (at most OUTPUT_AHEAD waiting), so placing or writing them
+            // never holds up handing the device its next chunk. The sink's
+            // error, if it fails, is the encode's: a send that finds it
+            // gone is answered with it below.
+            let (out_tx, out_rx) = std::sync::mpsc::sync_channel::<HeadDone>(OUTPUT_AHEAD);
+            let sink_thread = s.spawn(move || -> Result<()> {
+                for (pixels, values) in out_rx {
+                    sink.window(&pixels, &values)?;
+                }
+                Ok(())
+            });
             // Four stages, each on its own thread, joined by channels: the
             // counter counts the tile's observations range by range (a
             // small range first), the reader cuts the pixels with data into
@@ -327,58 +352,58 @@ impl Encoder {
             };
             let recv =
                 || -> Result<Gathered> { chunk_rx.recv().map_err(|_| EncodeError::Cancelled)? };
-            // The next window's first chunk, begun before this window's
-            // head (see `encode_window`).
-            let mut carried: Option<InFlight> = None;
-            let mut this = match recv()? {
-                Gathered::Window(pixels) => Some(pixels),
-                Gathered::TileDone => None,
-                _ => {
-                    return Err(out_of_order(
-                        self.backend.name(),
-                        "a chunk came before its window",
-                    ))
+            let encoded = (|| -> Result<()> {
+                // The next window's first chunk, begun before this window's
+                // head (see `encode_window`).
+                let mut carried: Option<InFlight> = None;
+                let mut this = match recv()? {
+                    Gathered::Window(pixels) => Some(pixels),
+                    Gathered::TileDone => None,
+                    _ => {
+                        return Err(out_of_order(
+                            self.backend.name(),
+                            "a chunk came before its window",
+                        ))
+                    }
+                };
+                // The window before's head, begun and not yet taken.
+                let mut head: Option<HeadInFlight> = None;
+                let mut wi = 0;
+                while let Some(win) = this.take() {
+                    this = self.encode_window(
+                        (placed(wi, win.len()), win),
+                        &mut pooled,
+                        (&recv, &spare_tx),
+                        (&mut carried, &mut head),
+                        |pixels| placed(wi + 1, pixels),
+                        &out_tx,
+                        cancel,
+                        &mut |t| {
+                            done_tokens += t;
+                            report(done_tokens);
+                        },
+                    )?;
+                    wi += 1;
                 }
-            };
-            // The window before's head, begun and not yet taken.
-            let mut head: Option<HeadInFlight> = None;
-            let mut wi = 0;
-            while let Some(win) = this.take() {
-                this = self.encode_window(
-                    (placed(wi, win.len()), win),
-                    &mut pooled,
-                    (&recv, &spare_tx),
-                    (&mut carried, &mut head),
-                    |pixels| placed(wi + 1, pixels),
-                    (&mut values, &mut nodata),
-                    cancel,
-                    &mut |t| {
-                        done_tokens += t;
-                        report(done_tokens);
-                    },
-                )?;
-                wi += 1;
-            }
-            if let Some(h) = head.take() {
-                self.finish_head(h, (&mut values, &mut nodata))?;
-            }
-            Ok(())
+                if let Some(h) = head.take() {
+                    self.finish_head(h, &out_tx)?;
+                }
+                Ok(())
+            })();
+            // The sink has every window once it has emptied the channel.
+            drop(out_tx);
+            let sunk = sink_thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            // A sink that failed hung up on the encode: its error is why.
+            sunk.and(encoded)
         })?;
-        for (p, _) in nodata.iter().enumerate().filter(|(_, &n)| n) {
-            values[p * r..(p + 1) * r].fill(f32::NAN);
-        }
         // Every range was counted (the reader said the tile was done only
         // after the counter's last range), so the totals are known.
         if let Some(&(_, total_tokens)) = totals.get() {
             report(total_tokens);
         }
-        Ok(TileEmbedding {
-            height: tile.height(),
-            width: tile.width(),
-            dim: r,
-            values,
-            nodata,
-        })
+        Ok(())
     }
 
     /// Encode one window (`win`: its pixels, all with data, and the slot a
@@ -404,7 +429,7 @@ impl Encoder {
         (recv, spare): (&dyn Fn() -> Result<Gathered>, &SpareTx),
         (carried, head): (&mut Option<InFlight>, &mut Option<HeadInFlight>),
         next_placed: impl Fn(usize) -> Placed,
-        out: (&mut [f32], &mut [bool]),
+        out: &OutputTx,
         cancel: &AtomicBool,
         tokens_done: &mut dyn FnMut(usize),
     ) -> Result<Option<Vec<u32>>> {
@@ -485,12 +510,12 @@ impl Encoder {
                 // chunk just begun keeps the device busy while the host
                 // takes the head's result and places it.
                 if let Some(h) = head.take() {
-                    self.finish_head(h, (&mut *out.0, &mut *out.1))?;
+                    self.finish_head(h, out)?;
                 }
             }
         }
         if let Some(h) = head.take() {
-            self.finish_head(h, (&mut *out.0, &mut *out.1))?;
+            self.finish_head(h, out)?;
         }
         if cancel.load(Ordering::Relaxed) {
             return Err(EncodeError::Cancelled);
@@ -532,27 +557,19 @@ impl Encoder {
         Ok(next)
     }
 
-    /// Take a begun head's result and place it: each of its pixels'
-    /// `repr_dim` values into `values`, the pixel marked as having data.
-    fn finish_head(
-        &self,
-        h: HeadInFlight,
-        (values, nodata): (&mut [f32], &mut [bool]),
-    ) -> Result<()> {
+    /// Take a begun head's result and hand it to the sink's thread.
+    fn finish_head(&self, h: HeadInFlight, out: &OutputTx) -> Result<()> {
         let (r, nw) = (self.weights.config.repr_dim, h.pixels.len());
-        let out = self.backend.head_end(h.pending)?;
-        if out.len() != nw * r {
+        let values = self.backend.head_end(h.pending)?;
+        if values.len() != nw * r {
             return Err(EncodeError::backend(
                 self.backend.name(),
-                format!("head returned {} values for {nw} x {r}", out.len()),
+                format!("head returned {} values for {nw} x {r}", values.len()),
             ));
         }
-        for (i, &p) in h.pixels.iter().enumerate() {
-            let p = p as usize;
-            values[p * r..(p + 1) * r].copy_from_slice(&out[i * r..(i + 1) * r]);
-            nodata[p] = false;
-        }
-        Ok(())
+        // Refused only once the sink has failed, which then says why.
+        out.send((h.pixels, values))
+            .map_err(|_| EncodeError::Invalid("the output stopped".into()))
     }
 }
 
@@ -564,6 +581,14 @@ impl Drop for StopOnDrop<'_> {
         self.0.store(true, Ordering::Relaxed);
     }
 }
+
+/// A window's pixels and their embeddings, for the sink.
+type HeadDone = (Vec<u32>, Vec<f32>);
+type OutputTx = std::sync::mpsc::SyncSender<HeadDone>;
+
+/// Windows' embeddings waiting for the sink (8 MB each for a 16,384-px
+/// window of 128 f32): a slow disk holds the encode back after these.
+const OUTPUT_AHEAD: usize = 2;
 
 /// A window's head, begun: its pixels and the result to come.
 struct HeadInFlight {
@@ -1172,6 +1197,107 @@ mod tests {
         };
         let err = enc.encode(&held, &|_, _| {}, &CANCEL).unwrap_err();
         assert!(matches!(err, EncodeError::Cancelled), "{err}");
+    }
+
+    /// Written as its windows are encoded, a tile's files hold the same
+    /// bytes as the tile encoded into memory and written after, pixels
+    /// without data included; a sink that fails stops the encode with its
+    /// own error, and its files are not left behind.
+    #[test]
+    fn an_output_written_as_encoded_is_the_output_written_after() {
+        use crate::backend::BackendChoice;
+        use crate::output::{OutputOptions, OutputWriter};
+        use crate::synth::random_checkpoint;
+        let tile = TileInputs::synthetic(&SynthTile {
+            height: 23,
+            width: 19,
+            s2_frames: 9,
+            s1_asc_frames: 4,
+            s1_desc_frames: 3,
+            clear: 0.12,
+            seed: 8,
+        });
+        let mut profile = DeviceProfile::untuned(BackendChoice::Cpu, "test".into());
+        profile.chunk_pixels = 16;
+        profile.threads = 1;
+        let ckpt = random_checkpoint(&ModelConfig::small(), 4);
+        let mut enc = Encoder::from_checkpoint(&ckpt, BackendChoice::Cpu, profile).unwrap();
+        enc.set_window_pixels(48);
+        let no = AtomicBool::new(false);
+        let emb = enc.encode_tile(&tile, &|_, _| {}, &no).unwrap();
+        let with_data = emb.nodata.iter().filter(|&&n| !n).count();
+        // Several windows, with pixels without data between them.
+        assert!(with_data > 3 * 48, "{with_data}");
+        assert!(with_data < emb.nodata.len() - 20, "{with_data}");
+        let r = enc.config().repr_dim;
+        for opts in [
+            OutputOptions {
+                int8: false,
+                dim: r,
+            },
+            OutputOptions {
+                int8: true,
+                dim: 64,
+            },
+        ] {
+            let after = tempfile::tempdir().unwrap();
+            let want = emb.write_outputs(after.path(), "t", opts).unwrap();
+            let streamed = tempfile::tempdir().unwrap();
+            let mut w = OutputWriter::create(streamed.path(), "t", opts, (23, 19), r).unwrap();
+            enc.encode_into(&tile, &mut w, &|_, _| {}, &no).unwrap();
+            let got = w.finish().unwrap();
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    std::fs::read(g).unwrap() == std::fs::read(w).unwrap(),
+                    "{} differs ({opts:?})",
+                    g.display()
+                );
+            }
+        }
+
+        /// Takes `ok` windows, then fails.
+        struct Failing {
+            ok: usize,
+            seen: usize,
+        }
+        impl EmbeddingSink for Failing {
+            fn window(&mut self, _: &[u32], _: &[f32]) -> Result<()> {
+                self.seen += 1;
+                if self.seen > self.ok {
+                    return Err(EncodeError::Invalid("the test's disk is full".into()));
+                }
+                Ok(())
+            }
+        }
+        let mut sink = Failing { ok: 1, seen: 0 };
+        let err = enc
+            .encode_into(&tile, &mut sink, &|_, _| {}, &no)
+            .unwrap_err();
+        assert!(err.to_string().contains("the test's disk is full"), "{err}");
+        assert_eq!(sink.seen, 2, "windows went on to the sink after it failed");
+
+        // A writer whose encode fails leaves nothing in its directory.
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = OutputWriter::create(
+            dir.path(),
+            "t",
+            OutputOptions { int8: true, dim: r },
+            (23, 19),
+            r,
+        )
+        .unwrap();
+        static CANCEL: AtomicBool = AtomicBool::new(false);
+        let held = TestSource {
+            cancel_after_read: Some(&CANCEL),
+            ..TestSource::new(&tile)
+        };
+        let err = enc
+            .encode_into(&held, &mut w, &|_, _| {}, &CANCEL)
+            .unwrap_err();
+        assert!(matches!(err, EncodeError::Cancelled), "{err}");
+        drop(w);
+        assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
     }
 
     /// A backend that keeps features and computes nothing, logging what

@@ -36,7 +36,9 @@
 //!   `kernels.cu`, `cuda.rs` behind the `cuda` feature, the tests' `emulator.rs`).
 //! - `encode` — `Encoder`: windows read ahead on their own thread, grouping
 //!   pixels by bin, chunking, cancellation, progress.
-//! - `output` — `TileEmbedding`, int8 quantisation, truncation, atomic writes.
+//! - `output` — `TileEmbedding`, int8 quantisation, truncation; `OutputWriter`,
+//!   the output files written atomically as an encode's windows finish
+//!   (`EmbeddingSink`, where an encode puts each window).
 //! - `profile` — `DeviceProfile` and `Dtype`: per-device chunk/block/thread
 //!   settings in a TOML file (data only; `backend` names the device).
 //! - `bench` — GEMM rate, pixels/s, GFLOP/s and the tuning sweep.
@@ -49,13 +51,16 @@
 //!
 //! ```no_run
 //! use std::sync::atomic::AtomicBool;
-//! use tessera_encoder::{BackendChoice, DeviceProfile, Encoder, OutputOptions, TileReader};
+//! use tessera_encoder::{BackendChoice, DeviceProfile, Encoder, OutputOptions, OutputWriter, TileReader};
 //! # fn main() -> Result<(), tessera_encoder::EncodeError> {
 //! let profile = DeviceProfile::resolve(None, BackendChoice::Cpu)?;
 //! let enc = Encoder::load("ckpt.pt".as_ref(), BackendChoice::Auto, profile)?;
 //! let tile = TileReader::open("grid_0.15_52.05".as_ref())?;
-//! let emb = enc.encode_files(&tile, &|done, total| eprintln!("{done}/{total}"), &AtomicBool::new(false))?;
-//! emb.write_outputs("out".as_ref(), "grid_0.15_52.05", OutputOptions { int8: true, dim: 128 })?;
+//! let opts = OutputOptions { int8: true, dim: 128 };
+//! let size = (tile.height(), tile.width());
+//! let mut out = OutputWriter::create("out".as_ref(), "grid_0.15_52.05", opts, size, enc.config().repr_dim)?;
+//! enc.encode_into(&tile, &mut out, &|done, total| eprintln!("{done}/{total}"), &AtomicBool::new(false))?;
+//! out.finish()?;
 //! # Ok(()) }
 //! ```
 
@@ -83,7 +88,7 @@ pub use config::ModelConfig;
 pub use encode::Encoder;
 pub use error::EncodeError;
 pub use model::{Modality, StudentWeights};
-pub use output::{OutputOptions, TileEmbedding};
+pub use output::{EmbeddingSink, OutputOptions, OutputWriter, TileEmbedding};
 pub use profile::{DeviceProfile, Dtype, ProfileSet};
 pub use source::TileSource;
 pub use synth::{random_checkpoint, write_safetensors, SynthTile};

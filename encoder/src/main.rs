@@ -9,8 +9,8 @@ use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand};
 use tessera_encoder::{
     bench, random_checkpoint, tile, write_safetensors, BackendChoice, Checkpoint, DeviceProfile,
-    Dtype, EncodeError, Encoder, ModelConfig, OutputOptions, ProfileSet, SynthTile, TileInputs,
-    TileReader,
+    Dtype, EncodeError, Encoder, ModelConfig, OutputOptions, OutputWriter, ProfileSet, SynthTile,
+    TileInputs, TileReader,
 };
 
 #[derive(Parser)]
@@ -279,6 +279,14 @@ struct HostRateArgs {
     /// of such a device's rate the host side leaves.
     #[arg(long)]
     device_rate: Option<f64>,
+    /// Also write the output there (all 128 channels; f32, or int8 with
+    /// `--int8`) as `encode` does, beside the encode, and time against it
+    /// the peer that encodes into memory and writes after.
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// With `--out-dir`: int8 codes and scales instead of f32.
+    #[arg(long, requires = "out_dir")]
+    int8: bool,
 }
 
 #[derive(Args)]
@@ -447,8 +455,20 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
             .expect("the template is valid"),
         );
         bar.set_message(name.clone());
-        let emb = enc.encode_files(
+        // Written as the windows are encoded; into place once all are.
+        let mut out = OutputWriter::create(
+            &out_dir,
+            &name,
+            OutputOptions {
+                int8: a.int8,
+                dim: a.dim,
+            },
+            (inputs.height(), inputs.width()),
+            enc.config().repr_dim,
+        )?;
+        let encoded = enc.encode_into(
             &inputs,
+            &mut out,
             &|done, total| {
                 bar.set_length(total as u64);
                 bar.set_position(done as u64);
@@ -456,16 +476,9 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
             &cancel,
         );
         bar.finish_and_clear();
-        let emb = emb.with_context(|| format!("encoding {}", dir.display()))?;
+        encoded.with_context(|| format!("encoding {}", dir.display()))?;
         let encoded = started.elapsed().as_secs_f64();
-        let files = emb.write_outputs(
-            &out_dir,
-            &name,
-            OutputOptions {
-                int8: a.int8,
-                dim: a.dim,
-            },
-        )?;
+        let files = out.finish()?;
         for f in files {
             eprintln!("wrote {}", f.display());
         }
@@ -478,9 +491,11 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
             inputs.pixels() as f64 / took.max(1e-9)
         );
         // Where a fast device's tile time goes besides the encode itself
-        // (its own line: scripts parse the one above).
+        // (its own line: scripts parse the one above). The output is
+        // written beside the encode; what is left after it is the last
+        // window, the scales, the syncs and the renames.
         eprintln!(
-            "  (opened and encoded in {encoded:.3} s, written in {:.3} s)",
+            "  (opened and encoded in {encoded:.3} s, output finished in {:.3} s)",
             took - encoded
         );
     }
@@ -598,14 +613,26 @@ fn run_bench(a: BenchArgs) -> Result<()> {
 fn run_host_rate(a: HostRateArgs) -> Result<()> {
     let mut profile = DeviceProfile::default_for(BackendChoice::Cpu);
     profile.chunk_pixels = a.batch_pixels.max(1);
-    let r = bench::host_rate(
-        &a.tile,
-        &a.size.config(),
-        profile.clone(),
-        a.window_pixels,
-        a.reps,
-        None,
-    )?;
+    let cfg = a.size.config();
+    let output = a.out_dir.as_deref().map(|dir| bench::HostRateOutput {
+        dir,
+        opts: OutputOptions {
+            int8: a.int8,
+            dim: cfg.repr_dim,
+        },
+    });
+    let run = |rate| {
+        bench::host_rate(
+            &a.tile,
+            &cfg,
+            profile.clone(),
+            a.window_pixels,
+            a.reps,
+            rate,
+            output.as_ref(),
+        )
+    };
+    let r = run(None)?;
     println!(
         "host side of {} ({} px with data, {:.2} GB of .npy), chunk {}, best of {}; load average {}",
         a.tile.display(),
@@ -628,28 +655,52 @@ fn run_host_rate(a: HostRateArgs) -> Result<()> {
         "first chunk handed over after {:.3} s (counting the first window's observations, reading and gathering it: a device's idle start)",
         r.first_chunk_s
     );
-    if let Some(kib) = bench::peak_resident_kib() {
+    let print_written = |r: &bench::HostRate, what: &str| {
+        if let Some(after) = r.written_after_s {
+            println!(
+                "{what}, output written as encoded ({}): {:.3} s ({:.3} s of it after the encode); encoded, then written: {after:.3} s ({:.3}x)",
+                if a.int8 { "int8" } else { "f32" },
+                r.encode_s,
+                r.finish_s,
+                after / r.encode_s
+            );
+        }
+    };
+    print_written(&r, "no compute");
+    if let Some(kib) = r.streamed_peak_kib {
         println!(
-            "peak resident memory: {} MiB (the host's share of an encode on a device: the model's \
-             weights, windows, chunks in flight, pooled features, the embedding)",
+            "peak resident memory after the first encode (output written as encoded): {} MiB",
             kib / 1024
         );
     }
+    if let Some(kib) = bench::peak_resident_kib() {
+        println!(
+            "peak resident memory: {} MiB (the host's share of an encode on a device: the model's \
+             weights, windows, chunks in flight, pooled features{})",
+            kib / 1024,
+            if output.is_some() {
+                "; the peer holds the embedding whole"
+            } else {
+                ", the embedding"
+            }
+        );
+    }
     if let Some(rate) = a.device_rate {
-        let d = bench::host_rate(
-            &a.tile,
-            &a.size.config(),
-            profile,
-            a.window_pixels,
-            a.reps,
-            Some(rate),
-        )?;
+        let d = run(Some(rate))?;
         println!(
             "with a simulated device of {rate:.0} px/s: {:.3} s = {:.0} px/s, {:.1} % of the device's rate",
             d.encode_s,
             d.pixels_per_s(),
             100.0 * d.pixels_per_s() / rate
         );
+        if let Some(after) = d.written_after_s {
+            println!(
+                "  encoded, then written: {after:.3} s = {:.0} px/s, {:.1} % of the device's rate",
+                d.pixels as f64 / after,
+                100.0 * d.pixels as f64 / after / rate
+            );
+        }
+        print_written(&d, "simulated device");
     }
     Ok(())
 }

@@ -61,9 +61,11 @@ fn peak_mib(ckpt: &Path, tile: &Path, out: &Path) -> u64 {
 }
 
 /// The same encode on a tile 8x as tall grows the peak resident memory by
-/// the output (128 f32 a pixel) and per-pixel counts, not by the inputs
-/// (2,500 bytes a pixel here): reading the tile whole, as before issue 16,
-/// grew it by at least the inputs.
+/// neither the inputs (2,500 bytes a pixel here) nor the embedding (128 f32
+/// a pixel), only by per-pixel counts and scales: reading the tile whole,
+/// as before issue 16, grew it by at least the inputs, and holding the
+/// embedding until it was written (before the output was written as the
+/// windows finish) by the embedding, 29 MiB here.
 #[cfg(target_os = "linux")]
 #[test]
 fn peak_memory_does_not_grow_with_the_tiles_inputs() {
@@ -113,12 +115,15 @@ fn peak_memory_does_not_grow_with_the_tiles_inputs() {
     }
     let input_growth = (peaks[1].0 - peaks[0].0) / (1 << 20);
     let peak_growth = peaks[1].1.saturating_sub(peaks[0].1);
-    // 136 MiB of inputs more; 224 x 256 more pixels of 512 bytes of output
-    // and 9 of counts, flags and indexes (28 MiB): half the inputs' growth
-    // is room enough for the allocator, and far below reading them whole.
+    // 136 MiB of inputs more, and 224 x 256 more pixels: 28 MiB more of
+    // embedding (512 bytes a pixel) and 1.2 of counts, flags and scales
+    // (about 21 bytes a pixel). A quarter of the embedding's growth is
+    // room enough for the allocator, and far below holding either whole.
+    let embedding_growth = (224 * 256 * 512) >> 20;
     assert!(
-        peak_growth * 2 < input_growth,
-        "peak grew by {peak_growth} MiB for {input_growth} MiB more inputs: {peaks:?}"
+        peak_growth * 4 < embedding_growth && peak_growth * 4 < input_growth,
+        "peak grew by {peak_growth} MiB for {input_growth} MiB more inputs and \
+         {embedding_growth} MiB more embedding: {peaks:?}"
     );
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_core::job::{FailureClass, TileJob};
 use flotilla_core::protocol::{Complete, Fail, LeaseRef};
-use tessera_encoder::{Encoder, OutputOptions, TileReader};
+use tessera_encoder::{Encoder, OutputOptions, OutputWriter, TileReader};
 
 use crate::devices::EncoderSetup;
 use crate::process::{CommandSpec, Outcome};
@@ -339,25 +339,34 @@ async fn run_in(
             ));
             let report = |done: usize, total: usize| progress(done as u64, total as u64);
             let encoding = Instant::now();
-            let emb = encoder
-                .encode_files(&tile, &report, &cancel)
+            // Written as the windows are encoded (the embedding is never
+            // held whole); into place, under the final names, once all are.
+            let writing_failed = |e| (FailureClass::Retryable, format!("writing outputs: {e}"));
+            let mut written = OutputWriter::create(
+                &out,
+                &name,
+                OutputOptions {
+                    int8: true,
+                    dim: 128,
+                },
+                (tile.height(), tile.width()),
+                encoder.config().repr_dim,
+            )
+            .map_err(writing_failed)?;
+            encoder
+                .encode_into(&tile, &mut written, &report, &cancel)
                 .map_err(|e| match e {
                     tessera_encoder::EncodeError::Cancelled => {
                         (FailureClass::Cancelled, "stopped".to_string())
                     }
+                    // The output's own files (a full or failing disk).
+                    tessera_encoder::EncodeError::Io { ref path, .. } if path.starts_with(&out) => {
+                        writing_failed(e)
+                    }
                     e => (FailureClass::Fatal, format!("encoding: {e}")),
                 })?;
             let encode_s = encoding.elapsed().as_secs_f64();
-            let files = emb
-                .write_outputs(
-                    &out,
-                    &name,
-                    OutputOptions {
-                        int8: true,
-                        dim: 128,
-                    },
-                )
-                .map_err(|e| (FailureClass::Retryable, format!("writing outputs: {e}")))?;
+            let files = written.finish().map_err(writing_failed)?;
             Ok((encode_s, files))
         })
     };
