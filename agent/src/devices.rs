@@ -19,7 +19,9 @@ pub const DEFAULT_PROFILE_FILE: &str = "encoder-profiles.toml";
 pub fn profile_file(explicit: Option<&Path>, workdir: &Path) -> anyhow::Result<Option<PathBuf>> {
     let path = match explicit {
         Some(p) if !p.exists() => anyhow::bail!(
-            "--encoder-profile {}: no such file. Make it on this machine with              `tessera-encode tune --out {}` (it measures the backend the agent runs),              or leave the option out to run with the untuned defaults",
+            "--encoder-profile {}: no such file. Make it on this machine with \
+             `tessera-encode tune --out {}` (it measures the backend the agent runs), \
+             or leave the option out to run with the untuned defaults",
             p.display(),
             p.display()
         ),
@@ -154,6 +156,8 @@ mod tests {
             e.contains("tessera-encode tune --out") && e.contains("mine.toml"),
             "{e}"
         );
+        // One sentence, not a source line's indentation carried into it.
+        assert!(!e.contains("  "), "{e}");
 
         // The default path, once `tune` has written this device's entry there.
         let default = dir.path().join(DEFAULT_PROFILE_FILE);

@@ -589,7 +589,9 @@ impl<'a> Checker<'a> {
             self.error(
                 loc,
                 format!(
-                    "{what} is relative, and host `{host}` is an agent: relative paths there are                      in the attempt's scratch directory, removed when it ends; give an absolute                      path (e.g. `/scratch/NAME/{{id}}`)"
+                    "{what} is relative, and host `{host}` is an agent: relative paths there are \
+                     in the attempt's scratch directory, removed when it ends; give an absolute \
+                     path (e.g. `/scratch/NAME/{{id}}`)"
                 ),
             );
         }
@@ -734,6 +736,8 @@ mod tests {
         assert_eq!(e.len(), 1, "{e:#?}");
         assert_eq!((e[0].0, e[0].1), (line, col), "{e:#?}");
         assert!(e[0].2.contains(needle), "{:?} lacks {needle:?}", e[0].2);
+        // One message, not a source line's indentation carried into it.
+        assert!(!e[0].2.contains("   "), "{:?}", e[0].2);
     }
 
     const HEAD: &str = "host a = agent a1\nhost b = agent b1\nitems on a: ls\n";
