@@ -267,9 +267,9 @@ run)
         sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' "$work/twice-$dt.log" |
             awk -v dt="$dt" '{print dt, $1}' >>"$work/ours-warm.txt"
         # Up to the encode's end, less the output's finish (its last
-        # window, syncs and renames; the rest is written beside the
-        # encode): nearest what PyTorch's encode_tile times (read,
-        # prepare, encode, the result on the host, no np.save).
+        # syncs and renames; every window is written beside the encode):
+        # nearest what PyTorch's encode_tile times (read, prepare, encode,
+        # the result on the host, no np.save).
         grep -A1 '^tile b:' "$work/twice-$dt.log" | sed -n 's/^  (opened and encoded in \([0-9.]*\) s.*/\1/p' |
             awk -v dt="$dt" '{print dt, $1}' >>"$work/ours-warm-encoded.txt"
         t0=$(date +%s%N)

@@ -404,7 +404,9 @@ pub struct HostRate {
     /// [`TileEmbedding::write_outputs`]: crate::output::TileEmbedding::write_outputs
     pub written_after_s: Option<f64>,
     /// With an output: of `encode_s`, the best rep's time from the encode's
-    /// end to the files' rename (the last window, the syncs).
+    /// end to the files' rename ([`OutputWriter::finish`]: the pixels after
+    /// the last window, the scales, the last syncs; every window is written
+    /// by then).
     pub finish_s: f64,
     /// With an output: the process's peak resident memory (KiB) after its
     /// first encode, the streamed one, before the peer ran.

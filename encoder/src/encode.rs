@@ -164,6 +164,13 @@ impl Encoder {
         cancel: &AtomicBool,
     ) -> Result<()> {
         let npix = tile.height() * tile.width();
+        let size = (tile.height(), tile.width());
+        if let Some((h, w)) = sink.tile_size().filter(|&s| s != size) {
+            return Err(EncodeError::Invalid(format!(
+                "an output made for a tile of {h} x {w} px given one of {} x {} px",
+                size.0, size.1
+            )));
+        }
         // This encode's own window slots, where the backend keeps features.
         let kept = self.backend.kept_windows()?;
         let window = self.window_pixels.max(self.profile.chunk_pixels);
@@ -203,6 +210,9 @@ impl Encoder {
             let (out_tx, out_rx) = std::sync::mpsc::sync_channel::<HeadDone>(OUTPUT_AHEAD);
             let sink_thread = s.spawn(move || -> Result<()> {
                 for (pixels, values) in out_rx {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                     sink.window(&pixels, &values)?;
                 }
                 Ok(())
@@ -390,13 +400,25 @@ impl Encoder {
                 }
                 Ok(())
             })();
+            // A failed encode's windows are of no use: the sink (and the
+            // reader) stop now rather than write (and read) what is queued.
+            if encoded.is_err() {
+                stop.store(true, Ordering::Relaxed);
+            }
             // The sink has every window once it has emptied the channel.
             drop(out_tx);
             let sunk = sink_thread
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            // A sink that failed hung up on the encode: its error is why.
-            sunk.and(encoded)
+            // A sink that failed hung up on the encode: its error is why,
+            // unless the encode had failed on its own.
+            match encoded {
+                Err(EncodeError::Invalid(why)) if why == OUTPUT_STOPPED => {
+                    sunk.and(Err(EncodeError::Invalid(why)))
+                }
+                Err(e) => Err(e),
+                Ok(()) => sunk,
+            }
         })?;
         // Every range was counted (the reader said the tile was done only
         // after the counter's last range), so the totals are known.
@@ -413,8 +435,8 @@ impl Encoder {
     /// at least win.pixels x d; unused where the backend keeps features),
     /// leaving its head begun in `head` (`pixels`: the window's pixels),
     /// and returns the next window's pixels, if the tile has another. The
-    /// window before's head, if still in `head`, is taken and placed in
-    /// `out` (values, nodata) once this window's second chunk is begun.
+    /// window before's head, if still in `head`, is taken and handed to
+    /// the sink's thread on `out` once this window's second chunk is begun.
     /// `carried` holds this window's first chunk if the window before
     /// began it, and gets the next window's first chunk (placed by
     /// `next_placed` from its number of pixels), begun before this
@@ -569,7 +591,7 @@ impl Encoder {
         }
         // Refused only once the sink has failed, which then says why.
         out.send((h.pixels, values))
-            .map_err(|_| EncodeError::Invalid("the output stopped".into()))
+            .map_err(|_| EncodeError::Invalid(OUTPUT_STOPPED.into()))
     }
 }
 
@@ -585,6 +607,10 @@ impl Drop for StopOnDrop<'_> {
 /// A window's pixels and their embeddings, for the sink.
 type HeadDone = (Vec<u32>, Vec<f32>);
 type OutputTx = std::sync::mpsc::SyncSender<HeadDone>;
+
+/// A send to the sink's thread found it gone: it failed, and its error is
+/// the encode's.
+const OUTPUT_STOPPED: &str = "the output stopped";
 
 /// Windows' embeddings waiting for the sink (8 MB each for a 16,384-px
 /// window of 128 f32): a slow disk holds the encode back after these.
@@ -1277,8 +1303,22 @@ mod tests {
         assert!(err.to_string().contains("the test's disk is full"), "{err}");
         assert_eq!(sink.seen, 2, "windows went on to the sink after it failed");
 
-        // A writer whose encode fails leaves nothing in its directory.
+        // A writer made for another tile is refused before the encode.
         let dir = tempfile::tempdir().unwrap();
+        let opts = OutputOptions {
+            int8: false,
+            dim: r,
+        };
+        let mut w = OutputWriter::create(dir.path(), "t", opts, (19, 23), r).unwrap();
+        let err = enc.encode_into(&tile, &mut w, &|_, _| {}, &no).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("an output made for a tile of 19 x 23 px given one of 23 x 19"),
+            "{err}"
+        );
+        drop(w);
+
+        // A writer whose encode fails leaves nothing in its directory.
         let mut w = OutputWriter::create(
             dir.path(),
             "t",

@@ -492,8 +492,8 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
         );
         // Where a fast device's tile time goes besides the encode itself
         // (its own line: scripts parse the one above). The output is
-        // written beside the encode; what is left after it is the last
-        // window, the scales, the syncs and the renames.
+        // written beside the encode, every window of it by the encode's
+        // end; what is left is the scales, the last syncs and the renames.
         eprintln!(
             "  (opened and encoded in {encoded:.3} s, output finished in {:.3} s)",
             took - encoded

@@ -152,6 +152,13 @@ pub trait EmbeddingSink: Send {
     /// every pixel of the windows before), `repr_dim` values each, in
     /// order. Pixels in no window have no data.
     fn window(&mut self, pixels: &[u32], values: &[f32]) -> Result<()>;
+
+    /// The (height, width) of the tile this sink was made for, if it
+    /// knows: an encode of another tile into it is refused before it
+    /// begins.
+    fn tile_size(&self) -> Option<(usize, usize)> {
+        None
+    }
 }
 
 impl EmbeddingSink for TileEmbedding {
@@ -177,6 +184,10 @@ impl EmbeddingSink for TileEmbedding {
         }
         Ok(())
     }
+
+    fn tile_size(&self) -> Option<(usize, usize)> {
+        Some((self.height, self.width))
+    }
 }
 
 /// A tile's output files written as its windows are encoded, so the
@@ -184,9 +195,13 @@ impl EmbeddingSink for TileEmbedding {
 /// of a 256 x 256 f32 tile, 33 MB and its fsync, took 30-40 ms on the dev
 /// VM: 4 % of the tile at 75,000 px/s) and the embedding is never held
 /// whole (620 MB of f32 for a 1,100 x 1,100 tile). The same bytes as
-/// [`TileEmbedding::write_outputs`], under temporary names until
+/// [`TileEmbedding::write_outputs`], under temporary names
+/// (`NAME.npy.partial`, locked while written) until
 /// [`OutputWriter::finish`] renames them into place; dropped unfinished
-/// (an encode that failed or was cancelled), it removes them.
+/// (an encode that failed or was cancelled), it removes them. A process
+/// killed while writing leaves its `.partial`, which the next writer of
+/// the same output reuses (the lock died with the process); one that
+/// finds it locked is refused: another process is writing that output.
 pub struct OutputWriter {
     npix: usize,
     /// Channels of each pixel handed in; `opts.dim` of them are written.
@@ -194,8 +209,11 @@ pub struct OutputWriter {
     opts: OutputOptions,
     /// Pixels written so far, in raster order.
     next: usize,
-    /// The main file (`NAME.npy`), being written under its temporary name.
-    main: (std::fs::File, PathBuf),
+    /// The main file (`NAME.npy`), being written under its temporary name
+    /// and locked; taken (closed) before the renames, which Windows
+    /// refuses for an open file.
+    main: Option<std::fs::File>,
+    main_tmp: PathBuf,
     /// Bytes not yet handed to the file.
     buf: Vec<u8>,
     /// int8 only: each pixel's scale, written to `NAME_scales.npy` at the
@@ -230,13 +248,31 @@ impl OutputWriter {
         }
         std::fs::create_dir_all(dir).map_err(|e| EncodeError::io(dir, e))?;
         let main = dir.join(format!("{name}.npy"));
-        let mut paths = vec![(tmp_name(&main), main)];
+        let mut paths = vec![(partial_name(&main), main)];
         if opts.int8 {
             let scales = dir.join(format!("{name}_scales.npy"));
-            paths.push((tmp_name(&scales), scales));
+            paths.push((partial_name(&scales), scales));
         }
         let tmp = paths[0].0.clone();
-        let file = std::fs::File::create(&tmp).map_err(|e| EncodeError::io(&tmp, e))?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&tmp)
+            .map_err(|e| EncodeError::io(&tmp, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(EncodeError::Invalid(format!(
+                    "{}: another process is writing this output now; wait for it, or give \
+                     another --out-dir",
+                    tmp.display()
+                )))
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(EncodeError::io(&tmp, e)),
+        }
+        // Locked: whatever a killed writer left is ours to overwrite.
+        file.set_len(0).map_err(|e| EncodeError::io(&tmp, e))?;
         let npix = height * width;
         let dtype = if opts.int8 { DType::I8 } else { DType::F32 };
         let mut w = OutputWriter {
@@ -244,7 +280,8 @@ impl OutputWriter {
             repr_dim,
             opts,
             next: 0,
-            main: (file, tmp),
+            main: Some(file),
+            main_tmp: tmp,
             buf: npy::header_bytes(dtype, &[height, width, dim]),
             scales: opts.int8.then(|| vec![f32::INFINITY; npix]),
             codes: vec![0; dim],
@@ -299,21 +336,42 @@ impl OutputWriter {
         Ok(())
     }
 
+    /// The main file, open until the renames.
+    fn file(&mut self) -> Result<&mut std::fs::File> {
+        let tmp = &self.main_tmp;
+        self.main
+            .as_mut()
+            .ok_or_else(|| EncodeError::Invalid(format!("{}: already closed", tmp.display())))
+    }
+
     fn flush(&mut self) -> Result<()> {
-        let (file, tmp) = &mut self.main;
-        file.write_all(&self.buf)
-            .map_err(|e| EncodeError::io(&*tmp, e))?;
+        let buf = std::mem::take(&mut self.buf);
+        let written = self.file()?.write_all(&buf);
+        written.map_err(|e| EncodeError::io(&self.main_tmp, e))?;
+        self.buf = buf;
         self.buf.clear();
         Ok(())
     }
 
+    fn sync(&mut self, all: bool) -> Result<()> {
+        let file = self.file()?;
+        let synced = if all {
+            file.sync_all()
+        } else {
+            file.sync_data()
+        };
+        synced.map_err(|e| EncodeError::io(&self.main_tmp, e))
+    }
+
     /// Every pixel not yet written has no data; write the scales (int8),
     /// sync every file and rename each into place. The files' final paths.
+    /// After an encode into this writer, every window is already written
+    /// and synced: what is left is the pixels after the last window, the
+    /// scales, the syncs and the renames.
     pub fn finish(mut self) -> Result<Vec<PathBuf>> {
         self.put_nodata(self.npix)?;
         self.flush()?;
-        let (file, tmp) = &self.main;
-        file.sync_all().map_err(|e| EncodeError::io(tmp, e))?;
+        self.sync(true)?;
         if let (Some(scales), Some((tmp, _))) = (&self.scales, self.paths.get(1)) {
             let (h, w) = self.height_width;
             let mut f = std::fs::File::create(tmp).map_err(|e| EncodeError::io(tmp, e))?;
@@ -322,6 +380,8 @@ impl OutputWriter {
                 .and_then(|_| f.sync_all())
                 .map_err(|e| EncodeError::io(tmp, e))?;
         }
+        // Closed (and unlocked) first: Windows renames no open file.
+        self.main = None;
         for (tmp, path) in &self.paths {
             std::fs::rename(tmp, path).map_err(|e| EncodeError::io(path, e))?;
         }
@@ -332,8 +392,8 @@ impl OutputWriter {
 
 impl EmbeddingSink for OutputWriter {
     /// Writes the window's pixels (and those without data before them),
-    /// then syncs what is written: the encode goes on meanwhile, and
-    /// [`OutputWriter::finish`] is left only the last window to wait for.
+    /// then syncs what is written (the encode goes on meanwhile), so that
+    /// [`OutputWriter::finish`]'s sync has little left to wait for.
     fn window(&mut self, pixels: &[u32], values: &[f32]) -> Result<()> {
         let r = self.repr_dim;
         if values.len() != pixels.len() * r {
@@ -355,14 +415,19 @@ impl EmbeddingSink for OutputWriter {
             self.put_pixel(px)?;
         }
         self.flush()?;
-        let (file, tmp) = &self.main;
-        file.sync_data().map_err(|e| EncodeError::io(tmp, e))
+        self.sync(false)
+    }
+
+    fn tile_size(&self) -> Option<(usize, usize)> {
+        Some(self.height_width)
     }
 }
 
 impl Drop for OutputWriter {
     fn drop(&mut self) {
         if !self.finished {
+            // Closed first, as for the renames.
+            self.main = None;
             for (tmp, _) in &self.paths {
                 let _ = std::fs::remove_file(tmp);
             }
@@ -370,9 +435,9 @@ impl Drop for OutputWriter {
     }
 }
 
-fn tmp_name(p: &Path) -> PathBuf {
+fn partial_name(p: &Path) -> PathBuf {
     let mut s = p.as_os_str().to_owned();
-    s.push(format!(".tmp-{}", std::process::id()));
+    s.push(".partial");
     PathBuf::from(s)
 }
 
@@ -488,6 +553,32 @@ mod tests {
         drop(w);
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert!(left.is_empty(), "{left:?}");
+
+        // A writer killed mid-tile leaves its partial file, unlocked: the
+        // next writer of that output takes it over.
+        std::fs::write(dir.path().join("t.npy.partial"), vec![7u8; 1000]).unwrap();
+        let opts = OutputOptions {
+            int8: false,
+            dim: 2,
+        };
+        let w = OutputWriter::create(dir.path(), "t", opts, (1, 2), 2).unwrap();
+        // While it writes, a second writer of the same output is refused.
+        let err = OutputWriter::create(dir.path(), "t", opts, (1, 2), 2)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("another process is writing this output"),
+            "{err}"
+        );
+        let files = w.finish().unwrap();
+        let nan = npy::f32_bytes(&[f32::NAN; 4]);
+        assert_eq!(
+            std::fs::read(&files[0]).unwrap(),
+            npy::to_bytes(DType::F32, &[1, 2, 2], &nan)
+        );
+        std::fs::remove_file(&files[0]).unwrap();
+        assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
 
         let err = OutputWriter::create(
             dir.path(),

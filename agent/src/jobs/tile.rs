@@ -292,7 +292,9 @@ async fn run_in(
     }
 
     // Where the time goes, reported in the job's result: the tile-job
-    // overhead benchmark compares `encode_s` with the whole job.
+    // overhead benchmark compares `encode_s` with the whole job. Since the
+    // outputs are written beside the encode, `encode_s` includes writing
+    // them (all but their last sync and rename).
     let phase = Instant::now();
     let encoder = tokio::select! {
         _ = ctx.stop.cancelled() => return Err(stopped()),
@@ -352,7 +354,12 @@ async fn run_in(
                 (tile.height(), tile.width()),
                 encoder.config().repr_dim,
             )
-            .map_err(writing_failed)?;
+            .map_err(|e| match e {
+                e @ tessera_encoder::EncodeError::Io { .. } => writing_failed(e),
+                // Another process writing this output, or a setting no
+                // retry changes.
+                e => (FailureClass::Fatal, format!("writing outputs: {e}")),
+            })?;
             encoder
                 .encode_into(&tile, &mut written, &report, &cancel)
                 .map_err(|e| match e {
