@@ -220,6 +220,8 @@ pub struct OutputWriter {
     /// end (4 bytes a pixel, 4.8 MB for 1,100 x 1,100 px).
     scales: Option<Vec<f32>>,
     codes: Vec<i8>,
+    /// A pixel without data, as written: `dim` NaNs, or `dim` zero codes.
+    nodata_px: Vec<u8>,
     /// (temporary, final) for every file, in the order they are written.
     paths: Vec<(PathBuf, PathBuf)>,
     height_width: (usize, usize),
@@ -285,6 +287,11 @@ impl OutputWriter {
             buf: npy::header_bytes(dtype, &[height, width, dim]),
             scales: opts.int8.then(|| vec![f32::INFINITY; npix]),
             codes: vec![0; dim],
+            nodata_px: if opts.int8 {
+                vec![0; dim]
+            } else {
+                npy::f32_bytes(&vec![f32::NAN; dim])
+            },
             paths,
             height_width: (height, width),
             finished: false,
@@ -296,16 +303,8 @@ impl OutputWriter {
     /// Every pixel from the last written up to `upto` (not included) has
     /// no data: NaN, or int8 code 0 (its scale stays +inf).
     fn put_nodata(&mut self, upto: usize) -> Result<()> {
-        let bytes = if self.opts.int8 { 1 } else { 4 } * self.opts.dim;
-        let nan = f32::NAN.to_le_bytes();
         while self.next < upto {
-            if self.opts.int8 {
-                self.buf.resize(self.buf.len() + bytes, 0);
-            } else {
-                for _ in 0..self.opts.dim {
-                    self.buf.extend_from_slice(&nan);
-                }
-            }
+            self.buf.extend_from_slice(&self.nodata_px);
             self.next += 1;
             self.spill()?;
         }
