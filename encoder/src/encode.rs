@@ -53,7 +53,8 @@ pub const READ_AHEAD: usize = 2;
 impl Encoder {
     /// Load a `.pt` or `.safetensors` checkpoint and build the backend.
     pub fn load(ckpt: &Path, choice: BackendChoice, profile: DeviceProfile) -> Result<Self> {
-        Self::from_checkpoint(&Checkpoint::load(ckpt)?, choice, profile)
+        let weights = StudentWeights::from_owned_checkpoint(Checkpoint::load(ckpt)?)?;
+        Self::from_weights(Arc::new(weights), choice, profile)
     }
 
     pub fn from_checkpoint(
@@ -62,6 +63,14 @@ impl Encoder {
         profile: DeviceProfile,
     ) -> Result<Self> {
         let weights = Arc::new(StudentWeights::from_checkpoint(ckpt)?);
+        Self::from_weights(weights, choice, profile)
+    }
+
+    fn from_weights(
+        weights: Arc<StudentWeights>,
+        choice: BackendChoice,
+        profile: DeviceProfile,
+    ) -> Result<Self> {
         let backend = backend::create(choice, weights.clone(), &profile)?;
         Ok(Encoder {
             weights,

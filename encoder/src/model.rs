@@ -235,7 +235,16 @@ impl StudentWeights {
     /// Build from a checkpoint; missing, mis-shaped or extra tensors are an
     /// error naming the tensor.
     pub fn from_checkpoint(ckpt: &Checkpoint) -> Result<Self> {
-        let vb = ckpt.vars();
+        Self::from_vars(ckpt.vars())
+    }
+
+    /// [`StudentWeights::from_checkpoint`], moving the tensors out of
+    /// `ckpt` instead of copying them: the weights are held once.
+    pub fn from_owned_checkpoint(ckpt: Checkpoint) -> Result<Self> {
+        Self::from_vars(ckpt.into_vars())
+    }
+
+    fn from_vars(vb: Vars<'_>) -> Result<Self> {
         let cfg = *vb.config();
         let d = cfg.d_model();
         let r = vb.pp("dim_reducer");

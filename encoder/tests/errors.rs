@@ -9,7 +9,7 @@ use tessera_encoder::checkpoint::Checkpoint;
 use tessera_encoder::npy::{self, DType};
 use tessera_encoder::{
     random_checkpoint, write_safetensors, BackendChoice, DeviceProfile, EncodeError, Encoder,
-    ModelConfig, SynthTile, TileInputs,
+    ModelConfig, StudentWeights, SynthTile, TileInputs,
 };
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/encoder");
@@ -184,7 +184,17 @@ fn bad_checkpoints_name_the_tensor() {
     let cfg = ModelConfig::small();
     let good = random_checkpoint(&cfg, 3);
     let p = DeviceProfile::default_for(BackendChoice::Cpu);
-    let load = |c: &Checkpoint| Encoder::from_checkpoint(c, BackendChoice::Cpu, p.clone()).err();
+    // Both ways of loading (tensors copied out of a borrowed checkpoint, or
+    // moved out of an owned one, as `Encoder::load` does) refuse alike.
+    let load = |c: &Checkpoint| {
+        let borrowed = Encoder::from_checkpoint(c, BackendChoice::Cpu, p.clone()).err();
+        let owned = StudentWeights::from_owned_checkpoint(c.clone()).err();
+        assert_eq!(
+            borrowed.as_ref().map(ToString::to_string),
+            owned.as_ref().map(ToString::to_string)
+        );
+        borrowed
+    };
     assert!(load(&good).is_none());
 
     let mut missing = good.clone();
@@ -261,6 +271,22 @@ fn synthetic_checkpoint_round_trips_and_cancel_stops() {
     let b = reference
         .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
         .unwrap();
+    // Loaded from the file, the tensors moved out of the checkpoint rather
+    // than copied: the same bits.
+    let from_file = Encoder::load(
+        &path,
+        BackendChoice::Reference,
+        DeviceProfile::default_for(BackendChoice::Reference),
+    )
+    .unwrap()
+    .encode_tile(&tile, &|_, _| {}, &AtomicBool::new(false))
+    .unwrap();
+    assert_eq!(from_file.values.len(), b.values.len());
+    assert!(from_file
+        .values
+        .iter()
+        .zip(&b.values)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
     for choice in BackendChoice::available() {
         let p = DeviceProfile::default_for(choice);
         let enc = Encoder::from_checkpoint(&ck, choice, p).unwrap();

@@ -346,14 +346,29 @@ fn read_tensor<R: Read + Seek>(r: &mut R, t: &TensorMeta) -> std::io::Result<Vec
     // Both products were bounded when the header was checked.
     let first = t.at.start + (t.at.offset * size) as u64;
     r.seek(SeekFrom::Start(first))?;
+    let n = t.elements();
+    let contiguous = Some(&t.at.stride) == contiguous_strides(&t.shape).as_ref();
+    if t.dtype == DType::F32 && contiguous {
+        // Read straight into the f32s: every checkpoint we publish is f32,
+        // and reading into bytes, then widening into a second buffer, was
+        // a third of the process's start-up (page faults on both, and the
+        // copy) for the Large student's 175 MB.
+        let mut out = vec![0f32; n];
+        r.read_exact(bytemuck::cast_slice_mut(&mut out))?;
+        if cfg!(target_endian = "big") {
+            for x in &mut out {
+                *x = f32::from_bits(u32::from_le(x.to_bits()));
+            }
+        }
+        return Ok(out);
+    }
     let mut raw = vec![0u8; t.at.span * size];
     r.read_exact(&mut raw)?;
-    let n = t.elements();
     let mut out = Vec::with_capacity(n);
     if n == 0 {
         return Ok(out);
     }
-    if Some(&t.at.stride) == contiguous_strides(&t.shape).as_ref() {
+    if contiguous {
         t.dtype.widen(&raw[..n * size], &mut out);
         return Ok(out);
     }
