@@ -165,6 +165,59 @@ unsafe fn fma_chains(iters: u64) -> f32 {
     lanes.iter().sum()
 }
 
+/// This machine's bf16 dot-product ceiling with `threads` threads
+/// (GFLOP/s, f32 accumulation): twelve independent chains of 512-bit
+/// `vdpbf16ps` per thread (16 lanes, each two bf16 products summed into
+/// f32: 64 FLOPs an instruction), all in registers. What a bf16 GEMM on
+/// AVX512-BF16 (oneDNN's `avx512_core_bf16`) cannot beat; AMX's tile
+/// instructions are not counted. `None` where the CPU has no AVX512-BF16.
+pub fn bf16_dot_peak_rate(threads: usize, seconds: f64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")) {
+            return None;
+        }
+        const ITERS: u64 = 1 << 19;
+        let flops = (ITERS * BF16_DOT_FLOPS_PER_ITER) as f64;
+        Some(rate_on_threads(threads, seconds, flops, |_| {
+            || {
+                // SAFETY: AVX-512F and AVX512-BF16 were detected above.
+                std::hint::black_box(unsafe { bf16_dot_chains(ITERS) });
+            }
+        }))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (threads, seconds);
+        None
+    }
+}
+
+/// 12 chains x 16 lanes x 2 products x 2 FLOPs.
+#[cfg(target_arch = "x86_64")]
+const BF16_DOT_FLOPS_PER_ITER: u64 = 12 * 16 * 2 * 2;
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn bf16_dot_chains(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    // Twelve chains cover `vdpbf16ps`'s latency (about 6 cycles) on two
+    // pipes. Products of 1e-3 keep the sums finite for any `iters`.
+    let mut acc = [_mm512_set1_ps(1.0); 12];
+    let a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3), _mm512_set1_ps(1e-3));
+    let b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3), _mm512_set1_ps(1e-3));
+    for _ in 0..iters {
+        for x in acc.iter_mut() {
+            *x = _mm512_dpbf16_ps(*x, a, b);
+        }
+    }
+    let mut sum = _mm512_setzero_ps();
+    for x in acc {
+        sum = _mm512_add_ps(sum, x);
+    }
+    _mm512_reduce_add_ps(sum)
+}
+
 /// oneDNN's `dnnl_sgemm` rate with `threads` threads (GFLOP/s, best of
 /// several runs on `onednn::RATE_SHAPE`): the roofline every backend is
 /// measured against (BENCHMARKS.md's target: at least 85 % of it). `None`

@@ -583,6 +583,15 @@ fn run_bench(a: BenchArgs) -> Result<()> {
                 dnnl.map_or("-".into(), of)
             );
         }
+        // bf16 rows: the ceiling they answer to (AVX512-BF16's dot product).
+        let bf16_ceiling = (a.profile.dtype == Some(Dtype::Bf16))
+            .then(|| bench::bf16_dot_peak_rate(t, 1.0))
+            .flatten();
+        if let Some(c) = bf16_ceiling {
+            println!(
+                "{t} thread(s): bf16 dot-product ceiling {c:.1} GFLOP/s (AVX512-BF16 `vdpbf16ps`, no AMX)"
+            );
+        }
         for b in &backends {
             let choice = b.resolve();
             let profile = a.profile.resolve(choice, Some(t))?;
@@ -604,6 +613,14 @@ fn run_bench(a: BenchArgs) -> Result<()> {
                 dnnl_rate,
                 of_dnnl
             );
+            if let Some(c) = bf16_ceiling {
+                println!(
+                    "{:<10} {:>7} bf16: {:.0}% of the bf16 dot-product ceiling",
+                    "",
+                    "",
+                    100.0 * r.gflops / c
+                );
+            }
         }
     }
     println!("load average after: {}", bench::load_average());
