@@ -858,4 +858,23 @@ mod tests {
         );
         assert_eq!(distinct_chunks(&[8, 4, 8, 0], 16), vec![8, 4, 1]);
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_bf16_ceiling_runs_the_dot_products_it_counts() {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")) {
+            assert!(bf16_dot_peak_rate(1, 0.01).is_none());
+            eprintln!("no AVX512-BF16 here: only the refusal is checked");
+            return;
+        }
+        // Each chain starts at 1 and gains 2 x b x b an iteration (b = 1e-3
+        // in bf16) in each of 16 lanes: the sum says every product ran.
+        let b = half::bf16::from_f32(1e-3).to_f32() as f64;
+        let want = 12.0 * 16.0 * (1.0 + 1000.0 * 2.0 * b * b);
+        // SAFETY: the features were detected above.
+        let got = unsafe { bf16_dot_chains(1000) } as f64;
+        assert!((got - want).abs() < 1e-3 * want, "{got} vs {want}");
+        let rate = bf16_dot_peak_rate(1, 0.05).unwrap();
+        assert!(rate.is_finite() && rate > 0.0, "{rate}");
+    }
 }
