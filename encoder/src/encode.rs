@@ -29,7 +29,9 @@ use crate::tile_reader::TileReader;
 /// A loaded model bound to one backend and device profile. Load once, encode
 /// many tiles; `encode_tile` takes `&self` and may be called from any thread.
 pub struct Encoder {
-    weights: Arc<StudentWeights>,
+    /// The model's sizes: all the encode loop reads of its weights (the
+    /// backend holds what it computes with; see `Encoder::load`).
+    config: ModelConfig,
     backend: Box<dyn Backend>,
     profile: DeviceProfile,
     window_pixels: usize,
@@ -71,9 +73,13 @@ impl Encoder {
         choice: BackendChoice,
         profile: DeviceProfile,
     ) -> Result<Self> {
-        let backend = backend::create(choice, weights.clone(), &profile)?;
+        let config = weights.config;
+        // The backend gets the only `Arc` of the weights: those that pack
+        // or copy them (cpu, onednn) let the f32 matrices go once built
+        // (175 MB for the Large student), the others keep them.
+        let backend = backend::create(choice, weights, &profile)?;
         Ok(Encoder {
-            weights,
+            config,
             backend,
             profile,
             window_pixels: WINDOW_PIXELS,
@@ -88,7 +94,7 @@ impl Encoder {
         profile: DeviceProfile,
     ) -> Self {
         Encoder {
-            weights,
+            config: weights.config,
             backend,
             profile,
             window_pixels: WINDOW_PIXELS,
@@ -96,7 +102,7 @@ impl Encoder {
     }
 
     pub fn config(&self) -> &ModelConfig {
-        &self.weights.config
+        &self.config
     }
 
     pub fn backend_name(&self) -> &'static str {
@@ -151,8 +157,7 @@ impl Encoder {
         progress: &dyn Fn(usize, usize),
         cancel: &AtomicBool,
     ) -> Result<TileEmbedding> {
-        let mut emb =
-            TileEmbedding::empty(tile.height(), tile.width(), self.weights.config.repr_dim);
+        let mut emb = TileEmbedding::empty(tile.height(), tile.width(), self.config.repr_dim);
         self.encode_into(tile, &mut emb, progress, cancel)?;
         emb.fill_nodata();
         Ok(emb)
@@ -361,7 +366,7 @@ impl Encoder {
             // after window (every pixel of a window is in exactly one chunk
             // of each modality, so nothing stale is ever read); none where
             // the backend keeps them.
-            let d = self.weights.config.d_model();
+            let d = self.config.d_model();
             let wmax = if kept.is_some() { 0 } else { window.min(npix) };
             let mut pooled = [vec![0f32; wmax * d], vec![0f32; wmax * d]];
             // Window number `wi`, of `pixels` pixels, as the backend sees it.
@@ -464,7 +469,7 @@ impl Encoder {
         cancel: &AtomicBool,
         tokens_done: &mut dyn FnMut(usize),
     ) -> Result<Option<Vec<u32>>> {
-        let d = self.weights.config.d_model();
+        let d = self.config.d_model();
         let nw = win.pixels;
         let keeps = win.slot.is_some();
         // One chunk's backbone is begun before the last one's result is
@@ -590,7 +595,7 @@ impl Encoder {
 
     /// Take a begun head's result and hand it to the sink's thread.
     fn finish_head(&self, h: HeadInFlight, out: &OutputTx) -> Result<()> {
-        let (r, nw) = (self.weights.config.repr_dim, h.pixels.len());
+        let (r, nw) = (self.config.repr_dim, h.pixels.len());
         let values = self.backend.head_end(h.pending)?;
         if values.len() != nw * r {
             return Err(EncodeError::backend(

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use gemm::Parallelism;
 
 use super::{Backend, SequenceBatch};
+use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::{self, Backbone, LayerNorm, Linear, Modality, StudentWeights};
 use crate::profile::DeviceProfile;
@@ -397,7 +398,13 @@ impl<L: LinearKernel> BlockBackbone<L> {
 /// A whole backend made of thread-per-block backbones and head over kernel `L`.
 pub(crate) struct BlockBackend<L> {
     name: &'static str,
-    weights: Arc<StudentWeights>,
+    /// The model's sizes and the head's two LayerNorms: all this backend
+    /// reads of the checkpoint's weights once its kernels are built (it
+    /// holds no `Arc` of them, so an `Encoder::load`ed model's f32 matrices
+    /// are freed once the kernels have packed or copied them).
+    config: ModelConfig,
+    head_norm1: LayerNorm,
+    head_out_norm: LayerNorm,
     s2: BlockBackbone<L>,
     s1: BlockBackbone<L>,
     fc1: L,
@@ -503,7 +510,9 @@ impl<L: LinearKernel> BlockBackend<L> {
                 Feeds::Other,
             )?,
             block_pixels: profile.block_pixels.max(1),
-            weights,
+            config: weights.config,
+            head_norm1: weights.head.norm1.clone(),
+            head_out_norm: weights.head.out_norm.clone(),
         })
     }
 
@@ -573,9 +582,8 @@ impl<L: LinearKernel> Backend for BlockBackend<L> {
     }
 
     fn head(&self, s2: &[f32], s1: &[f32], n: usize) -> Result<Vec<f32>> {
-        let d = self.weights.config.d_model();
-        let r = self.weights.config.repr_dim;
-        let h = &self.weights.head;
+        let d = self.config.d_model();
+        let r = self.config.repr_dim;
         let mut out = vec![0f32; n * r];
         self.for_blocks(r, &mut out, |start, b, o| {
             let mut z = vec![0f32; b * 2 * d];
@@ -583,10 +591,10 @@ impl<L: LinearKernel> Backend for BlockBackend<L> {
             super::interleave_features(&mut z, &s2[pixels.clone()], &s1[pixels], d);
             let mut y = vec![0f32; b * 4 * d];
             self.fc1.forward(&z, b, &mut y, Epilogue::None)?;
-            h.norm1.apply_rows(&mut y);
+            self.head_norm1.apply_rows(&mut y);
             apply_epilogue(&mut y, Epilogue::Relu);
             self.fc2.forward(&y, b, o, Epilogue::None)?;
-            h.out_norm.apply_rows(o);
+            self.head_out_norm.apply_rows(o);
             Ok(())
         })?;
         Ok(out)

@@ -474,4 +474,19 @@ mod tests {
         assert_eq!(differ, 0, "{differ} of {} outputs differ", m * n2);
         assert!(first_bf16.forward(&x, m, &mut mid, Epilogue::Relu).is_err());
     }
+
+    /// Once its matmuls have packed the weights, the backend holds no
+    /// reference to the f32 ones: an encoder loaded from a file frees them
+    /// (175 MB for the Large student).
+    #[test]
+    fn the_backend_lets_the_f32_weights_go_once_packed() {
+        let cfg = crate::config::ModelConfig::small();
+        let weights = Arc::new(
+            StudentWeights::from_checkpoint(&crate::synth::random_checkpoint(&cfg, 1)).unwrap(),
+        );
+        let profile = DeviceProfile::default_for(crate::backend::BackendChoice::Onednn);
+        let backend = OnednnBackend::new(Arc::clone(&weights), &profile).unwrap();
+        assert_eq!(Arc::strong_count(&weights), 1);
+        drop(backend);
+    }
 }
