@@ -9,8 +9,9 @@
 # `prepare` builds `tessera-encode` and the encoder's fixture-test binary
 # with only the `cuda` feature (nothing to install there), a second
 # `tessera-encode-cpu` with oneDNN for the host CPU, and packs Debian's
-# libdnnl 2.x (and libOpenCL and libgomp, which it links) and oneDNN 3.2
-# (PyPI's onednn-cpu-gomp, opened at run time) next to it, xz-compressed;
+# libdnnl 2.x (and libOpenCL and libgomp, which it links), oneDNN 3.2
+# (PyPI's onednn-cpu-gomp, opened at run time) and 3.7 (built here by
+# scripts/build-onednn.sh, unless GPU_CHECK_ONEDNN37=0) next to it, xz-compressed;
 # the encoder fixtures come along (the test binary finds them at the path
 # it was built with, which `run` recreates).
 #
@@ -28,8 +29,8 @@
 #      and bf16, with each precision's fidelity against f32;
 #   4. the host side of the same encode alone (`tessera-encode host-rate`);
 #   5. the host CPU: onednn on oneDNN 2.6 (linked), 2.6 with AMX forced,
-#      and 3.2 (opened at run time), f32 and bf16 (and bf16 on 3.2 with the
-#      f32 attention), with the kernels each ran (ONEDNN_VERBOSE), the
+#      3.2 (opened at run time), f32 and bf16 (and bf16 on 3.2 with the
+#      f32 attention), and bf16 on 3.7 (built by `scripts/build-onednn.sh`), with the kernels each ran (ONEDNN_VERBOSE), the
 #      running encoder's whole-tile figure on 3.2, bf16 on the fixtures,
 #      against PyTorch CPU on the same 32 x 32 tile;
 #   6. where Nsight Compute is installed, the bf16 kernels of one chunk.
@@ -156,6 +157,13 @@ for l in sys.stdin:
     dnnl3="$target/onednn-3/libdnnl.so.3"
     [ -e "$dnnl3" ] || scripts/wheel-libs.sh 'onednn-cpu-gomp==2023.2.0' "$(dirname "$dnnl3")" 'lib/libdnnl\.so\.3'
     cp "$dnnl3" "$dest/lib/libdnnl.so.3"
+    # oneDNN 3.7.2 built here (matmul and reorder only; minutes the first
+    # time, then kept in the target directory), timed beside 3.2 on the
+    # host CPU. GPU_CHECK_ONEDNN37=0 leaves it out.
+    if [ "${GPU_CHECK_ONEDNN37:-1}" != 0 ]; then
+        scripts/build-onednn.sh "$target/onednn-3.7"
+        cp "$target/onednn-3.7/libdnnl.so.3" "$dest/lib/libdnnl-3.7.so.3"
+    fi
     xz -T0 -6 "$dest"/lib/*
     cp -r ../shared/fixtures/encoder "$dest/fixtures-encoder"
     chmod -R u+w "$dest"
@@ -387,7 +395,7 @@ PY
     fi
 
     if [[ ",$skip," != *",cpu,"* ]]; then
-        echo "== 5. host CPU: onednn (oneDNN 2.6 linked, 2.6 with AMX forced, 3.2 opened at run time) against PyTorch CPU, 32 x 32 px, all cores"
+        echo "== 5. host CPU: onednn (oneDNN 2.6 linked, 2.6 with AMX forced, 3.2 and 3.7 opened at run time) against PyTorch CPU, 32 x 32 px, all cores"
         mkdir -p "$work/lib"
         for f in "$dest"/lib/*.xz; do xz -dc "$f" >"$work/lib/$(basename "$f" .xz)"; done
         cpu="$dest/tessera-encode-cpu"
@@ -417,6 +425,23 @@ PY
         cpu_run f32 3.2 "$dnnl3"
         cpu_run bf16 3.2 "$dnnl3"
         cpu_run bf16 3.2-f32attention "$dnnl3 FLOTILLA_ONEDNN_F32_ATTENTION=1"
+        # oneDNN 3.7.2 (built by prepare), bf16: whole process, then the
+        # running encoder's whole-tile figure as below.
+        dnnl37="$work/lib/libdnnl-3.7.so.3"
+        if [ -e "$dnnl37" ]; then
+            LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$dnnl37" "$cpu" backends | grep '^onednn:' || true
+            cpu_run bf16 3.7 "FLOTILLA_ONEDNN3=$dnnl37"
+            mkdir -p "$work/tiles32-37"
+            cp -r "$work/tile32" "$work/tiles32-37/a"
+            cp -r "$work/tile32" "$work/tiles32-37/b"
+            env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$dnnl37" timeout 60 "$cpu" \
+                --backend onednn --dtype bf16 --ckpt "$work/large.safetensors" --data-root "$work/tiles32-37" \
+                --out-dir "$work/cpu-twice-37" >"$work/cpu-twice-37.log" 2>&1 || echo "onednn bf16 on 3.7 twice failed"
+            sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' "$work/cpu-twice-37.log" |
+                awk -v px=$((side * side)) '{printf "onednn bf16, oneDNN 3.7, whole tile: %.0f px/s (%.3f s)\n", px / $1, $1}'
+        else
+            echo "-- oneDNN 3.7: not carried (prepare with GPU_CHECK_ONEDNN37=0)"
+        fi
         echo "-- the tile twice in one process on oneDNN 3.2: the second is the running encoder's figure"
         echo "   (read, encode, write; no start-up, checkpoint or JIT), as PyTorch's encode_tile after its warm-up"
         mkdir -p "$work/tiles32"

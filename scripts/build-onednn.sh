@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# A current oneDNN 3.x for the encoder's run-time 3.x path (`onednn::v3`),
+# built here from Debian's source of oneDNN 3.7.2 (trixie's; the binary
+# package needs a newer glibc and libstdc++ than bookworm's, and PyPI's
+# current `onednn` wheels need Intel's TBB, SVML and SYCL runtimes).
+#
+#   scripts/build-onednn.sh [DEST]     (default: $CARGO_TARGET_DIR or target, then onednn-3.7)
+#
+# Only what the encoder calls is built (matmul and reorder, inference, GNU
+# OpenMP as the wheels' `onednn-cpu-gomp` 3.2 has, no GPU or graph API), so
+# it takes minutes, not an hour, on two cores. Writes DEST/libdnnl.so.3;
+# point FLOTILLA_ONEDNN3 at it. Needs cmake, ninja and g++ (apt-get install
+# cmake ninja-build g++); `scripts/gpu-check.sh prepare` calls this so that
+# the AMX host can time 3.7 beside 3.2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+version=3.7.2
+tarball="onednn_${version}+ds.orig.tar.xz"
+sha256=0cc51ca26c1af6a2bb1e71e378e7046f3ceb3e71791ee9d4e246d50f904a6ea6
+url="http://deb.debian.org/debian/pool/main/o/onednn/$tarball"
+dest="${1:-${CARGO_TARGET_DIR:-target}/onednn-3.7}"
+
+if [ -e "$dest/libdnnl.so.3" ]; then
+    echo "build-onednn: $dest/libdnnl.so.3 is there already"
+    exit 0
+fi
+for tool in cmake ninja g++ curl xz; do
+    command -v "$tool" >/dev/null || {
+        echo "build-onednn: $tool is missing; apt-get install cmake ninja-build g++ curl xz-utils" >&2
+        exit 1
+    }
+done
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "build-onednn: fetching $url"
+curl -fsS --retry 3 -o "$work/$tarball" "$url"
+echo "$sha256  $work/$tarball" | sha256sum -c --quiet - || {
+    echo "build-onednn: $tarball does not match its sha256 (Debian's trixie Sources list)" >&2
+    exit 1
+}
+tar -xf "$work/$tarball" -C "$work"
+src="$work/oneDNN-$version"
+cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DDNNL_CPU_RUNTIME=OMP -DDNNL_GPU_RUNTIME=NONE -DONEDNN_BUILD_GRAPH=OFF \
+    -DDNNL_BUILD_EXAMPLES=OFF -DDNNL_BUILD_TESTS=OFF -DDNNL_ENABLE_WORKLOAD=INFERENCE \
+    '-DDNNL_ENABLE_PRIMITIVE=MATMUL;REORDER' >"$work/cmake.log" || {
+    tail -20 "$work/cmake.log" >&2
+    exit 1
+}
+echo "build-onednn: compiling (about 15 minutes on two cores)"
+ninja -C "$work/build" dnnl >"$work/ninja.log" || {
+    tail -30 "$work/ninja.log" >&2
+    exit 1
+}
+mkdir -p "$dest"
+cp -L "$work/build/src/libdnnl.so.3" "$dest/libdnnl.so.3"
+strip --strip-unneeded "$dest/libdnnl.so.3"
+echo "build-onednn: wrote $dest/libdnnl.so.3 (oneDNN $version)"
