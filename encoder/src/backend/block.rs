@@ -150,25 +150,46 @@ struct BlockBackbone<L> {
 }
 
 impl<L: LinearKernel> BlockBackbone<L> {
-    fn new(prefix: &str, b: &Backbone, ffn: usize, make: &mut MakeKernel<'_, L>) -> Result<Self> {
+    /// Builds the backbone's kernels from `b`, emptying each Linear's f32
+    /// matrix once its kernel holds what it needs (see [`build`]).
+    fn new(
+        prefix: &str,
+        b: &mut Backbone,
+        ffn: usize,
+        make: &mut MakeKernel<'_, L>,
+    ) -> Result<Self> {
         let mut layers = Vec::with_capacity(b.layers.len());
-        for (i, l) in b.layers.iter().enumerate() {
+        for (i, l) in b.layers.iter_mut().enumerate() {
             let at = |name: &str| format!("{prefix}.transformer_encoder.layers.{i}.{name}");
             layers.push(BlockLayer {
-                in_proj: make(
+                in_proj: build(
+                    make,
                     &at("self_attn.in_proj"),
-                    &l.in_proj,
+                    &mut l.in_proj,
                     Fused::None,
                     Feeds::Other,
                 )?,
-                out_proj: make(
+                out_proj: build(
+                    make,
                     &at("self_attn.out_proj"),
-                    &l.out_proj,
+                    &mut l.out_proj,
                     Fused::Add,
                     Feeds::Other,
                 )?,
-                linear1: make(&at("linear1"), &l.linear1, Fused::Relu, Feeds::NextLinear)?,
-                linear2: make(&at("linear2"), &l.linear2, Fused::Add, Feeds::Other)?,
+                linear1: build(
+                    make,
+                    &at("linear1"),
+                    &mut l.linear1,
+                    Fused::Relu,
+                    Feeds::NextLinear,
+                )?,
+                linear2: build(
+                    make,
+                    &at("linear2"),
+                    &mut l.linear2,
+                    Fused::Add,
+                    Feeds::Other,
+                )?,
                 norm1: l.norm1.clone(),
                 norm2: l.norm2.clone(),
             });
@@ -177,15 +198,17 @@ impl<L: LinearKernel> BlockBackbone<L> {
             d: b.d_model,
             nhead: b.nhead,
             ffn,
-            embed0: make(
+            embed0: build(
+                make,
                 &format!("{prefix}.embedding.0"),
-                &b.embed0,
+                &mut b.embed0,
                 Fused::Relu,
                 Feeds::NextLinear,
             )?,
-            embed2: make(
+            embed2: build(
+                make,
                 &format!("{prefix}.embedding.2"),
-                &b.embed2,
+                &mut b.embed2,
                 Fused::Add,
                 Feeds::Other,
             )?,
@@ -195,6 +218,22 @@ impl<L: LinearKernel> BlockBackbone<L> {
             doy: model::DoyEncoding::new(b.d_model),
         })
     }
+}
+
+/// `l`'s kernel from `make`, then `l`'s f32 matrix emptied: every kernel
+/// packs or copies what it computes with, so a model loaded for a block
+/// backend holds each matrix twice only while that one layer is built,
+/// not the whole model twice (the Large student's f32 matrices are 175 MB).
+fn build<L>(
+    make: &mut MakeKernel<'_, L>,
+    name: &str,
+    l: &mut Linear,
+    fused: Fused,
+    feeds: Feeds,
+) -> Result<L> {
+    let kernel = make(name, l, fused, feeds)?;
+    l.weight = Vec::new();
+    Ok(kernel)
 }
 
 /// Per-thread activations for one block of `rows` tokens.
@@ -491,28 +530,35 @@ impl<L: LinearKernel> BlockBackend<L> {
         } else {
             None
         };
+        // The weights are ours to empty as the kernels are built (see
+        // [`build`]) when the caller handed over the only reference, as
+        // `Encoder::load` does; otherwise a copy is (only tests share them).
+        let mut weights = Arc::try_unwrap(weights).unwrap_or_else(|shared| (*shared).clone());
+        let w = &mut weights;
         Ok(BlockBackend {
             pool,
             attention,
             name,
-            s2: BlockBackbone::new("s2_backbone", &weights.s2, ffn, make)?,
-            s1: BlockBackbone::new("s1_backbone", &weights.s1, ffn, make)?,
-            fc1: make(
+            s2: BlockBackbone::new("s2_backbone", &mut w.s2, ffn, make)?,
+            s1: BlockBackbone::new("s1_backbone", &mut w.s1, ffn, make)?,
+            fc1: build(
+                make,
                 "dim_reducer.0",
-                &weights.head.fc1,
+                &mut w.head.fc1,
                 Fused::None,
                 Feeds::Other,
             )?,
-            fc2: make(
+            fc2: build(
+                make,
                 "dim_reducer.4",
-                &weights.head.fc2,
+                &mut w.head.fc2,
                 Fused::None,
                 Feeds::Other,
             )?,
             block_pixels: profile.block_pixels.max(1),
-            config: weights.config,
-            head_norm1: weights.head.norm1.clone(),
-            head_out_norm: weights.head.out_norm.clone(),
+            config: w.config,
+            head_norm1: w.head.norm1.clone(),
+            head_out_norm: w.head.out_norm.clone(),
         })
     }
 
