@@ -438,7 +438,8 @@ PY
                 --backend onednn --dtype bf16 --ckpt "$work/large.safetensors" --data-root "$work/tiles32-37" \
                 --out-dir "$work/cpu-twice-37" >"$work/cpu-twice-37.log" 2>&1 || echo "onednn bf16 on 3.7 twice failed"
             sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' "$work/cpu-twice-37.log" |
-                awk -v px=$((side * side)) '{printf "onednn bf16, oneDNN 3.7, whole tile: %.0f px/s (%.3f s)\n", px / $1, $1}'
+                awk -v px=$((side * side)) '{printf "onednn bf16, oneDNN 3.7, whole tile: %.0f px/s (%.3f s)\n", px / $1, $1}' |
+                tee -a "$work/cpu-whole-tile.txt"
         else
             echo "-- oneDNN 3.7: not carried (prepare with GPU_CHECK_ONEDNN37=0)"
         fi
@@ -455,13 +456,49 @@ PY
                 --out-dir "$work/cpu-twice-$dt" >"$work/cpu-twice.log" 2>&1 || echo "onednn $dt twice failed"
             sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' "$work/cpu-twice.log" |
                 awk -v what="$dt${settings:+ ($settings)}" -v px=$((side * side)) \
-                    '{printf "onednn %s, oneDNN 3.2, whole tile: %.0f px/s (%.3f s)\n", what, px / $1, $1}'
+                    '{printf "onednn %s, oneDNN 3.2, whole tile: %.0f px/s (%.3f s)\n", what, px / $1, $1}' |
+                tee -a "$work/cpu-whole-tile.txt"
         done
         # PyTorch at its best of two chunks: on a 2-core Zen 4 chunk 1,024
         # gave it 20 and 47 px/s (fp32, bf16) where 32-128 gave 30 and 64.
         echo "-- PyTorch CPU (peer), the same tile, chunks 128 and 1,024 (its best is the figure)"
         timeout 120 python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile32" --device cpu \
-            --dtype fp32,bf16 --mode whole --chunk 128,1024 || echo "PyTorch CPU peer failed or timed out"
+            --dtype fp32,bf16 --mode whole --chunk 128,1024 | tee "$work/torch-cpu.md" ||
+            echo "PyTorch CPU peer failed or timed out"
+        # The issue's host-CPU table for this build: the running encoder's
+        # whole tile against PyTorch's best, and the AMX goal.
+        python3 - "$work" "$side" <<'PY'
+import re, sys
+work, side = sys.argv[1], int(sys.argv[2])
+torch = {}
+try:
+    for line in open(f"{work}/torch-cpu.md"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[0] == "pytorch encode_tile" and re.fullmatch(r"[0-9.]+", cells[4]):
+            torch[cells[1]] = float(cells[4])
+except OSError:
+    pass
+ours = {}
+try:
+    for line in open(f"{work}/cpu-whole-tile.txt"):
+        m = re.match(r"onednn (\S+), oneDNN (\S+), whole tile: ([0-9]+) px/s", line)
+        if m:
+            ours[(m.group(2), m.group(1))] = float(m.group(3))
+except OSError:
+    pass
+fmt = lambda v, peer: "-" if v is None else (f"{v:,.0f}" + (f" ({v / peer:.2f}x)" if peer else ""))
+print(f"| host CPU, {side} x {side} tile, px/s | f32 | bf16 |")
+print("|---|---|---|")
+print(f"| PyTorch CPU encode_tile (best chunk) | {fmt(torch.get('fp32'), None)} | {fmt(torch.get('bf16'), None)} |")
+for lib in ("3.2", "3.7"):
+    print(f"| ours, whole tile, oneDNN {lib} | {fmt(ours.get((lib, 'f32')), torch.get('fp32'))} | "
+          f"{fmt(ours.get((lib, 'bf16')), torch.get('bf16'))} |")
+best = max([v for (lib, dt), v in ours.items() if dt == "bf16"], default=None)
+if best and torch.get("bf16"):
+    goal = max(3 * torch["bf16"], 1200 if side == 32 else 0)
+    print(f"AMX bf16 goal (>= 3x PyTorch CPU bf16{', >= 1,200 px/s' if side == 32 else ''}): "
+          f"best {best:,.0f} of {goal:,.0f} px/s -> {'met' if best >= goal else 'not met'}")
+PY
         stamp
         echo "-- bf16 on the CPU against upstream f32 on the fixtures (oneDNN 3.2)"
         for case in small long; do
