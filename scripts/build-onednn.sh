@@ -8,7 +8,7 @@
 #
 # Only what the encoder calls is built (matmul and reorder, inference, GNU
 # OpenMP as the wheels' `onednn-cpu-gomp` 3.2 has, no GPU or graph API), so
-# it takes minutes, not an hour, on two cores. Writes DEST/libdnnl.so.3;
+# it takes 22-28 minutes, not hours, on two cores. Writes DEST/libdnnl.so.3;
 # point FLOTILLA_ONEDNN3 at it. Needs cmake, ninja and g++ (apt-get install
 # cmake ninja-build g++); `scripts/gpu-check.sh prepare` calls this so that
 # the AMX host can time 3.7 beside 3.2.
@@ -45,11 +45,11 @@ src="$work/oneDNN-$version"
 cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DDNNL_CPU_RUNTIME=OMP -DDNNL_GPU_RUNTIME=NONE -DONEDNN_BUILD_GRAPH=OFF \
     -DDNNL_BUILD_EXAMPLES=OFF -DDNNL_BUILD_TESTS=OFF -DDNNL_ENABLE_WORKLOAD=INFERENCE \
-    '-DDNNL_ENABLE_PRIMITIVE=MATMUL;REORDER' >"$work/cmake.log" || {
+    '-DDNNL_ENABLE_PRIMITIVE=MATMUL;REORDER' >"$work/cmake.log" 2>&1 || {
     tail -20 "$work/cmake.log" >&2
     exit 1
 }
-echo "build-onednn: compiling (about 15 minutes on two cores)"
+echo "build-onednn: compiling (22-28 minutes on two cores)"
 ninja -C "$work/build" dnnl >"$work/ninja.log" || {
     tail -30 "$work/ninja.log" >&2
     exit 1
