@@ -419,46 +419,45 @@ PY
             echo "onednn $dt, oneDNN $label: $((side * side * 1000 / (ms > 0 ? ms : 1))) px/s whole process ($ms ms); kernels: $kernels"
         }
         dnnl3="FLOTILLA_ONEDNN3=$work/lib/libdnnl.so.3"
+        # The running encoder's figure: the tile twice in one process, the
+        # second timed (read, encode, write; no start-up, checkpoint or
+        # JIT), as PyTorch's encode_tile after its warm-up. Also kept in
+        # cpu-whole-tile.txt for the table below.
+        mkdir -p "$work/tiles32"
+        cp -r "$work/tile32" "$work/tiles32/a"
+        cp -r "$work/tile32" "$work/tiles32/b"
+        cpu_whole_tile() {
+            local dt=$1 label=$2 settings=$3 what=$4
+            # shellcheck disable=SC2086 # the settings are words
+            env LD_LIBRARY_PATH="$libs" $settings timeout 60 "$cpu" \
+                --backend onednn --dtype "$dt" --ckpt "$work/large.safetensors" --data-root "$work/tiles32" \
+                --out-dir "$work/cpu-twice-$dt-$label" >"$work/cpu-twice.log" 2>&1 ||
+                echo "onednn $what on $label twice failed"
+            sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' "$work/cpu-twice.log" |
+                awk -v what="$what" -v lib="${label%%-*}" -v px=$((side * side)) \
+                    '{printf "onednn %s, oneDNN %s, whole tile: %.0f px/s (%.3f s)\n", what, lib, px / $1, $1}' |
+                tee -a "$work/cpu-whole-tile.txt"
+        }
         # In the order they matter: 3.2 (AMX's kernels) first, with bf16's
         # attention on oneDNN's batched matmuls (the default) and on the
         # gemm crate in f32 (no AMX) as its peer; Debian's linked 2.6 last.
         cpu_run f32 3.2 "$dnnl3"
         cpu_run bf16 3.2 "$dnnl3"
         cpu_run bf16 3.2-f32attention "$dnnl3 FLOTILLA_ONEDNN_F32_ATTENTION=1"
-        # oneDNN 3.7.2 (built by prepare), bf16: whole process, then the
-        # running encoder's whole-tile figure as below.
+        # oneDNN 3.7.2 (built by prepare), bf16: whole process, then whole tile.
         dnnl37="$work/lib/libdnnl-3.7.so.3"
         if [ -e "$dnnl37" ]; then
             LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$dnnl37" "$cpu" backends | grep '^onednn:' || true
             cpu_run bf16 3.7 "FLOTILLA_ONEDNN3=$dnnl37"
-            mkdir -p "$work/tiles32-37"
-            cp -r "$work/tile32" "$work/tiles32-37/a"
-            cp -r "$work/tile32" "$work/tiles32-37/b"
-            env LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$dnnl37" timeout 60 "$cpu" \
-                --backend onednn --dtype bf16 --ckpt "$work/large.safetensors" --data-root "$work/tiles32-37" \
-                --out-dir "$work/cpu-twice-37" >"$work/cpu-twice-37.log" 2>&1 || echo "onednn bf16 on 3.7 twice failed"
-            sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' "$work/cpu-twice-37.log" |
-                awk -v px=$((side * side)) '{printf "onednn bf16, oneDNN 3.7, whole tile: %.0f px/s (%.3f s)\n", px / $1, $1}' |
-                tee -a "$work/cpu-whole-tile.txt"
+            cpu_whole_tile bf16 3.7 "FLOTILLA_ONEDNN3=$dnnl37" bf16
         else
             echo "-- oneDNN 3.7: not carried (prepare with GPU_CHECK_ONEDNN37=0)"
         fi
         echo "-- the tile twice in one process on oneDNN 3.2: the second is the running encoder's figure"
-        echo "   (read, encode, write; no start-up, checkpoint or JIT), as PyTorch's encode_tile after its warm-up"
-        mkdir -p "$work/tiles32"
-        cp -r "$work/tile32" "$work/tiles32/a"
-        cp -r "$work/tile32" "$work/tiles32/b"
-        for run in "f32:" "bf16:" "bf16:FLOTILLA_ONEDNN_F32_ATTENTION=1"; do
-            dt=${run%%:*} settings=${run#*:}
-            # shellcheck disable=SC2086 # the settings are words
-            env LD_LIBRARY_PATH="$libs" "$dnnl3" $settings timeout 60 "$cpu" \
-                --backend onednn --dtype "$dt" --ckpt "$work/large.safetensors" --data-root "$work/tiles32" \
-                --out-dir "$work/cpu-twice-$dt" >"$work/cpu-twice.log" 2>&1 || echo "onednn $dt twice failed"
-            sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' "$work/cpu-twice.log" |
-                awk -v what="$dt${settings:+ ($settings)}" -v px=$((side * side)) \
-                    '{printf "onednn %s, oneDNN 3.2, whole tile: %.0f px/s (%.3f s)\n", what, px / $1, $1}' |
-                tee -a "$work/cpu-whole-tile.txt"
-        done
+        cpu_whole_tile f32 3.2 "$dnnl3" f32
+        cpu_whole_tile bf16 3.2 "$dnnl3" bf16
+        cpu_whole_tile bf16 3.2-f32attention "$dnnl3 FLOTILLA_ONEDNN_F32_ATTENTION=1" \
+            "bf16 (FLOTILLA_ONEDNN_F32_ATTENTION=1)"
         # PyTorch at its best of two chunks: on a 2-core Zen 4 chunk 1,024
         # gave it 20 and 47 px/s (fp32, bf16) where 32-128 gave 30 and 64.
         echo "-- PyTorch CPU (peer), the same tile, chunks 128 and 1,024 (its best is the figure)"

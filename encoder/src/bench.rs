@@ -122,20 +122,37 @@ pub fn fma_peak_rate(threads: usize, seconds: f64) -> Option<f64> {
         if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
             return None;
         }
-        const ITERS: u64 = 1 << 20;
-        let flops = (ITERS * FMA_FLOPS_PER_ITER) as f64;
-        Some(rate_on_threads(threads, seconds, flops, |_| {
-            || {
-                // SAFETY: AVX2 and FMA were detected above.
-                std::hint::black_box(unsafe { fma_chains(ITERS) });
-            }
-        }))
+        // SAFETY: AVX2 and FMA were detected above.
+        Some(unsafe { chains_rate(threads, seconds, 1 << 20, FMA_FLOPS_PER_ITER, fma_chains) })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (threads, seconds);
         None
     }
+}
+
+/// GFLOP/s of `chains` (register-only arithmetic chains, `flops_per_iter`
+/// FLOPs an iteration) run for `iters` iterations a call on `threads`
+/// threads for about `seconds`: the ceilings above.
+///
+/// # Safety
+/// The CPU must have the features `chains` is compiled for.
+#[cfg(target_arch = "x86_64")]
+unsafe fn chains_rate(
+    threads: usize,
+    seconds: f64,
+    iters: u64,
+    flops_per_iter: u64,
+    chains: unsafe fn(u64) -> f32,
+) -> f64 {
+    let flops = (iters * flops_per_iter) as f64;
+    rate_on_threads(threads, seconds, flops, |_| {
+        move || {
+            // SAFETY: the caller vouches for the features.
+            std::hint::black_box(unsafe { chains(iters) });
+        }
+    })
 }
 
 /// 12 chains x 8 lanes x 2 FLOPs.
@@ -177,14 +194,16 @@ pub fn bf16_dot_peak_rate(threads: usize, seconds: f64) -> Option<f64> {
         if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")) {
             return None;
         }
-        const ITERS: u64 = 1 << 19;
-        let flops = (ITERS * BF16_DOT_FLOPS_PER_ITER) as f64;
-        Some(rate_on_threads(threads, seconds, flops, |_| {
-            || {
-                // SAFETY: AVX-512F and AVX512-BF16 were detected above.
-                std::hint::black_box(unsafe { bf16_dot_chains(ITERS) });
-            }
-        }))
+        // SAFETY: AVX-512F and AVX512-BF16 were detected above.
+        Some(unsafe {
+            chains_rate(
+                threads,
+                seconds,
+                1 << 19,
+                BF16_DOT_FLOPS_PER_ITER,
+                bf16_dot_chains,
+            )
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

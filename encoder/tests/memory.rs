@@ -26,6 +26,34 @@ fn cli(args: &[&str]) -> String {
     err
 }
 
+/// A synthetic tile at `out`: `(height, width)` pixels, `(S2, S1
+/// ascending, S1 descending)` frames, `clear` the probability that a frame
+/// is a valid observation.
+fn synth_tile(
+    out: &Path,
+    (height, width): (usize, usize),
+    frames: (usize, usize, usize),
+    clear: &str,
+) {
+    cli(&[
+        "synth-tile",
+        "--out",
+        out.to_str().unwrap(),
+        "--height",
+        &height.to_string(),
+        "--width",
+        &width.to_string(),
+        "--s2-frames",
+        &frames.0.to_string(),
+        "--s1-asc-frames",
+        &frames.1.to_string(),
+        "--s1-desc-frames",
+        &frames.2.to_string(),
+        "--clear",
+        clear,
+    ]);
+}
+
 /// Bytes of `.npy` in `dir`.
 fn input_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
@@ -88,23 +116,7 @@ fn peak_memory_does_not_grow_with_the_tiles_inputs() {
     let mut peaks = Vec::new();
     for (name, height) in [("short", 32), ("tall", 256)] {
         let tile = d.join(name);
-        cli(&[
-            "synth-tile",
-            "--out",
-            tile.to_str().unwrap(),
-            "--height",
-            &height.to_string(),
-            "--width",
-            "256",
-            "--s2-frames",
-            "100",
-            "--s1-asc-frames",
-            "50",
-            "--s1-desc-frames",
-            "50",
-            "--clear",
-            "0.05",
-        ]);
+        synth_tile(&tile, (height, 256), (100, 50, 50), "0.05");
         let inputs = input_bytes(&tile);
         let peak = peak_mib(&ckpt, &tile, &d.join(format!("out-{name}")));
         eprintln!(
@@ -140,23 +152,7 @@ fn loading_a_model_holds_its_weights_about_once() {
     let ckpt = d.join("large.safetensors");
     cli(&["synth-ckpt", "--out", ckpt.to_str().unwrap()]);
     let tile = d.join("one");
-    cli(&[
-        "synth-tile",
-        "--out",
-        tile.to_str().unwrap(),
-        "--height",
-        "1",
-        "--width",
-        "1",
-        "--s2-frames",
-        "8",
-        "--s1-asc-frames",
-        "4",
-        "--s1-desc-frames",
-        "4",
-        "--clear",
-        "1.0",
-    ]);
+    synth_tile(&tile, (1, 1), (8, 4, 4), "1.0");
     let weights = std::fs::metadata(&ckpt).unwrap().len() >> 20;
     let peak = peak_mib(&ckpt, &tile, &d.join("out"));
     eprintln!("{weights} MiB of weights, peak {peak} MiB");

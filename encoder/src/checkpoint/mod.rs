@@ -138,15 +138,20 @@ impl<'a> Vars<'a> {
             format!("{}.{}", self.prefix, name)
         };
         let missing = || EncodeError::tensor(&full, "missing from the checkpoint".to_string());
-        let wrong_shape = |p: &Param| {
-            EncodeError::tensor(&full, format!("shape {:?}, expected {:?}", p.shape, shape))
+        let shaped = |p: &Param| {
+            if p.shape == shape {
+                Ok(())
+            } else {
+                Err(EncodeError::tensor(
+                    &full,
+                    format!("shape {:?}, expected {:?}", p.shape, shape),
+                ))
+            }
         };
         let p = match &*self.store {
             Store::Borrowed(tensors) => {
                 let p = tensors.get(&full).ok_or_else(missing)?;
-                if p.shape != shape {
-                    return Err(wrong_shape(p));
-                }
+                shaped(p)?;
                 p.clone()
             }
             Store::Owned(tensors) => {
@@ -158,10 +163,7 @@ impl<'a> Vars<'a> {
                         "asked for twice while loading the model".to_string(),
                     ));
                 }
-                let p = tensors.get(&full).ok_or_else(missing)?;
-                if p.shape != shape {
-                    return Err(wrong_shape(p));
-                }
+                shaped(tensors.get(&full).ok_or_else(missing)?)?;
                 tensors.remove(&full).ok_or_else(missing)?
             }
         };
