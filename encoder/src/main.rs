@@ -394,6 +394,9 @@ fn run_backends() {
             "cuda:      {}",
             tessera_encoder::backend::cuda::fused_epilogue_report()
         );
+        if let Some(kernels) = tessera_encoder::backend::cuda::kernels_report() {
+            println!("cuda:      {kernels}");
+        }
     }
     #[cfg(all(feature = "onednn", target_os = "linux"))]
     println!(
@@ -510,6 +513,9 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
             eprintln!(
                 "GPU memory in use after the encode: {used} MiB of {total} (the whole device)"
             );
+        }
+        if let Some(kernels) = tessera_encoder::backend::cuda::kernels_report() {
+            eprintln!("{kernels}");
         }
         for line in tessera_encoder::backend::cuda::gemm_tuning_report() {
             eprintln!("{line}");

@@ -30,6 +30,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::{CompileError, Ptx};
 
 use super::device::HalfGemmOut;
+use super::kernel_cache;
 use super::{Arg, Device, Epilogue, Gemm, GemmMath, GpuBackend, Kernel, Launch, KERNELS};
 use crate::error::{EncodeError, Result};
 use crate::model::StudentWeights;
@@ -107,17 +108,62 @@ fn context() -> std::result::Result<Arc<CudaContext>, String> {
     .clone()
 }
 
-/// The kernels as PTX, compiled once per process: for `compute_80` where
-/// the GPU has bf16 tensor cores (`attention_mma`'s `mma.sync` needs it;
-/// the driver compiles the PTX on for the GPU's own architecture), else for
-/// NVRTC's default architecture (`attention_mma` is then a stub the backend
-/// never launches).
+/// The kernels as PTX, once per process: for `compute_80` where the GPU
+/// has bf16 tensor cores (`attention_mma`'s `mma.sync` needs it; the driver
+/// compiles the PTX on for the GPU's own architecture), else for NVRTC's
+/// default architecture (`attention_mma` is then a stub the backend never
+/// launches). NVRTC compiles them only when the on-disk cache
+/// (`kernel_cache.rs`) has none for this source, architecture and NVRTC.
 fn kernels_ptx(tensor_cores: bool) -> std::result::Result<Ptx, String> {
     static PTX: [OnceLock<std::result::Result<Ptx, String>>; 2] =
         [OnceLock::new(), OnceLock::new()];
     PTX[tensor_cores as usize]
-        .get_or_init(|| compile_kernels(tensor_cores.then_some("compute_80")))
+        .get_or_init(|| {
+            let arch = tensor_cores.then_some("compute_80");
+            let nvrtc = nvrtc_version()?;
+            let dir = kernel_cache::dir_from_env();
+            let (ptx, origin) = kernel_cache::ptx_cached(
+                dir.as_deref().map_err(Clone::clone),
+                &[
+                    KERNELS.as_bytes(),
+                    arch.unwrap_or("default").as_bytes(),
+                    nvrtc.as_bytes(),
+                ],
+                || compile_kernels(arch).map(|p| p.to_src()),
+            )?;
+            if let Ok(mut o) = KERNELS_ORIGIN.lock() {
+                *o = Some(origin);
+            }
+            Ok(Ptx::from_src(ptx))
+        })
         .clone()
+}
+
+/// How this process got its kernels (the last compiled or read).
+static KERNELS_ORIGIN: Mutex<Option<kernel_cache::Origin>> = Mutex::new(None);
+
+/// Where this process's kernels came from (the NVRTC cache, or compiled in
+/// how long), once a device was built: for `tessera-encode backends` and
+/// the encode's report.
+pub fn kernels_report() -> Option<String> {
+    KERNELS_ORIGIN
+        .lock()
+        .ok()?
+        .as_ref()
+        .map(|o| format!("CUDA kernels {o}"))
+}
+
+/// NVRTC's version, part of the kernel cache's key (another NVRTC may
+/// write other PTX, or PTX an older driver cannot load).
+fn nvrtc_version() -> std::result::Result<String, String> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-pointers to locals; the caller has checked that
+    // libnvrtc loads (probe), as compiling needs anyway.
+    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if status != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(format!("asking NVRTC's version: {status:?}"));
+    }
+    Ok(format!("NVRTC {major}.{minor}"))
 }
 
 fn compile_kernels(arch: Option<&'static str>) -> std::result::Result<Ptx, String> {
@@ -1236,6 +1282,31 @@ mod tests {
             });
             assert_eq!(mma, arch.is_some(), "{arch:?}: mma.sync in the PTX: {mma}");
         }
+        // Through the on-disk cache as `kernels_ptx` goes: compiled once,
+        // then the same PTX read back, in a fraction of the time.
+        let cache = tempfile::tempdir().expect("a temporary directory");
+        let version = nvrtc_version().expect("NVRTC's version");
+        let parts: &[&[u8]] = &[KERNELS.as_bytes(), b"compute_80", version.as_bytes()];
+        let through_cache = || {
+            let started = std::time::Instant::now();
+            let (ptx, origin) = kernel_cache::ptx_cached(Ok(cache.path()), parts, || {
+                compile_kernels(Some("compute_80")).map(|p| p.to_src())
+            })
+            .expect("compute_80 compiles");
+            (ptx, origin, started.elapsed())
+        };
+        let (compiled, first, t_compiled) = through_cache();
+        let (cached, second, t_cached) = through_cache();
+        assert!(
+            matches!(first, kernel_cache::Origin::Compiled { stored: Ok(_), .. }),
+            "{first}"
+        );
+        assert!(
+            matches!(second, kernel_cache::Origin::Cached(_)),
+            "{second}"
+        );
+        assert_eq!(compiled, cached, "the cache gave back other PTX");
+        eprintln!("{version}, compute_80: compiled in {t_compiled:?}, read from the cache in {t_cached:?}");
         // And on to an H100/H200's machine code, where ptxas says what each
         // kernel needs: `attention_mma` keeps its running output in
         // registers, and spilling them would undo the point of it.

@@ -45,6 +45,8 @@ pub mod cuda;
 mod device;
 #[cfg(test)]
 mod emulator;
+#[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
+pub mod kernel_cache;
 
 use std::sync::{Arc, Mutex};
 
