@@ -381,9 +381,25 @@ impl OutputWriter {
         }
         // Closed (and unlocked) first: Windows renames no open file.
         self.main = None;
-        for (tmp, path) in &self.paths {
+        // `NAME.npy` is the commit record: renamed last, and with int8 an
+        // older one goes first, so that a crash between the renames leaves
+        // no output (the job is redone) rather than new scales beside old
+        // codes.
+        let (main, others) = self
+            .paths
+            .split_first()
+            .expect("the main file is always planned");
+        if !others.is_empty() {
+            match std::fs::remove_file(&main.1) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(EncodeError::io(&main.1, e)),
+            }
+        }
+        for (tmp, path) in others.iter().chain([main]) {
             std::fs::rename(tmp, path).map_err(|e| EncodeError::io(path, e))?;
         }
+        sync_dir(&main.1)?;
         self.finished = true;
         Ok(self.paths.iter().map(|(_, p)| p.clone()).collect())
     }
@@ -432,6 +448,25 @@ impl Drop for OutputWriter {
             }
         }
     }
+}
+
+/// Sync the directory holding `file`, so that its renames survive a power
+/// cut (Unix; elsewhere a rename is as durable as the file system makes it).
+fn sync_dir(file: &Path) -> Result<()> {
+    #[cfg(unix)]
+    if let Some(dir) = file.parent() {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| EncodeError::io(dir, e))?;
+    }
+    #[cfg(not(unix))]
+    let _ = file;
+    Ok(())
 }
 
 fn partial_name(p: &Path) -> PathBuf {
@@ -594,6 +629,44 @@ mod tests {
         .to_string();
         assert!(err.contains("--dim 3: must be between 1 and 2"), "{err}");
         assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
+    }
+
+    #[test]
+    fn int8_codes_are_never_in_place_beside_scales_of_another_encode() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = OutputOptions { int8: true, dim: 2 };
+        let write = |value: f32| {
+            let mut w = OutputWriter::create(dir.path(), "t", opts, (1, 2), 2).unwrap();
+            w.window(&[0, 1], &[value, 1.0, value, 2.0]).unwrap();
+            w.finish()
+        };
+        let files = write(4.0).unwrap();
+        assert_eq!(files.len(), 2);
+        // A second encode of the same output whose scales cannot be put in
+        // place (here a folder is in their way): its codes must not be
+        // either, and the first encode's codes must not stay beside
+        // whatever scales are there. No output is what a rerun redoes.
+        std::fs::remove_file(&files[1]).unwrap();
+        std::fs::create_dir_all(files[1].join("in-the-way")).unwrap();
+        let err = write(8.0).unwrap_err().to_string();
+        assert!(err.contains("t_scales.npy"), "{err}");
+        assert!(
+            !files[0].exists(),
+            "t.npy is in place beside no scales of its own"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            left,
+            vec![std::ffi::OsString::from("t_scales.npy")],
+            "temporaries left"
+        );
+        // Cleared, the next encode puts both in place.
+        std::fs::remove_dir_all(&files[1]).unwrap();
+        let again = write(8.0).unwrap();
+        assert!(again.iter().all(|f| f.is_file()));
     }
 
     #[test]
