@@ -354,6 +354,11 @@ PY
     for dt in $dts; do
         echo "$dt: $(grep -A1 '^tile b:' "$work/twice-$dt.log" | sed -n 's/^  (\(.*\))$/\1/p')"
     done
+    echo "-- start-up of the whole-process runs (what they have beyond the tile; the first tile"
+    echo "   of a process also times cuBLASLt's GEMM candidates), and where the kernels came from"
+    for dt in $dts; do
+        echo "$dt: $(grep -h '^ready in\|^CUDA kernels' "$work/ours-$dt.log" | tr '\n' ' ')"
+    done
     echo "-- memory of the two-tile runs (host, and the GPU's at the end: chunk buffers are kept),"
     echo "   and what timing cuBLASLt's candidates found per GEMM shape (bf16)"
     for dt in $dts; do
@@ -417,6 +422,7 @@ PY
             kernels=$(grep -o 'brg[a-z_:0-9]*\|jit:[a-z_0-9]*\|gemm:[a-z_0-9]*' "$work/cpu-$dt-$label.log" |
                 sort | uniq -c | sort -rn | head -3 | awk '{printf "%s x%s; ", $2, $1}')
             echo "onednn $dt, oneDNN $label: $((side * side * 1000 / (ms > 0 ? ms : 1))) px/s whole process ($ms ms); kernels: $kernels"
+            grep -h '^ready in' "$work/cpu-$dt-$label.log" | sed 's/^/    /' || true
         }
         dnnl3="FLOTILLA_ONEDNN3=$work/lib/libdnnl.so.3"
         # The running encoder's figure: the tile twice in one process, the

@@ -35,6 +35,18 @@ pub struct Encoder {
     backend: Box<dyn Backend>,
     profile: DeviceProfile,
     window_pixels: usize,
+    /// [`Encoder::load`]'s checkpoint read and backend build.
+    load_times: Option<LoadTimes>,
+}
+
+/// Where [`Encoder::load`]'s time went, for the start-up line of an encode.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadTimes {
+    /// Reading the checkpoint into the model's weights.
+    pub checkpoint: std::time::Duration,
+    /// Building the backend: packing or uploading the weights, and on a
+    /// GPU its context and kernels.
+    pub backend: std::time::Duration,
 }
 
 // The agent shares one Encoder between threads.
@@ -55,8 +67,21 @@ pub const READ_AHEAD: usize = 2;
 impl Encoder {
     /// Load a `.pt` or `.safetensors` checkpoint and build the backend.
     pub fn load(ckpt: &Path, choice: BackendChoice, profile: DeviceProfile) -> Result<Self> {
+        let started = std::time::Instant::now();
         let weights = StudentWeights::from_owned_checkpoint(Checkpoint::load(ckpt)?)?;
-        Self::from_weights(Arc::new(weights), choice, profile)
+        let checkpoint = started.elapsed();
+        let mut enc = Self::from_weights(Arc::new(weights), choice, profile)?;
+        enc.load_times = Some(LoadTimes {
+            checkpoint,
+            backend: started.elapsed() - checkpoint,
+        });
+        Ok(enc)
+    }
+
+    /// How long [`Encoder::load`] took, by part; `None` for an encoder
+    /// made otherwise.
+    pub fn load_times(&self) -> Option<LoadTimes> {
+        self.load_times
     }
 
     pub fn from_checkpoint(
@@ -83,6 +108,7 @@ impl Encoder {
             backend,
             profile,
             window_pixels: WINDOW_PIXELS,
+            load_times: None,
         })
     }
 
@@ -98,6 +124,7 @@ impl Encoder {
             backend,
             profile,
             window_pixels: WINDOW_PIXELS,
+            load_times: None,
         }
     }
 

@@ -85,7 +85,7 @@ pub mod tile_reader;
 pub use backend::{Backend, BackendChoice, SequenceBatch};
 pub use checkpoint::Checkpoint;
 pub use config::ModelConfig;
-pub use encode::Encoder;
+pub use encode::{Encoder, LoadTimes};
 pub use error::EncodeError;
 pub use model::{Modality, StudentWeights};
 pub use output::{EmbeddingSink, OutputOptions, OutputWriter, TileEmbedding};

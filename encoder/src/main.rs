@@ -428,8 +428,22 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
         }
         _ => bail!("give --tile DIR or --data-root DIR"),
     };
+    let started = std::time::Instant::now();
     let (choice, profile) = a.run.resolve()?;
+    let resolved = started.elapsed().as_secs_f64();
     let mut enc = Encoder::load(&ckpt, choice, profile)?;
+    // Start-up by part: what a whole process's figure has beyond its
+    // tiles' (the first tile also pays a GPU's GEMM timing).
+    if let Some(t) = enc.load_times() {
+        eprintln!(
+            "ready in {:.3} s: backend chosen in {resolved:.3} s, checkpoint read in {:.3} s, \
+             {} backend built in {:.3} s",
+            started.elapsed().as_secs_f64(),
+            t.checkpoint.as_secs_f64(),
+            enc.backend_name(),
+            t.backend.as_secs_f64()
+        );
+    }
     enc.set_window_pixels(a.window_pixels);
     let cancel = Arc::new(AtomicBool::new(false));
     {

@@ -66,7 +66,7 @@ fn synth_inputs_then_encode_a_data_root() {
         );
     }
     let out = d.join("out");
-    run(
+    let said = run(
         &["--backend", "cpu", "--int8", "--dim", "64", "--ckpt"],
         &[
             &ckpt,
@@ -75,6 +75,15 @@ fn synth_inputs_then_encode_a_data_root() {
             Path::new("--out-dir"),
             &out,
         ],
+    );
+    // The start-up, by part, before the tiles.
+    let ready = said
+        .lines()
+        .find(|l| l.starts_with("ready in "))
+        .unwrap_or_else(|| panic!("no start-up line: {said}"));
+    assert!(
+        ready.contains("checkpoint read in") && ready.contains("cpu backend built in"),
+        "{ready}"
     );
     for name in ["grid_0.05_0.05", "grid_0.15_0.05"] {
         let codes = npy::read(&out.join(format!("{name}.npy"))).unwrap();

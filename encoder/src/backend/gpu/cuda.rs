@@ -88,8 +88,18 @@ fn probe_once() -> std::result::Result<usize, String> {
         Ok(_) => return Err("the CUDA driver reports no GPU".into()),
         Err(e) => return Err(format!("the CUDA driver did not answer: {e:?}")),
     };
-    CudaDevice::build().map(|_| n)
+    // The trial device is kept for the first backend to take (`open`)
+    // rather than dropped and built again: its cuBLAS and cuBLASLt handles,
+    // workspace and loaded module are what that backend would make anew.
+    let dev = CudaDevice::build()?;
+    if let Ok(mut spare) = SPARE.lock() {
+        *spare = Some(dev);
+    }
+    Ok(n)
 }
+
+/// The probe's device, untouched, until a backend takes it.
+static SPARE: Mutex<Option<CudaDevice>> = Mutex::new(None);
 
 /// GPU 0's primary context, held for the whole process: the device-name
 /// lookup, the probe and every backend (a `tune` sweep builds one per
@@ -429,7 +439,11 @@ impl CudaDevice {
     /// The device, its cuBLAS handle set to `math` for every GEMM.
     fn open(math: GemmMath) -> Result<Self> {
         probe().map_err(|why| EncodeError::backend(NAME, format!("no usable GPU: {why}")))?;
-        let mut dev = Self::build().map_err(|e| EncodeError::backend(NAME, e))?;
+        let spare = SPARE.lock().ok().and_then(|mut s| s.take());
+        let mut dev = match spare {
+            Some(dev) => dev,
+            None => Self::build().map_err(|e| EncodeError::backend(NAME, e))?,
+        };
         dev.math = math;
         let mode = match math {
             // bf16 is asked for per GEMM, by its compute type.
