@@ -339,13 +339,70 @@ impl CheckpointInfo {
         }
         Ok(out)
     }
+
+    /// [`CheckpointInfo::read_tensors`] from a file, the tensors read at
+    /// their offsets on several threads at once: each read's copy out of
+    /// the page cache and the faults on its fresh pages are most of the
+    /// work, and they go as fast as the cores doing them (the Large
+    /// student's 175 MB: 0.11 s on one thread of a 2-core Zen 4).
+    pub fn read_tensors_from_file(&self, f: &std::fs::File) -> Result<BTreeMap<String, Param>> {
+        use rayon::prelude::*;
+        let tensors: Vec<(&String, &TensorMeta)> = self.tensors.iter().collect();
+        tensors
+            .into_par_iter()
+            .map(|(name, t)| {
+                let data = read_tensor_with(t, |buf, at| read_exact_at(f, buf, at))
+                    .map_err(|e| ckpt_err(&self.path, format!("tensor `{name}`: {e}")))?;
+                Ok((
+                    name.clone(),
+                    Param {
+                        shape: t.shape.clone(),
+                        data,
+                    },
+                ))
+            })
+            .collect()
+    }
+}
+
+/// Fill `buf` from `f` at byte `at`, leaving the file's position alone
+/// (so threads may share the file).
+fn read_exact_at(f: &std::fs::File, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::read_exact_at(f, buf, at)
+    }
+    #[cfg(windows)]
+    {
+        let mut done = 0;
+        while done < buf.len() {
+            match std::os::windows::fs::FileExt::seek_read(f, &mut buf[done..], at + done as u64) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
 }
 
 fn read_tensor<R: Read + Seek>(r: &mut R, t: &TensorMeta) -> std::io::Result<Vec<f32>> {
+    read_tensor_with(t, |buf, at| {
+        r.seek(SeekFrom::Start(at))?;
+        r.read_exact(buf)
+    })
+}
+
+/// One tensor as row-major f32, its bytes taken by `read_at(buf, offset)`
+/// (one call, for the tensor's whole extent).
+fn read_tensor_with(
+    t: &TensorMeta,
+    mut read_at: impl FnMut(&mut [u8], u64) -> std::io::Result<()>,
+) -> std::io::Result<Vec<f32>> {
     let size = t.dtype.size();
     // Both products were bounded when the header was checked.
     let first = t.at.start + (t.at.offset * size) as u64;
-    r.seek(SeekFrom::Start(first))?;
     let n = t.elements();
     let contiguous = Some(&t.at.stride) == contiguous_strides(&t.shape).as_ref();
     if t.dtype == DType::F32 && contiguous {
@@ -354,7 +411,7 @@ fn read_tensor<R: Read + Seek>(r: &mut R, t: &TensorMeta) -> std::io::Result<Vec
         // a third of the process's start-up (page faults on both, and the
         // copy) for the Large student's 175 MB.
         let mut out = vec![0f32; n];
-        r.read_exact(bytemuck::cast_slice_mut(&mut out))?;
+        read_at(bytemuck::cast_slice_mut(&mut out), first)?;
         if cfg!(target_endian = "big") {
             for x in &mut out {
                 *x = f32::from_bits(u32::from_le(x.to_bits()));
@@ -363,7 +420,7 @@ fn read_tensor<R: Read + Seek>(r: &mut R, t: &TensorMeta) -> std::io::Result<Vec
         return Ok(out);
     }
     let mut raw = vec![0u8; t.at.span * size];
-    r.read_exact(&mut raw)?;
+    read_at(&mut raw, first)?;
     let mut out = Vec::with_capacity(n);
     if n == 0 {
         return Ok(out);
@@ -414,6 +471,43 @@ mod tests {
         assert!(locate("t", &[3, 2], vec![1, 3], 2, 5, 7).is_err());
         assert!(locate("t", &[3, 2], vec![usize::MAX, 3], 0, 5, 7).is_err());
         assert_eq!(locate("t", &[0, 2], vec![2, 1], 7, 5, 7).unwrap().span, 0);
+    }
+
+    #[test]
+    fn a_file_read_on_threads_gives_what_a_reader_gives() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/encoder/small");
+        for name in ["ckpt.pt", "ckpt.safetensors"] {
+            let path = dir.join(name);
+            let info = validate(&path).unwrap();
+            let f = std::fs::File::open(&path).unwrap();
+            let on_threads = info.read_tensors_from_file(&f).unwrap();
+            let in_order = info
+                .read_tensors(&mut std::fs::File::open(&path).unwrap())
+                .unwrap();
+            assert_eq!(on_threads.len(), info.tensors.len(), "{name}");
+            for (k, p) in &in_order {
+                let q = &on_threads[k];
+                assert_eq!(p.shape, q.shape, "{name} {k}");
+                assert!(
+                    p.data
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .eq(q.data.iter().map(|x| x.to_bits())),
+                    "{name} {k}: other values"
+                );
+            }
+        }
+        // A file shorter than its header says: an error naming the tensor.
+        let path = dir.join("ckpt.safetensors");
+        let info = validate(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let short = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(short.path(), &bytes[..bytes.len() - 100]).unwrap();
+        let err = info
+            .read_tensors_from_file(&std::fs::File::open(short.path()).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tensor `"), "{err}");
     }
 
     #[test]

@@ -48,7 +48,14 @@ impl Checkpoint {
     /// the file and the caps.
     pub fn load(path: &Path) -> Result<Self> {
         let mut f = std::fs::File::open(path).map_err(|e| EncodeError::io(path, e))?;
-        Self::from_reader(&mut f, path)
+        let info = inspect_reader(&mut f, path)?;
+        info.check_model()?;
+        let tensors = info.read_tensors_from_file(&f)?;
+        Ok(Checkpoint {
+            path: path.to_path_buf(),
+            config: info.config,
+            tensors,
+        })
     }
 
     /// [`Checkpoint::load`] from any seekable source; `path` names it in
