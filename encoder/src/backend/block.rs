@@ -64,7 +64,8 @@ pub(crate) enum Feeds {
 
 /// Builds one layer's kernel: (checkpoint name of the layer, its weights,
 /// the epilogue it is always called with, where its output goes).
-pub(crate) type MakeKernel<'a, L> = dyn FnMut(&str, &Linear, Fused, Feeds) -> Result<L> + 'a;
+/// Called from several threads at once (the layers are built in parallel).
+pub(crate) type MakeKernel<'a, L> = dyn Fn(&str, &Linear, Fused, Feeds) -> Result<L> + Sync + 'a;
 
 /// One Linear layer on some GEMM: `out (m, n) = epilogue(x (m, k) W^T + b)`.
 /// Called from many threads at once, each on its own block, with one
@@ -149,47 +150,95 @@ struct BlockBackbone<L> {
     doy: model::DoyEncoding,
 }
 
-impl<L: LinearKernel> BlockBackbone<L> {
-    /// Builds the backbone's kernels from `b`, emptying each Linear's f32
-    /// matrix once its kernel holds what it needs (see [`build`]).
-    fn new(
-        prefix: &str,
-        b: &mut Backbone,
-        ffn: usize,
-        make: &mut MakeKernel<'_, L>,
-    ) -> Result<Self> {
-        let mut layers = Vec::with_capacity(b.layers.len());
-        for (i, l) in b.layers.iter_mut().enumerate() {
-            let at = |name: &str| format!("{prefix}.transformer_encoder.layers.{i}.{name}");
-            layers.push(BlockLayer {
-                in_proj: build(
-                    make,
-                    &at("self_attn.in_proj"),
+/// One Linear to build: its checkpoint name, its weights, the epilogue it
+/// is always called with and where its output goes.
+struct LinearJob<'w> {
+    name: String,
+    linear: &'w mut Linear,
+    fused: Fused,
+    feeds: Feeds,
+}
+
+/// A backbone's Linears in the order [`BlockBackbone::assemble`] takes
+/// their kernels: each layer's in_proj, out_proj, linear1, linear2, then
+/// embedding.0 and embedding.2.
+fn backbone_jobs<'w>(prefix: &str, b: &'w mut Backbone) -> Vec<LinearJob<'w>> {
+    let mut jobs = Vec::with_capacity(4 * b.layers.len() + 2);
+    for (i, l) in b.layers.iter_mut().enumerate() {
+        let at = |name: &str| format!("{prefix}.transformer_encoder.layers.{i}.{name}");
+        jobs.extend(
+            [
+                (
+                    at("self_attn.in_proj"),
                     &mut l.in_proj,
                     Fused::None,
                     Feeds::Other,
-                )?,
-                out_proj: build(
-                    make,
-                    &at("self_attn.out_proj"),
+                ),
+                (
+                    at("self_attn.out_proj"),
                     &mut l.out_proj,
                     Fused::Add,
                     Feeds::Other,
-                )?,
-                linear1: build(
-                    make,
-                    &at("linear1"),
+                ),
+                (
+                    at("linear1"),
                     &mut l.linear1,
                     Fused::Relu,
                     Feeds::NextLinear,
-                )?,
-                linear2: build(
-                    make,
-                    &at("linear2"),
-                    &mut l.linear2,
-                    Fused::Add,
-                    Feeds::Other,
-                )?,
+                ),
+                (at("linear2"), &mut l.linear2, Fused::Add, Feeds::Other),
+            ]
+            .map(|(name, linear, fused, feeds)| LinearJob {
+                name,
+                linear,
+                fused,
+                feeds,
+            }),
+        );
+    }
+    jobs.push(LinearJob {
+        name: format!("{prefix}.embedding.0"),
+        linear: &mut b.embed0,
+        fused: Fused::Relu,
+        feeds: Feeds::NextLinear,
+    });
+    jobs.push(LinearJob {
+        name: format!("{prefix}.embedding.2"),
+        linear: &mut b.embed2,
+        fused: Fused::Add,
+        feeds: Feeds::Other,
+    });
+    jobs
+}
+
+/// Every job's kernel from `make`, in the jobs' order, built on rayon's
+/// threads: creating a kernel (oneDNN's JIT and the packing of its weights,
+/// the faults on its fresh pages) is most of a backend's start-up, and the
+/// layers are independent. Each matrix is emptied once its kernel is built
+/// (see [`build`]), so at most one layer per thread is held twice.
+fn build_all<L: Send>(make: &MakeKernel<'_, L>, jobs: Vec<LinearJob<'_>>) -> Result<Vec<L>> {
+    use rayon::prelude::*;
+    jobs.into_par_iter()
+        .map(|j| build(make, &j.name, j.linear, j.fused, j.feeds))
+        .collect()
+}
+
+impl<L: LinearKernel> BlockBackbone<L> {
+    /// The backbone from `b`'s norms and pooling and its Linears' kernels,
+    /// taken from `kernels` in [`backbone_jobs`]' order.
+    fn assemble(b: &Backbone, ffn: usize, kernels: &mut impl Iterator<Item = L>) -> Result<Self> {
+        let mut next = || {
+            kernels.next().ok_or_else(|| {
+                crate::error::EncodeError::Invalid("fewer kernels built than Linears".into())
+            })
+        };
+        let mut layers = Vec::with_capacity(b.layers.len());
+        for l in &b.layers {
+            layers.push(BlockLayer {
+                in_proj: next()?,
+                out_proj: next()?,
+                linear1: next()?,
+                linear2: next()?,
                 norm1: l.norm1.clone(),
                 norm2: l.norm2.clone(),
             });
@@ -198,20 +247,8 @@ impl<L: LinearKernel> BlockBackbone<L> {
             d: b.d_model,
             nhead: b.nhead,
             ffn,
-            embed0: build(
-                make,
-                &format!("{prefix}.embedding.0"),
-                &mut b.embed0,
-                Fused::Relu,
-                Feeds::NextLinear,
-            )?,
-            embed2: build(
-                make,
-                &format!("{prefix}.embedding.2"),
-                &mut b.embed2,
-                Fused::Add,
-                Feeds::Other,
-            )?,
+            embed0: next()?,
+            embed2: next()?,
             layers,
             pool_w: b.pool.weight.clone(),
             pool_b: b.pool.bias[0],
@@ -225,7 +262,7 @@ impl<L: LinearKernel> BlockBackbone<L> {
 /// backend holds each matrix twice only while that one layer is built,
 /// not the whole model twice (the Large student's f32 matrices are 175 MB).
 fn build<L>(
-    make: &mut MakeKernel<'_, L>,
+    make: &MakeKernel<'_, L>,
     name: &str,
     l: &mut Linear,
     fused: Fused,
@@ -509,7 +546,7 @@ impl<L: LinearKernel> BlockBackend<L> {
         name: &'static str,
         weights: Arc<StudentWeights>,
         profile: &DeviceProfile,
-        make: &mut MakeKernel<'_, L>,
+        make: &MakeKernel<'_, L>,
         attention: Option<Box<dyn AttentionKernel>>,
     ) -> Result<Self> {
         let ffn = weights.config.dim_feedforward;
@@ -535,26 +572,38 @@ impl<L: LinearKernel> BlockBackend<L> {
         // `Encoder::load` does; otherwise a copy is (only tests share them).
         let mut weights = Arc::try_unwrap(weights).unwrap_or_else(|shared| (*shared).clone());
         let w = &mut weights;
+        let mut jobs = backbone_jobs("s2_backbone", &mut w.s2);
+        jobs.extend(backbone_jobs("s1_backbone", &mut w.s1));
+        jobs.extend([
+            LinearJob {
+                name: "dim_reducer.0".into(),
+                linear: &mut w.head.fc1,
+                fused: Fused::None,
+                feeds: Feeds::Other,
+            },
+            LinearJob {
+                name: "dim_reducer.4".into(),
+                linear: &mut w.head.fc2,
+                fused: Fused::None,
+                feeds: Feeds::Other,
+            },
+        ]);
+        let mut kernels = build_all(make, jobs)?.into_iter();
+        let s2 = BlockBackbone::assemble(&w.s2, ffn, &mut kernels)?;
+        let s1 = BlockBackbone::assemble(&w.s1, ffn, &mut kernels)?;
+        let (Some(fc1), Some(fc2), None) = (kernels.next(), kernels.next(), kernels.next()) else {
+            return Err(crate::error::EncodeError::Invalid(
+                "the kernels built are not one a Linear".into(),
+            ));
+        };
         Ok(BlockBackend {
             pool,
             attention,
             name,
-            s2: BlockBackbone::new("s2_backbone", &mut w.s2, ffn, make)?,
-            s1: BlockBackbone::new("s1_backbone", &mut w.s1, ffn, make)?,
-            fc1: build(
-                make,
-                "dim_reducer.0",
-                &mut w.head.fc1,
-                Fused::None,
-                Feeds::Other,
-            )?,
-            fc2: build(
-                make,
-                "dim_reducer.4",
-                &mut w.head.fc2,
-                Fused::None,
-                Feeds::Other,
-            )?,
+            s2,
+            s1,
+            fc1,
+            fc2,
             block_pixels: profile.block_pixels.max(1),
             config: w.config,
             head_norm1: w.head.norm1.clone(),

@@ -328,7 +328,7 @@ impl OnednnBackend {
         let attention: Option<Box<dyn AttentionKernel>> = (data_type == DataType::Bf16
             && !f32_attention_asked())
         .then(|| Box::new(attention::OnednnAttention::new(&engine)) as _);
-        let make = &mut |name: &str, l: &Linear, fused, feeds| {
+        let make = &|name: &str, l: &Linear, fused, feeds| {
             // The head runs on one row per pixel; backbones on HINT_LEN per pixel.
             let rows = if name.starts_with("dim_reducer") {
                 block

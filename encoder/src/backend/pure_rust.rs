@@ -84,7 +84,7 @@ impl CpuBackend {
             "cpu",
             weights,
             profile,
-            &mut |_, l, _, _| Ok(PLinear::new(l)),
+            &|_, l, _, _| Ok(PLinear::new(l)),
             None,
         )?))
     }
