@@ -183,7 +183,10 @@ fn linear<D: Device>(dev: &D, l: &Linear, half: bool) -> Result<DeviceLinear<D>>
         out_dim: l.out_dim,
         weight: dev.upload(&l.weight)?,
         weight_half: if half {
-            let bits: Vec<u16> = l.weight.iter().map(|&w| device::bf16_bits(w)).collect();
+            // On every core: the Large student's 44 M weights take tens of
+            // milliseconds of start-up on one.
+            use rayon::prelude::*;
+            let bits: Vec<u16> = l.weight.par_iter().map(|&w| device::bf16_bits(w)).collect();
             Some(dev.upload_half(&bits)?)
         } else {
             None
