@@ -19,10 +19,30 @@ use opam_revdeps::{answer, phase1, phase2, Candidate, Query, Repository, Source,
 use super::JobContext;
 
 /// Repositories loaded by this agent, by resolved source
-/// ([`Source::cache_key`]).
-#[derive(Default)]
+/// ([`Source::cache_key`]): the [`REPOS_KEPT`] most recently used. Keyed by
+/// commit, so every new commit a run names is another whole parsed
+/// repository; kept without bound, a long-lived agent's memory grew with
+/// each one. A job still running on an evicted one keeps it (an `Arc`)
+/// until it ends.
 pub struct RepoCache {
-    repos: Mutex<HashMap<String, Arc<Repository>>>,
+    repos: Mutex<HashMap<String, (Arc<Repository>, u64)>>,
+    /// Uses so far; each entry holds the count at its last use.
+    uses: std::sync::atomic::AtomicU64,
+    keep: usize,
+}
+
+/// Repositories kept loaded: a run's plan and its shards name one commit,
+/// and two let a run on a new commit start while the last one finishes.
+pub const REPOS_KEPT: usize = 2;
+
+impl Default for RepoCache {
+    fn default() -> Self {
+        RepoCache {
+            repos: Mutex::default(),
+            uses: Default::default(),
+            keep: REPOS_KEPT,
+        }
+    }
 }
 
 impl RepoCache {
@@ -32,12 +52,14 @@ impl RepoCache {
             .resolved()
             .map_err(|e| format!("resolving the opam repository {spec}: {e}"))?;
         let key = source.cache_key();
-        if let Some(r) = self
+        let tick = || self.uses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some((r, used)) = self
             .repos
             .lock()
             .expect("repository cache lock is never poisoned")
-            .get(&key)
+            .get_mut(&key)
         {
+            *used = tick();
             return Ok((r.clone(), 0));
         }
         let start = Instant::now();
@@ -50,10 +72,22 @@ impl RepoCache {
             );
         }
         let repo = Arc::new(repo);
-        self.repos
+        let mut repos = self
+            .repos
             .lock()
-            .expect("repository cache lock is never poisoned")
-            .insert(key, repo.clone());
+            .expect("repository cache lock is never poisoned");
+        repos.insert(key, (repo.clone(), tick()));
+        while repos.len() > self.keep {
+            let Some(oldest) = repos
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            repos.remove(&oldest);
+        }
+        drop(repos);
         Ok((repo, start.elapsed().as_millis() as u64))
     }
 }
@@ -291,5 +325,50 @@ mod tests {
         let (after, _) = cache.get(&spec).unwrap();
         assert_eq!(after.packages.len(), 2, "the new commit is read");
         assert_eq!(cache.get(&dir_spec).unwrap().0.packages.len(), 2);
+    }
+
+    /// Only the most recently used repositories stay loaded: one commit
+    /// after another, the cache holds the last [`super::REPOS_KEPT`], and
+    /// one used again is kept over an older one (it grew by one per
+    /// commit before).
+    #[test]
+    fn only_the_most_recently_used_repositories_stay_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("opam-repository");
+        std::fs::create_dir_all(&repo).unwrap();
+        git(&repo, &["init", "-q"]);
+        let cache = RepoCache::default();
+        let (mut commits, mut loaded) = (Vec::new(), Vec::new());
+        for name in ["a", "b", "c", "d"] {
+            add_package(&repo, name);
+            let head = Command::new("git")
+                .arg("-C")
+                .arg(&repo)
+                .args(["rev-parse", "HEAD"])
+                .output()
+                .unwrap();
+            let spec = format!(
+                "{}:{}",
+                repo.display(),
+                String::from_utf8(head.stdout).unwrap().trim()
+            );
+            loaded.push(cache.get(&spec).unwrap().0);
+            commits.push(spec);
+        }
+        assert_eq!(cache.repos.lock().unwrap().len(), super::REPOS_KEPT);
+        // The last two are served as loaded; the first is read again.
+        let same =
+            |i: usize| std::sync::Arc::ptr_eq(&cache.get(&commits[i]).unwrap().0, &loaded[i]);
+        assert!(same(3) && same(2), "the last two were loaded again");
+        assert!(!same(0), "the first was still loaded");
+        // Loading the first evicted the least recently used (commit 3,
+        // used before commit 2), not commit 2.
+        let kept: Vec<usize> = {
+            let repos = cache.repos.lock().unwrap();
+            let mut n: Vec<usize> = repos.values().map(|(r, _)| r.packages.len()).collect();
+            n.sort();
+            n
+        };
+        assert_eq!(kept, vec![1, 3]);
     }
 }
