@@ -155,6 +155,13 @@ pub enum StreamError {
     Store(#[from] object_store::Error),
 }
 
+/// Parts of one streamed upload sent to the store at once: the body is
+/// read no further while this many are on their way (object_store's parts
+/// are 5 MiB, so one upload holds at most about 45 MiB). Without it a
+/// store slower than the agent sending grew the server's memory by the
+/// difference, up to the whole output.
+const PARTS_IN_FLIGHT: usize = 8;
+
 /// Streams an HTTP request body into `store` at `path` as a multipart upload
 /// while hashing it; returns (size, sha256 hex). An error part way, or more
 /// than `max_bytes`, aborts the upload so no partial object remains.
@@ -164,12 +171,24 @@ pub async fn stream_body(
     body: axum::body::Body,
     max_bytes: u64,
 ) -> Result<(u64, String), StreamError> {
+    let writer = object_store::WriteMultipart::new(store.put_multipart(path).await?);
+    stream_into(writer, body.into_data_stream(), max_bytes).await
+}
+
+/// [`stream_body`]'s loop, over any stream of chunks and any upload.
+async fn stream_into<S, E>(
+    mut writer: object_store::WriteMultipart,
+    mut stream: S,
+    max_bytes: u64,
+) -> Result<(u64, String), StreamError>
+where
+    S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
     use futures::StreamExt;
     use sha2::{Digest, Sha256};
-    let mut writer = object_store::WriteMultipart::new(store.put_multipart(path).await?);
     let mut hasher = Sha256::new();
     let mut size = 0u64;
-    let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = match chunk {
             Ok(c) => c,
@@ -187,8 +206,95 @@ pub async fn stream_body(
             return Err(StreamError::TooLarge { limit: max_bytes });
         }
         hasher.update(&chunk);
+        // The store's pace is the body's: no more than PARTS_IN_FLIGHT
+        // parts wait on it before this chunk is taken in.
+        if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
+            let _ = writer.abort().await;
+            return Err(e.into());
+        }
         writer.write(&chunk);
     }
     writer.finish().await?;
     Ok((size, hex::encode(hasher.finalize())))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use object_store::{MultipartUpload, PutPayload, PutResult, UploadPart};
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    /// A store that takes a part only when the test lets it (a permit each).
+    #[derive(Debug)]
+    struct HeldUpload {
+        gate: Arc<Semaphore>,
+        parts: Arc<AtomicUsize>,
+    }
+
+    #[async_trait::async_trait]
+    impl MultipartUpload for HeldUpload {
+        fn put_part(&mut self, _data: PutPayload) -> UploadPart {
+            self.parts.fetch_add(1, Ordering::SeqCst);
+            let gate = self.gate.clone();
+            Box::pin(async move {
+                gate.acquire().await.expect("the gate stays open").forget();
+                Ok(())
+            })
+        }
+        async fn complete(&mut self) -> object_store::Result<PutResult> {
+            Ok(PutResult {
+                e_tag: None,
+                version: None,
+            })
+        }
+        async fn abort(&mut self) -> object_store::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// While the store takes nothing, the body is read only as far as the
+    /// parts in flight allow (it was read to its end, every part held in
+    /// memory); once the store moves, the upload completes with the whole
+    /// body's size and hash.
+    #[tokio::test]
+    async fn a_slow_store_holds_back_the_body() {
+        let gate = Arc::new(Semaphore::new(0));
+        let parts = Arc::new(AtomicUsize::new(0));
+        let read = Arc::new(AtomicUsize::new(0));
+        let upload = HeldUpload {
+            gate: gate.clone(),
+            parts: parts.clone(),
+        };
+        // Parts of 16 bytes, a chunk of 16 bytes each: one part a chunk.
+        let writer = object_store::WriteMultipart::new_with_chunk_size(Box::new(upload), 16);
+        let counted = read.clone();
+        let body = futures::stream::iter(0..1000u32).map(move |i| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::convert::Infallible>(bytes::Bytes::from(vec![i as u8; 16]))
+        });
+        use futures::StreamExt;
+        let task = tokio::spawn(stream_into(writer, body, u64::MAX));
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let (taken, sent) = (read.load(Ordering::SeqCst), parts.load(Ordering::SeqCst));
+        assert!(
+            taken <= PARTS_IN_FLIGHT + 1 && sent <= PARTS_IN_FLIGHT,
+            "{taken} chunks read, {sent} parts sent while the store took none"
+        );
+        gate.add_permits(2000);
+        let (size, sha) = task.await.unwrap().unwrap();
+        let mut all = Vec::new();
+        for i in 0..1000u32 {
+            all.extend_from_slice(&[i as u8; 16]);
+        }
+        use sha2::Digest;
+        assert_eq!(
+            (size, sha),
+            (16_000, hex::encode(sha2::Sha256::digest(&all)))
+        );
+        assert_eq!(parts.load(Ordering::SeqCst), 1000);
+    }
 }
