@@ -163,6 +163,12 @@ pub enum LeaseAction {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogBatch {
     pub lease_token: Uuid,
+    /// The batch's number within its attempt, from 1 and rising; a retry of
+    /// a batch (its answer lost) carries the same number, and the server
+    /// stores a number it has already taken only once. 0 (an agent from
+    /// before numbering): stored every time it comes.
+    #[serde(default)]
+    pub batch: u64,
     pub lines: Vec<LogLine>,
 }
 

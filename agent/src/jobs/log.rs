@@ -119,6 +119,8 @@ async fn forward<S: LogSink>(
     delivery: Delivery,
 ) {
     let job = lease.job_id;
+    // The last batch number sent (see `LogBatch::batch`).
+    let mut numbered = 0u64;
     let mut batch = Vec::new();
     let mut bytes = 0;
     // A line that did not fit in the last batch starts the next.
@@ -151,7 +153,7 @@ async fn forward<S: LogSink>(
         if !batch.is_empty() {
             bytes = 0;
             let lines = std::mem::take(&mut batch);
-            if let Err(e) = deliver(&sink, lease, lines, &delivery).await {
+            if let Err(e) = deliver(&sink, lease, lines, &delivery, &mut numbered).await {
                 match e {
                     e if e.lease_gone() => {}
                     CallError::ShuttingDown => {
@@ -180,18 +182,23 @@ async fn forward<S: LogSink>(
 
 /// Sends `lines`, halving any request the server refuses as too large (a
 /// single line too large is cut in two on a character boundary), so that
-/// nothing is dropped for its size.
+/// nothing is dropped for its size. Each request is numbered after
+/// `numbered` (which it advances); its retries keep its number, so the
+/// server stores a request whose answer was lost only once.
 async fn deliver<S: LogSink>(
     sink: &S,
     lease: LeaseRef,
     lines: Vec<LogLine>,
     delivery: &Delivery,
+    numbered: &mut u64,
 ) -> Result<(), CallError> {
     // Pieces still to send, the next one last.
     let mut pending = vec![split_long_lines(lines)];
     while let Some(lines) = pending.pop() {
+        *numbered += 1;
         let batch = LogBatch {
             lease_token: lease.lease_token,
+            batch: *numbered,
             lines,
         };
         let sent = delivery
@@ -439,6 +446,10 @@ mod tests {
         for b in &taken.0 {
             assert!(serde_json::to_vec(b).unwrap().len() <= BATCH_BYTES + 100);
         }
+        // Numbered 1, 2, 3, … within the attempt: what lets the server
+        // store a batch sent again (its answer lost) only once.
+        let numbers: Vec<u64> = taken.0.iter().map(|b| b.batch).collect();
+        assert_eq!(numbers, (1..=taken.0.len() as u64).collect::<Vec<_>>());
     }
 
     #[tokio::test]
@@ -482,6 +493,11 @@ mod tests {
         assert_eq!(got[..200], lines[..200]);
         assert_eq!(got[got.len() - 200..], lines[201..]);
         assert_eq!(got[200..got.len() - 200].concat(), long);
+        // The halves of a refused batch take numbers after it: rising, each
+        // stored batch's its own (a refused one was never stored).
+        let taken = sink.taken.lock().unwrap();
+        assert!(taken.0.windows(2).all(|w| w[0].batch < w[1].batch));
+        assert!(taken.0[0].batch >= 1);
     }
 
     #[test]

@@ -257,7 +257,14 @@ pub async fn log(
         return Err(ApiError::invalid("at most 10,000 lines per batch"));
     }
     let key = lease_key(&agent, &id, batch.lease_token)?;
-    crate::queue::logs::append(&state.db, key, &batch.lines, state.settings.log_cap_bytes).await?;
+    crate::queue::logs::append(
+        &state.db,
+        key,
+        batch.batch,
+        &batch.lines,
+        state.settings.log_cap_bytes,
+    )
+    .await?;
     Ok(Json(Ack { ok: true }))
 }
 

@@ -122,9 +122,97 @@ pub(super) async fn check_post(
     Ok(Ok(who))
 }
 
+/// Why a POST that opens or ends a session (login, logout) looks like
+/// another site's, if it does: those forms come before any session, so
+/// they carry no form token, and a cross-site form could otherwise sign a
+/// viewer's browser in as the attacker (whose token then owns what the
+/// viewer does) or out. Browsers say where a request comes from: by
+/// `Sec-Fetch-Site` (computed by the browser, so a proxy's rewriting of
+/// `Host` does not matter), else by `Origin`, compared with the `Host` or
+/// `X-Forwarded-Host` the request came to. A request with neither (curl,
+/// scripts) is no browser's and passes.
+pub(super) fn cross_site(headers: &HeaderMap) -> Option<String> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(site) = text("sec-fetch-site") {
+        return match site {
+            "same-origin" | "none" => None,
+            other => Some(format!(
+                "the browser says this form came from a {other} page"
+            )),
+        };
+    }
+    let origin = text("origin")?;
+    let host = origin
+        .split_once("://")
+        .map(|(_, rest)| rest.trim_end_matches('/'))
+        .filter(|h| !h.is_empty() && !h.contains('/'));
+    let served = [text("x-forwarded-host"), text("host")];
+    match host {
+        Some(h) if served.iter().flatten().any(|s| s.eq_ignore_ascii_case(h)) => None,
+        _ => Some(format!("it came from {origin}, not from this dashboard")),
+    }
+}
+
+/// [`cross_site`]'s refusal as a page, if the POST is cross-site.
+pub(super) fn refuse_cross_site(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+    cross_site(headers).map(|why| {
+        refused(
+            state,
+            format!(
+                "Refused: {why}. Sign in or out from this dashboard's own page \
+                 (/ui/login)."
+            ),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn a_login_from_another_site_is_told_apart() {
+        // Fetch metadata decides where a browser sends it.
+        for (site, ok) in [
+            ("same-origin", true),
+            ("none", true),
+            ("same-site", false),
+            ("cross-site", false),
+        ] {
+            let h = headers(&[
+                ("sec-fetch-site", site),
+                ("origin", "https://flotilla.example"),
+                ("host", "flotilla.example"),
+            ]);
+            assert_eq!(cross_site(&h).is_none(), ok, "{site}");
+        }
+        // Else the origin against the host it came to (a proxy's too).
+        let from = |origin: &'static str, more: &[(&'static str, &str)]| {
+            let mut pairs = vec![("origin", origin), ("host", "127.0.0.1:8080")];
+            pairs.extend_from_slice(more);
+            cross_site(&headers(&pairs))
+        };
+        assert!(from("http://127.0.0.1:8080", &[]).is_none());
+        assert!(from(
+            "https://flotilla.example",
+            &[("x-forwarded-host", "flotilla.example")]
+        )
+        .is_none());
+        let why = from("https://evil.example", &[]).unwrap();
+        assert!(why.contains("https://evil.example"), "{why}");
+        assert!(from("null", &[]).is_some());
+        assert!(from("http://127.0.0.1:8080/../", &[]).is_some());
+        // No browser's headers at all: a script, which passes.
+        assert!(cross_site(&headers(&[("host", "127.0.0.1:8080")])).is_none());
+    }
 
     /// RFC 4231 test cases 2 (a short key) and 6 (a key longer than a
     /// block, hashed first: session ids are 68 bytes).

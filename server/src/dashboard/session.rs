@@ -252,6 +252,9 @@ pub async fn login(
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> ApiResult<Response> {
+    if let Some(refusal) = super::csrf::refuse_cross_site(&state, &headers) {
+        return Ok(refusal);
+    }
     let token = form.token.trim();
     let caller =
         if !token.is_empty() && token.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
@@ -277,6 +280,9 @@ pub async fn login(
 /// Ends the session (live streams on it stop within [`RECHECK`]) and
 /// clears the cookie.
 pub async fn logout(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
+    if let Some(refusal) = super::csrf::refuse_cross_site(&state, &headers) {
+        return Ok(refusal);
+    }
     if let Some(id) = cookie(&headers, COOKIE) {
         sqlx::query(
             "UPDATE dashboard_sessions SET ended_at = now()

@@ -18,17 +18,22 @@ use super::lease::{refused, LeaseKey, LeaseRefused};
 const CUT_STREAM: &str = "cut";
 
 /// Appends `lines` to the log of the attempt `key` holds, keeping at most
-/// `cap_bytes` of line text for the attempt.
+/// `cap_bytes` of line text for the attempt. `batch` is the agent's number
+/// for them (see `LogBatch::batch`): one at or below the attempt's highest
+/// stored is a retry of a batch already stored, and changes nothing.
 pub async fn append(
     db: &PgPool,
     key: LeaseKey,
+    batch: u64,
     lines: &[LogLine],
     cap_bytes: u64,
 ) -> Result<(), LeaseRefused> {
+    let batch = i64::try_from(batch)
+        .map_err(|_| LeaseRefused::Invalid(format!("log batch number {batch} is too large")))?;
     let mut tx = db.begin().await?;
     let attempt: Option<AttemptLog> = sqlx::query_as(
         "SELECT a.attempt, a.log_bytes, a.log_tail_bytes, a.log_cut_lines, a.log_cut_bytes,
-                a.log_cut_seq
+                a.log_cut_seq, a.log_batch
          FROM jobs j JOIN job_attempts a ON a.job_id = j.id AND a.attempt = j.attempt
          WHERE j.id = $1 AND j.lease_token = $2 AND j.agent_id = $3
            AND j.state IN ('leased', 'running')
@@ -43,6 +48,11 @@ pub async fn append(
         drop(tx);
         return Err(refused(db, key).await);
     };
+    if batch > 0 && batch <= a.log_batch {
+        // Stored already: the agent did not hear the answer and sent it again.
+        return Ok(());
+    }
+    a.log_batch = a.log_batch.max(batch);
     let head_cap = (cap_bytes / 2) as i64;
     let tail_cap = cap_bytes as i64 - head_cap;
 
@@ -102,7 +112,7 @@ pub async fn append(
     }
     sqlx::query(
         "UPDATE job_attempts SET log_bytes = $3, log_tail_bytes = $4, log_cut_lines = $5,
-                                 log_cut_bytes = $6, log_cut_seq = $7
+                                 log_cut_bytes = $6, log_cut_seq = $7, log_batch = $8
          WHERE job_id = $1 AND attempt = $2",
     )
     .bind(key.job)
@@ -112,6 +122,7 @@ pub async fn append(
     .bind(a.log_cut_lines)
     .bind(a.log_cut_bytes)
     .bind(a.log_cut_seq)
+    .bind(a.log_batch)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -129,6 +140,8 @@ struct AttemptLog {
     log_cut_bytes: i64,
     /// The marker line, once the head is full.
     log_cut_seq: Option<i64>,
+    /// The highest batch number stored (0: none numbered).
+    log_batch: i64,
 }
 
 async fn insert(

@@ -41,6 +41,28 @@ async fn dashboard_requires_login_and_metrics_report_the_queue() {
         .await
         .unwrap();
     assert_eq!(r.status(), 401);
+    // A valid token posted from another site's form is refused, and no
+    // session is opened: the login form carries no form token, so the
+    // browser's word on where it came from is what stops login CSRF.
+    for (header, value) in [
+        ("sec-fetch-site", "cross-site"),
+        ("origin", "https://evil.example"),
+    ] {
+        let r = http
+            .post(format!("{url}/ui/login"))
+            .header(header, value)
+            .form(&[("token", server.admin_token.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{header}: {value}");
+        assert!(
+            r.headers().get("set-cookie").is_none(),
+            "{header}: a session opened"
+        );
+        let page = r.text().await.unwrap();
+        assert!(page.contains("Refused: "), "{header}: {page}");
+    }
     // The admin token logs in.
     let r = http
         .post(format!("{url}/ui/login"))

@@ -176,3 +176,74 @@ async fn a_runaway_log_is_capped_and_read_in_pages() {
         .await;
     assert_eq!(status, 404);
 }
+
+/// A log batch the agent sends again because its answer was lost (a
+/// timeout, a 5xx, a server restart) is stored once: the agent numbers its
+/// batches per attempt and the server keeps the highest it stored (each
+/// line was stored as often as it came). An agent that does not number
+/// them (batch 0) has every batch stored, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_batch_sent_again_is_stored_once() {
+    let dir = scratch("e2e-logs-again-");
+    let pg = flotilla_e2e::pg::shared().await;
+    let db = flotilla_e2e::pg::fresh_database(pg).await;
+    let server = Server::start(
+        dir.path(),
+        ServerOpts {
+            database_url: pg.database_url(&db),
+            store: dir.path().join("store").to_string_lossy().into_owned(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            lease_ttl_ms: 30_000,
+            backoff_base_ms: 200,
+            env: vec![],
+        },
+    )
+    .await;
+    let agent = flotilla_e2e::driven::Driven::register(
+        &server,
+        "resender",
+        &["command"],
+        Duration::from_secs(10),
+    )
+    .await;
+    let id = server
+        .api()
+        .submit(json!({"kind": "command", "command": "true", "max_attempts": 1}))
+        .await;
+    let (job, lease) = agent.lease().await;
+    assert_eq!(job, id);
+    for (batch, line) in [
+        (1, "one"),
+        (1, "one"),
+        (2, "two"),
+        (1, "one"),
+        (2, "two"),
+        (3, "three"),
+        (0, "unnumbered"),
+        (0, "unnumbered"),
+    ] {
+        agent
+            .api
+            .post(
+                &format!("/api/agent/v1/jobs/{job}/log"),
+                json!({"lease_token": lease, "batch": batch,
+                       "lines": [{"stream": "stdout", "line": line}]}),
+            )
+            .await;
+    }
+    let (status, text) = server
+        .api()
+        .raw(
+            reqwest::Method::GET,
+            &format!("/api/v1/jobs/{id}/log?after=0&limit=100"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{text}");
+    let text = text.as_str().expect("the log as text").to_string();
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        ["one", "two", "three", "unnumbered", "unnumbered"],
+        "{text}"
+    );
+}
