@@ -61,12 +61,14 @@ async fn agent_id(state: &AppState, name: &str) -> ApiResult<Uuid> {
 pub struct AgentProcess {
     pub name: String,
     pub id: Uuid,
+    /// The token it called with.
+    pub token_id: Uuid,
 }
 
 impl FromRequestParts<AppState> for AgentProcess {
     type Rejection = ApiError;
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let AgentAuth(_, name) = AgentAuth::from_request_parts(parts, state).await?;
+        let AgentAuth(caller, name) = AgentAuth::from_request_parts(parts, state).await?;
         let instance = parts
             .headers
             .get(INSTANCE_HEADER)
@@ -89,7 +91,11 @@ impl FromRequestParts<AppState> for AgentProcess {
                  must stop (its leases were handed back)"
             )));
         }
-        Ok(AgentProcess { name, id })
+        Ok(AgentProcess {
+            name,
+            id,
+            token_id: caller.token_id,
+        })
     }
 }
 
@@ -164,7 +170,11 @@ pub async fn register(
 /// not missed.
 pub async fn lease(
     State(state): State<AppState>,
-    AgentProcess { name, id: agent }: AgentProcess,
+    AgentProcess {
+        name,
+        id: agent,
+        token_id,
+    }: AgentProcess,
     JsonBody(req): JsonBody<LeaseRequest>,
 ) -> ApiResult<Json<LeaseReply>> {
     let wait = Duration::from_millis(req.wait_ms).min(state.settings.max_lease_wait);
@@ -182,7 +192,11 @@ pub async fn lease(
         let notified = state.job_signal.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if let Some(job) = claim::claim_for(&state.db, agent, ttl, req.request).await? {
+        // Each try checks the token again: it may be revoked while this
+        // request waits.
+        if let Some(job) =
+            claim::claim_for(&state.db, agent, ttl, req.request, Some(token_id)).await?
+        {
             tracing::debug!(agent = %name, job = %job.job_id, attempt = job.attempt, "leased");
             return Ok(Json(LeaseReply { job: Some(job) }));
         }
@@ -201,7 +215,9 @@ pub async fn lease(
 
 pub async fn heartbeat(
     State(state): State<AppState>,
-    AgentProcess { name, id: agent }: AgentProcess,
+    AgentProcess {
+        name, id: agent, ..
+    }: AgentProcess,
     JsonBody(hb): JsonBody<Heartbeat>,
 ) -> ApiResult<Json<HeartbeatReply>> {
     let leases = lease::heartbeat(&state.db, agent, &hb.leases, state.settings.lease_ttl).await?;

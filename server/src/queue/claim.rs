@@ -10,8 +10,11 @@ use uuid::Uuid;
 
 /// The claim statement: `$1` the agent, `$2` the new lease token, `$3` the
 /// lease TTL in milliseconds, `$4` the agent's request id (or NULL), kept
-/// with the attempt for [`already_leased`]. Public so a test can `EXPLAIN`
-/// it.
+/// with the attempt for [`already_leased`], `$5` the id of the token the
+/// agent asked with (or NULL): no job is leased once it is revoked, so a
+/// lease request that waits (up to 30 s) does not hand a job to an agent
+/// whose token was revoked meanwhile (reliability review L1). Public so a
+/// test can `EXPLAIN` it.
 ///
 /// It reads job classes, not jobs: of the classes some agent can take
 /// (`unmatchable IS NULL`), those this agent can (a kind it runs, labels it
@@ -31,6 +34,8 @@ pub const CLAIM_SQL: &str = "WITH me AS (
                                          AND state IN ('leased', 'running')), 0) AS free
          FROM agents a
          WHERE a.id = $1 AND a.state = 'active' AND a.disk_full_since IS NULL
+           AND ($5::uuid IS NULL
+                OR EXISTS (SELECT 1 FROM api_tokens t WHERE t.id = $5 AND t.revoked_at IS NULL))
      ),
      pick AS (
          SELECT head.id
@@ -72,17 +77,19 @@ pub async fn claim(
     agent_id: Uuid,
     lease_ttl: Duration,
 ) -> Result<Option<LeasedJob>, sqlx::Error> {
-    claim_for(db, agent_id, lease_ttl, None).await
+    claim_for(db, agent_id, lease_ttl, None, None).await
 }
 
 /// [`claim`] for the agent's lease request `request`, kept with the
 /// attempt so that a retry of the same request finds it
-/// ([`already_leased`]).
+/// ([`already_leased`]), and only while the token `token` it asked with is
+/// not revoked.
 pub async fn claim_for(
     db: &PgPool,
     agent_id: Uuid,
     lease_ttl: Duration,
     request: Option<Uuid>,
+    token: Option<Uuid>,
 ) -> Result<Option<LeasedJob>, sqlx::Error> {
     let lease_token = Uuid::new_v4();
     let row: Option<(Uuid, i32, serde_json::Value, i32)> = sqlx::query_as(CLAIM_SQL)
@@ -90,6 +97,7 @@ pub async fn claim_for(
         .bind(lease_token)
         .bind(lease_ttl.as_millis() as i64)
         .bind(request)
+        .bind(token)
         .fetch_optional(db)
         .await?;
     leased_job(row, lease_token, lease_ttl)

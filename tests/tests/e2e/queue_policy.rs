@@ -312,6 +312,7 @@ async fn the_claim_does_not_scan_ready_jobs_the_agent_cannot_take() {
             .bind(Uuid::new_v4())
             .bind(60_000i64)
             .bind(None::<Uuid>)
+            .bind(None::<Uuid>)
     })
     .await;
     assert!(
@@ -405,7 +406,7 @@ async fn a_retried_lease_request_gets_its_lease_again() {
         .await
         .unwrap();
     let request = Uuid::new_v4();
-    let first = claim::claim_for(&db, a, TTL, Some(request))
+    let first = claim::claim_for(&db, a, TTL, Some(request), None)
         .await
         .unwrap()
         .expect("a job for the first try");
@@ -426,7 +427,7 @@ async fn a_retried_lease_request_gets_its_lease_again() {
         .await
         .unwrap()
         .is_none());
-    let other = claim::claim_for(&db, a, TTL, Some(Uuid::new_v4()))
+    let other = claim::claim_for(&db, a, TTL, Some(Uuid::new_v4()), None)
         .await
         .unwrap()
         .expect("a new request leases the next job");
@@ -453,4 +454,54 @@ async fn a_retried_lease_request_gets_its_lease_again() {
         .await
         .unwrap();
     assert_eq!(attempts, 2, "one attempt per job, none burnt by the retry");
+}
+
+/// A lease request that waits (up to 30 s) checks its token at every try:
+/// once the token is revoked, no job is leased to it, while a job ready
+/// meanwhile still goes to an agent whose token stands (review L1: the
+/// long poll handed a job to a token revoked while it waited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_leases_nothing() {
+    use flotilla_core::api::tokens::TokenRole;
+    use flotilla_server::auth::tokens;
+    let db = flotilla_e2e::pg::migrated_database().await;
+    let a = agent(&db, "a", 4, &[]).await;
+    tokens::ensure_token(
+        &db,
+        "flt_test_agent_a",
+        TokenRole::Agent,
+        Some("a"),
+        "a's token",
+    )
+    .await
+    .unwrap();
+    let token: Uuid = sqlx::query_scalar("SELECT id FROM api_tokens WHERE agent_name = 'a'")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    let jobs = submit::submit(&db, &[job("s", 0, &[], 1), job("s", 0, &[], 1)])
+        .await
+        .unwrap();
+    let first = claim::claim_for(&db, a, TTL, None, Some(token))
+        .await
+        .unwrap()
+        .expect("a standing token leases");
+    assert_eq!(first.job_id, jobs[0]);
+    tokens::revoke_token(&db, token)
+        .await
+        .unwrap()
+        .expect("the token exists");
+    assert!(
+        claim::claim_for(&db, a, TTL, None, Some(token))
+            .await
+            .unwrap()
+            .is_none(),
+        "a revoked token leased a job"
+    );
+    // The job is still there for whoever may take it.
+    let other = claim::claim_for(&db, a, TTL, None, None)
+        .await
+        .unwrap()
+        .expect("the job stayed ready");
+    assert_eq!(other.job_id, jobs[1]);
 }
