@@ -379,8 +379,14 @@ impl OutputWriter {
                 .and_then(|_| f.sync_all())
                 .map_err(|e| EncodeError::io(tmp, e))?;
         }
-        // Closed (and unlocked) first: Windows renames no open file.
-        self.main = None;
+        // Windows renames no open file: closed (and unlocked) first there.
+        // Elsewhere the lock is held until `NAME.npy` is in place, so that
+        // a second writer of this output cannot take the `.partial` over
+        // (and empty it) between the close and the rename.
+        #[cfg(windows)]
+        {
+            self.main = None;
+        }
         // `NAME.npy` is the commit record: renamed last, and with int8 an
         // older one goes first, so that a crash between the renames leaves
         // no output (the job is redone) rather than new scales beside old
@@ -399,8 +405,9 @@ impl OutputWriter {
         for (tmp, path) in others.iter().chain([main]) {
             std::fs::rename(tmp, path).map_err(|e| EncodeError::io(path, e))?;
         }
-        sync_dir(&main.1)?;
+        self.main = None;
         self.finished = true;
+        sync_dir(&main.1);
         Ok(self.paths.iter().map(|(_, p)| p.clone()).collect())
     }
 }
@@ -451,8 +458,12 @@ impl Drop for OutputWriter {
 }
 
 /// Sync the directory holding `file`, so that its renames survive a power
-/// cut (Unix; elsewhere a rename is as durable as the file system makes it).
-fn sync_dir(file: &Path) -> Result<()> {
+/// cut (Unix; elsewhere a rename is as durable as the file system makes
+/// it). Best effort: the output is complete and in place by now, and some
+/// file systems (FUSE, network mounts) refuse a directory's fsync, or a
+/// directory may not be readable, which must not fail an encode whose
+/// files are written.
+fn sync_dir(file: &Path) {
     #[cfg(unix)]
     if let Some(dir) = file.parent() {
         let dir = if dir.as_os_str().is_empty() {
@@ -460,13 +471,10 @@ fn sync_dir(file: &Path) -> Result<()> {
         } else {
             dir
         };
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| EncodeError::io(dir, e))?;
+        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
     }
     #[cfg(not(unix))]
     let _ = file;
-    Ok(())
 }
 
 fn partial_name(p: &Path) -> PathBuf {

@@ -114,33 +114,57 @@ pub fn ptx_cached(
     Ok((ptx, Origin::Compiled { secs, stored }))
 }
 
+/// An entry is a few hundred kilobytes; anything much larger is not one.
+const MAX_ENTRY_BYTES: u64 = 64 << 20;
+
 /// The entry's PTX if its header names `key` and the PTX's own hash, and
-/// (Unix) it and its directory are this user's and no one else's to write.
+/// (Unix) its folder and the file opened are this user's and no one else's
+/// to write. The folder is checked first and the file is checked by what
+/// was opened (not looked up again), opened without following a link and
+/// without waiting on a pipe, so nothing planted in a shared folder is read.
 fn read_entry(path: &Path, key: &str) -> Option<String> {
-    let text = std::fs::read_to_string(path).ok()?;
-    if !trusted(path) || !path.parent().is_some_and(trusted) {
+    use std::io::Read;
+    let dir = path.parent()?;
+    if !std::fs::metadata(dir).is_ok_and(|m| m.is_dir() && private(&m)) {
         return None;
     }
+    let f = open_entry(path).ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX_ENTRY_BYTES || !private(&meta) {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(MAX_ENTRY_BYTES).read_to_string(&mut text).ok()?;
     let (header, ptx) = text.split_once('\n')?;
     let mut words = header.strip_prefix(MAGIC)?.split_whitespace();
     let (k, sum) = (words.next()?, words.next()?);
     (k == key && sum == hex(&Sha256::digest(ptx.as_bytes()))).then(|| ptx.to_owned())
 }
 
+fn open_entry(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut o, libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    o.open(path)
+}
+
+/// Owned by this process's user and writable by no one else (Unix).
 #[cfg(unix)]
-fn trusted(path: &Path) -> bool {
+fn private(m: &std::fs::Metadata) -> bool {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.uid() == me && m.mode() & 0o022 == 0)
+    m.uid() == me && m.mode() & 0o022 == 0
 }
 
 #[cfg(not(unix))]
-fn trusted(_: &Path) -> bool {
+fn private(_: &std::fs::Metadata) -> bool {
     true
 }
 
 fn write_entry(path: &Path, key: &str, ptx: &str) -> std::io::Result<()> {
+    use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));
     create_private_dir(dir)?;
     let tmp = dir.join(format!(
@@ -154,7 +178,17 @@ fn write_entry(path: &Path, key: &str, ptx: &str) -> std::io::Result<()> {
         "{MAGIC} {key} {}\n{ptx}",
         hex(&Sha256::digest(ptx.as_bytes()))
     );
-    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+    // This user's alone whatever the umask (0664 under a umask of 002
+    // would make every later read refuse it).
+    let _ = std::fs::remove_file(&tmp);
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    let written = o
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, path));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -221,7 +255,53 @@ mod tests {
             use std::os::unix::fs::PermissionsExt;
             let mode = std::fs::metadata(&cache).unwrap().permissions().mode();
             assert_eq!(mode & 0o077, 0, "cache directory mode {mode:o}");
+            // The entry too, whatever the umask (under 002 a 0664 entry
+            // was refused at every later start).
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "entry mode {mode:o}");
         }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_entry_that_is_a_link_or_a_pipe_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let calls = Cell::new(0);
+        let parts: &[&[u8]] = &[b"source"];
+        let (_, origin) =
+            ptx_cached(Ok(dir.path()), parts, compile_counting(&calls, "ptx")).unwrap();
+        let Origin::Compiled {
+            stored: Ok(path), ..
+        } = origin
+        else {
+            panic!("{origin:?}")
+        };
+        // A sound entry elsewhere, linked to from the entry's name.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::rename(&path, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        let (_, origin) =
+            ptx_cached(Ok(dir.path()), parts, compile_counting(&calls, "ptx")).unwrap();
+        assert!(
+            matches!(origin, Origin::Compiled { .. }),
+            "followed a link: {origin:?}"
+        );
+        // A pipe (opening it for reading would wait for a writer).
+        std::fs::remove_file(&path).unwrap();
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path; mkfifo only creates the node.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (_, origin) =
+            ptx_cached(Ok(dir.path()), parts, compile_counting(&calls, "ptx")).unwrap();
+        assert!(
+            matches!(origin, Origin::Compiled { stored: Ok(_), .. }),
+            "{origin:?}"
+        );
+        // Replaced by a sound entry, which the next start reads.
+        let (_, origin) =
+            ptx_cached(Ok(dir.path()), parts, compile_counting(&calls, "ptx")).unwrap();
+        assert_eq!(origin, Origin::Cached(path));
+        assert_eq!(calls.get(), 3);
     }
 
     #[test]
