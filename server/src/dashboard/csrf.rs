@@ -146,7 +146,12 @@ pub(super) fn cross_site(headers: &HeaderMap) -> Option<String> {
         .split_once("://")
         .map(|(_, rest)| rest.trim_end_matches('/'))
         .filter(|h| !h.is_empty() && !h.contains('/'));
-    let served = [text("x-forwarded-host"), text("host")];
+    // A proxy's X-Forwarded-Host names the host the browser asked for (the
+    // first, where proxies in a row appended theirs).
+    let forwarded = text("x-forwarded-host")
+        .and_then(|v| v.split(',').next())
+        .map(str::trim);
+    let served = [forwarded, text("host")];
     match host {
         Some(h) if served.iter().flatten().any(|s| s.eq_ignore_ascii_case(h)) => None,
         _ => Some(format!("it came from {origin}, not from this dashboard")),
@@ -204,6 +209,11 @@ mod tests {
         assert!(from(
             "https://flotilla.example",
             &[("x-forwarded-host", "flotilla.example")]
+        )
+        .is_none());
+        assert!(from(
+            "https://flotilla.example",
+            &[("x-forwarded-host", "flotilla.example, 10.0.0.5:8080")]
         )
         .is_none());
         let why = from("https://evil.example", &[]).unwrap();

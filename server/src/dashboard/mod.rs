@@ -115,14 +115,19 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
      base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// Adds the security headers to a response: the CSP, no MIME sniffing,
-/// no framing (for browsers without frame-ancestors), no referrer.
+/// no framing (for browsers without frame-ancestors), no referrer to other
+/// sites. `same-origin` rather than `no-referrer`: under `no-referrer` a
+/// browser sends `Origin: null` even with a form posted to its own origin,
+/// and where it sends no `Sec-Fetch-Site` (plain HTTP to a host other than
+/// localhost, older Safari) the login's check against cross-site posts
+/// (`csrf::cross_site`) could not tell that form from another site's.
 pub async fn security_headers(mut response: Response) -> Response {
     let h = response.headers_mut();
     for (name, value) in [
         (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::X_FRAME_OPTIONS, "DENY"),
-        (header::REFERRER_POLICY, "no-referrer"),
+        (header::REFERRER_POLICY, "same-origin"),
     ] {
         if !h.contains_key(&name) {
             h.insert(name, axum::http::HeaderValue::from_static(value));

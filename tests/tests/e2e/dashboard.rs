@@ -63,6 +63,20 @@ async fn dashboard_requires_login_and_metrics_report_the_queue() {
         let page = r.text().await.unwrap();
         assert!(page.contains("Refused: "), "{header}: {page}");
     }
+    // A browser's own form on plain HTTP (no Sec-Fetch-Site there but on
+    // localhost) sends its origin, which passes; it sends one only because
+    // the pages' referrer policy keeps it for same-origin requests
+    // (`no-referrer` makes it `null`, which the login must refuse).
+    let r = http
+        .post(format!("{url}/ui/login"))
+        .header("origin", url.trim_end_matches('/'))
+        .form(&[("token", server.admin_token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303, "a same-origin login was refused");
+    let login_page = http.get(format!("{url}/ui/login")).send().await.unwrap();
+    assert_eq!(login_page.headers()["referrer-policy"], "same-origin");
     // The admin token logs in.
     let r = http
         .post(format!("{url}/ui/login"))
