@@ -474,7 +474,7 @@ pub(crate) async fn requeue(
     params(("id" = Uuid, Path, description = "The job's id")),
     responses(
         (status = 200, description = "Cancelled", body = CancelReply),
-        (status = 202, description = "The agent was asked to stop it", body = CancelReply),
+        (status = 202, description = "The agent was asked to stop it (a job that finishes first keeps its result)", body = CancelReply),
         (status = 409, description = "The job already finished", body = flotilla_core::api::ErrorBody),
         Errors
     )
@@ -490,7 +490,9 @@ pub async fn cancel(
         Cancelled::Now => (StatusCode::OK, "cancelled".to_string()),
         Cancelled::Requested => (
             StatusCode::ACCEPTED,
-            "cancel requested; the agent stops the job at its next heartbeat".to_string(),
+            "cancel requested; the agent stops the job at its next heartbeat (a job that \
+             finishes before then keeps its result: it may still end succeeded)"
+                .to_string(),
         ),
         Cancelled::AlreadyFinal(s) => {
             return Err(ApiError::Conflict(format!(
