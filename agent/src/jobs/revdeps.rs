@@ -24,26 +24,30 @@ use super::JobContext;
 /// repository; kept without bound, a long-lived agent's memory grew with
 /// each one. A job still running on an evicted one keeps it (an `Arc`)
 /// until it ends.
+#[derive(Default)]
 pub struct RepoCache {
-    repos: Mutex<HashMap<String, (Arc<Repository>, u64)>>,
-    /// Uses so far; each entry holds the count at its last use.
-    uses: std::sync::atomic::AtomicU64,
-    keep: usize,
+    loaded: Mutex<Loaded>,
+}
+
+#[derive(Default)]
+struct Loaded {
+    /// Each with the count of uses at its last use.
+    repos: HashMap<String, (Arc<Repository>, u64)>,
+    /// Uses so far.
+    uses: u64,
+}
+
+impl Loaded {
+    /// The next use's count.
+    fn tick(&mut self) -> u64 {
+        self.uses += 1;
+        self.uses
+    }
 }
 
 /// Repositories kept loaded: a run's plan and its shards name one commit,
 /// and two let a run on a new commit start while the last one finishes.
 pub const REPOS_KEPT: usize = 2;
-
-impl Default for RepoCache {
-    fn default() -> Self {
-        RepoCache {
-            repos: Mutex::default(),
-            uses: Default::default(),
-            keep: REPOS_KEPT,
-        }
-    }
-}
 
 impl RepoCache {
     /// The repository and how long loading took (0 when cached).
@@ -52,15 +56,13 @@ impl RepoCache {
             .resolved()
             .map_err(|e| format!("resolving the opam repository {spec}: {e}"))?;
         let key = source.cache_key();
-        let tick = || self.uses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some((r, used)) = self
-            .repos
-            .lock()
-            .expect("repository cache lock is never poisoned")
-            .get_mut(&key)
         {
-            *used = tick();
-            return Ok((r.clone(), 0));
+            let mut loaded = self.lock();
+            let now = loaded.tick();
+            if let Some((r, used)) = loaded.repos.get_mut(&key) {
+                *used = now;
+                return Ok((r.clone(), 0));
+            }
         }
         let start = Instant::now();
         let repo = Repository::load(&source)
@@ -72,23 +74,28 @@ impl RepoCache {
             );
         }
         let repo = Arc::new(repo);
-        let mut repos = self
-            .repos
-            .lock()
-            .expect("repository cache lock is never poisoned");
-        repos.insert(key, (repo.clone(), tick()));
-        while repos.len() > self.keep {
-            let Some(oldest) = repos
+        let mut loaded = self.lock();
+        let now = loaded.tick();
+        loaded.repos.insert(key, (repo.clone(), now));
+        while loaded.repos.len() > REPOS_KEPT {
+            let Some(oldest) = loaded
+                .repos
                 .iter()
                 .min_by_key(|(_, (_, used))| *used)
                 .map(|(k, _)| k.clone())
             else {
                 break;
             };
-            repos.remove(&oldest);
+            loaded.repos.remove(&oldest);
         }
-        drop(repos);
+        drop(loaded);
         Ok((repo, start.elapsed().as_millis() as u64))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Loaded> {
+        self.loaded
+            .lock()
+            .expect("repository cache lock is never poisoned")
     }
 }
 
@@ -300,17 +307,23 @@ mod tests {
         git(dir, &["commit", "-q", "-m", name]);
     }
 
+    /// An empty git repository at DIR/opam-repository (a bare-looking
+    /// path: a git repository without a checkout of `packages/` at its
+    /// root would be read as a directory otherwise).
+    fn new_repo(dir: &Path) -> std::path::PathBuf {
+        let repo = dir.join("opam-repository");
+        std::fs::create_dir_all(&repo).unwrap();
+        git(&repo, &["init", "-q"]);
+        repo
+    }
+
     /// A repository at `HEAD` is read again after a commit: the cache is
     /// keyed on the commit, not on the path (it answered from the old tree
     /// before).
     #[test]
     fn a_new_commit_is_loaded_not_served_from_the_cache() {
         let dir = tempfile::tempdir().unwrap();
-        // A bare-looking path: a git repository without a checkout of
-        // `packages/` at its root would be read as a directory otherwise.
-        let repo = dir.path().join("opam-repository");
-        std::fs::create_dir_all(&repo).unwrap();
-        git(&repo, &["init", "-q"]);
+        let repo = new_repo(dir.path());
         add_package(&repo, "a");
         let spec = format!("{}:HEAD", repo.display());
         let cache = RepoCache::default();
@@ -334,9 +347,7 @@ mod tests {
     #[test]
     fn only_the_most_recently_used_repositories_stay_loaded() {
         let dir = tempfile::tempdir().unwrap();
-        let repo = dir.path().join("opam-repository");
-        std::fs::create_dir_all(&repo).unwrap();
-        git(&repo, &["init", "-q"]);
+        let repo = new_repo(dir.path());
         let cache = RepoCache::default();
         let (mut commits, mut loaded) = (Vec::new(), Vec::new());
         for name in ["a", "b", "c", "d"] {
@@ -355,7 +366,7 @@ mod tests {
             loaded.push(cache.get(&spec).unwrap().0);
             commits.push(spec);
         }
-        assert_eq!(cache.repos.lock().unwrap().len(), super::REPOS_KEPT);
+        assert_eq!(cache.lock().repos.len(), super::REPOS_KEPT);
         // The last two are served as loaded; the first is read again.
         let same =
             |i: usize| std::sync::Arc::ptr_eq(&cache.get(&commits[i]).unwrap().0, &loaded[i]);
@@ -364,8 +375,12 @@ mod tests {
         // Loading the first evicted the least recently used (commit 3,
         // used before commit 2), not commit 2.
         let kept: Vec<usize> = {
-            let repos = cache.repos.lock().unwrap();
-            let mut n: Vec<usize> = repos.values().map(|(r, _)| r.packages.len()).collect();
+            let loaded = cache.lock();
+            let mut n: Vec<usize> = loaded
+                .repos
+                .values()
+                .map(|(r, _)| r.packages.len())
+                .collect();
             n.sort();
             n
         };

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use flotilla_core::api::logs::{LOG_MORE_HEADER, LOG_NEXT_HEADER};
 use flotilla_core::job::JobState;
-use flotilla_e2e::procs::{Agent, Server, ServerOpts};
+use flotilla_e2e::procs::{opts_on_shared, Agent, Server, ServerOpts};
 use flotilla_e2e::{binary, scratch};
 use serde_json::json;
 
@@ -15,17 +15,11 @@ const CAP: u64 = 256 << 10;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runaway_log_is_capped_and_read_in_pages() {
     let dir = scratch("e2e-logs-");
-    let pg = flotilla_e2e::pg::shared().await;
-    let db = flotilla_e2e::pg::fresh_database(pg).await;
     let server = Server::start(
         dir.path(),
         ServerOpts {
-            database_url: pg.database_url(&db),
-            store: dir.path().join("store").to_string_lossy().into_owned(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            lease_ttl_ms: 5_000,
-            backoff_base_ms: 200,
             env: vec![("FLOTILLA_LOG_CAP_BYTES".into(), CAP.to_string())],
+            ..opts_on_shared(dir.path(), 5_000).await
         },
     )
     .await;
@@ -185,20 +179,7 @@ async fn a_runaway_log_is_capped_and_read_in_pages() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_batch_sent_again_is_stored_once() {
     let dir = scratch("e2e-logs-again-");
-    let pg = flotilla_e2e::pg::shared().await;
-    let db = flotilla_e2e::pg::fresh_database(pg).await;
-    let server = Server::start(
-        dir.path(),
-        ServerOpts {
-            database_url: pg.database_url(&db),
-            store: dir.path().join("store").to_string_lossy().into_owned(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            lease_ttl_ms: 30_000,
-            backoff_base_ms: 200,
-            env: vec![],
-        },
-    )
-    .await;
+    let server = flotilla_e2e::procs::server_on_shared(dir.path(), 30_000).await;
     let agent = flotilla_e2e::driven::Driven::register(
         &server,
         "resender",

@@ -219,21 +219,27 @@ mod tests {
         }
     }
 
+    /// The entry a first start (nothing cached) compiled `ptx` into and
+    /// stored; panics if it was not stored.
+    fn stored_entry(dir: &Path, parts: &[&[u8]], calls: &Cell<u32>, ptx: &str) -> PathBuf {
+        let (got, origin) = ptx_cached(Ok(dir), parts, compile_counting(calls, ptx)).unwrap();
+        assert_eq!(got, ptx);
+        match origin {
+            Origin::Compiled {
+                stored: Ok(path), ..
+            } => path,
+            other => panic!("not stored: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_second_start_reads_what_the_first_compiled() {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("flotilla").join("cuda-kernels");
         let calls = Cell::new(0);
         let parts: &[&[u8]] = &[b"__global__ void k() {}", b"compute_80", b"12.6"];
-        let (ptx, origin) =
-            ptx_cached(Ok(&cache), parts, compile_counting(&calls, ".entry k(")).unwrap();
-        assert_eq!((ptx.as_str(), calls.get()), (".entry k(", 1));
-        let Origin::Compiled {
-            stored: Ok(path), ..
-        } = origin
-        else {
-            panic!("not stored: {origin:?}")
-        };
+        let path = stored_entry(&cache, parts, &calls, ".entry k(");
+        assert_eq!(calls.get(), 1);
         let (again, origin) =
             ptx_cached(Ok(&cache), parts, compile_counting(&calls, "other")).unwrap();
         assert_eq!(calls.get(), 1, "compiled again although cached");
@@ -268,14 +274,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let calls = Cell::new(0);
         let parts: &[&[u8]] = &[b"source"];
-        let (_, origin) =
-            ptx_cached(Ok(dir.path()), parts, compile_counting(&calls, "ptx")).unwrap();
-        let Origin::Compiled {
-            stored: Ok(path), ..
-        } = origin
-        else {
-            panic!("{origin:?}")
-        };
+        let path = stored_entry(dir.path(), parts, &calls, "ptx");
         // A sound entry elsewhere, linked to from the entry's name.
         let elsewhere = dir.path().join("elsewhere");
         std::fs::rename(&path, &elsewhere).unwrap();
@@ -309,18 +308,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let calls = Cell::new(0);
         let parts: &[&[u8]] = &[b"source", b"arch"];
-        let (_, origin) = ptx_cached(
-            Ok(dir.path()),
-            parts,
-            compile_counting(&calls, ".entry good("),
-        )
-        .unwrap();
-        let Origin::Compiled {
-            stored: Ok(path), ..
-        } = origin
-        else {
-            panic!("{origin:?}")
-        };
+        let path = stored_entry(dir.path(), parts, &calls, ".entry good(");
         let sound = std::fs::read_to_string(&path).unwrap();
         for bad in [
             sound.replace("good", "evil"),
@@ -353,14 +341,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let calls = Cell::new(0);
         let parts: &[&[u8]] = &[b"source"];
-        let (_, origin) =
-            ptx_cached(Ok(dir.path()), parts, compile_counting(&calls, "ptx")).unwrap();
-        let Origin::Compiled {
-            stored: Ok(path), ..
-        } = origin
-        else {
-            panic!("{origin:?}")
-        };
+        let path = stored_entry(dir.path(), parts, &calls, "ptx");
         for (target, mode) in [(&path, 0o666), (&dir.path().to_path_buf(), 0o777)] {
             let before = std::fs::metadata(target).unwrap().permissions().mode();
             std::fs::set_permissions(target, std::fs::Permissions::from_mode(mode)).unwrap();
