@@ -1,7 +1,7 @@
 //! `/api/v1/coverage/import`: the tiles of a geotessera `manifest.parquet`
 //! recorded as present.
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::Json;
 use flotilla_core::api::datasets::CoverageImported;
@@ -11,10 +11,7 @@ use crate::auth::AdminAuth;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::QueryParams;
 use crate::state::AppState;
-use crate::tiles::coverage;
-
-/// Largest accepted manifest (geotessera's is tens of MB).
-pub const MAX_MANIFEST_BYTES: usize = 1 << 30;
+use crate::tiles::manifest::{self, ImportError, MAX_MANIFEST_BYTES};
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -24,7 +21,9 @@ pub struct ImportQuery {
 }
 
 /// Records the tiles of a geotessera `manifest.parquet` (the body) as
-/// present for `?dataset=`.
+/// present for `?dataset=`. The body is spooled to disk and read in a child
+/// process under memory and CPU limits (`tiles::manifest`); a manifest that
+/// is refused, or that the reader dies on, records nothing.
 #[utoipa::path(
     post,
     path = "/api/v1/coverage/import",
@@ -42,19 +41,25 @@ pub async fn import(
     State(state): State<AppState>,
     AdminAuth(_): AdminAuth,
     QueryParams(q): QueryParams<ImportQuery>,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult<Json<CoverageImported>> {
     super::datasets::known(&state, &q.dataset).await?;
-    let (tiles, rows) = tokio::task::spawn_blocking(move || coverage::read_manifest(body))
+    let upload = crate::tiles::sandbox::spool(body, MAX_MANIFEST_BYTES, "flotilla-manifest-")
         .await
-        .map_err(|e| ApiError::Internal(anyhow::anyhow!("manifest reader panicked: {e}")))?
-        .map_err(|e| ApiError::invalid(format!("manifest: {e}")))?;
-    let recorded = coverage::import(&state.db, &q.dataset, &tiles).await?;
-    tracing::info!(dataset = %q.dataset, rows, tiles = tiles.len(), recorded, "coverage imported");
+        .map_err(|e| super::agent_protocol::upload_error("manifest", e))?;
+    let done = manifest::import(&state.db, &q.dataset, &upload)
+        .await
+        .map_err(|e| match e {
+            ImportError::Refused(why) => ApiError::invalid(format!("manifest: {why}")),
+            ImportError::Db(e) => e.into(),
+            ImportError::Failed(e) => ApiError::Internal(e),
+        })?;
+    tracing::info!(dataset = %q.dataset, rows = done.rows, tiles = done.tiles,
+                   recorded = done.recorded, "coverage imported");
     Ok(Json(CoverageImported {
         dataset: q.dataset,
-        rows: rows as u64,
-        tiles: tiles.len() as u64,
-        recorded,
+        rows: done.rows,
+        tiles: done.tiles,
+        recorded: done.recorded,
     }))
 }

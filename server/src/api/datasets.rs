@@ -82,7 +82,7 @@ pub async fn put_checkpoint(
 ) -> ApiResult<Json<DatasetView>> {
     use crate::tiles::checkpoint_check::{self, CheckError};
     known(&state, &name).await?;
-    let upload = checkpoint_check::spool(body, MAX_CHECKPOINT_BYTES)
+    let upload = crate::tiles::sandbox::spool(body, MAX_CHECKPOINT_BYTES, "flotilla-checkpoint-")
         .await
         .map_err(|e| super::agent_protocol::upload_error("checkpoint", e))?;
     if upload.size == 0 {

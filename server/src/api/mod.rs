@@ -108,7 +108,8 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         )
         .route(
             "/api/v1/coverage/import",
-            post(coverage::import).layer(DefaultBodyLimit::max(coverage::MAX_MANIFEST_BYTES)),
+            // Spooled to disk with its own limit (tiles::manifest).
+            post(coverage::import).layer(DefaultBodyLimit::disable()),
         )
         .route(
             "/api/agent/v1/jobs/{id}/checkpoint",

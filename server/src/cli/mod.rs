@@ -78,6 +78,10 @@ pub enum Command {
     /// server runs this in a child process; see `tiles::checkpoint_check`).
     #[command(name = "__check-checkpoint", hide = true)]
     CheckCheckpoint(crate::tiles::checkpoint_check::ChildArgs),
+    /// Internal: read an uploaded coverage manifest under resource limits
+    /// (the server runs this in a child process; see `tiles::manifest`).
+    #[command(name = "__read-manifest", hide = true)]
+    ReadManifest(crate::tiles::manifest::ChildArgs),
 }
 
 pub fn run() -> anyhow::Result<()> {
@@ -89,6 +93,9 @@ pub fn run() -> anyhow::Result<()> {
     // address space, which every thread's stack would count against.
     if let Command::CheckCheckpoint(args) = &cli.command {
         std::process::exit(crate::tiles::checkpoint_check::child_main(args));
+    }
+    if let Command::ReadManifest(args) = &cli.command {
+        std::process::exit(crate::tiles::manifest::child_main(args));
     }
     init_tracing();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -109,7 +116,7 @@ pub fn run() -> anyhow::Result<()> {
             Command::Datasets(cmd) => datasets::datasets(cmd).await,
             Command::Coverage(cmd) => datasets::coverage(cmd).await,
             // Run above, before the runtime.
-            Command::CheckCheckpoint(_) => Ok(()),
+            Command::CheckCheckpoint(_) | Command::ReadManifest(_) => Ok(()),
         }
     })
 }

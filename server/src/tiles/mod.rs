@@ -8,6 +8,10 @@
 //!   process under memory and CPU limits before it reaches the store.
 //! - [`coverage`]: which embeddings exist — the fleet's results and imported
 //!   geotessera manifests (`manifest.parquet`).
+//! - [`manifest`]: a manifest upload read in a child process and streamed
+//!   into `coverage` in one transaction.
+//! - [`sandbox`]: the spool file and the resource-limited child that
+//!   untrusted uploads are parsed in.
 //! - [`plan`]: region → tiles → minus coverage and live jobs → missing; the
 //!   bulk insert of one job per missing tile.
 //! - [`finish`]: a tile job's completion: copy its outputs to
@@ -21,8 +25,10 @@ pub mod checkpoint_check;
 pub mod coverage;
 pub mod datasets;
 pub mod finish;
+pub mod manifest;
 pub mod plan;
 pub mod progress;
+pub mod sandbox;
 pub mod stats;
 
 use flotilla_core::api::FieldError;

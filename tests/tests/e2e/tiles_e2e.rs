@@ -241,8 +241,83 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
 
 /// A manifest in geotessera's columns.
 fn manifest(rows: &[(i32, f64, f64, i64, i64)]) -> Vec<u8> {
+    manifest_with(rows, parquet::file::properties::WriterProperties::builder())
+}
+
+/// A manifest whose first page (the `year` column's) declares an
+/// uncompressed size of 2 GiB - 1 over a few hundred bytes of snappy data:
+/// the parquet reader allocates and zero-fills what a page declares before
+/// it finds the data short, which in the server itself was 2 GiB a column.
+/// The varint grows by k bytes, so the page's data gives up its last k
+/// (the header's compressed size says so) and every offset after it holds.
+fn hostile_manifest(dir: &std::path::Path) -> Vec<u8> {
+    use parquet::basic::Compression;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let rows: Vec<_> = (0..1000)
+        .map(|k| (YEAR, 10.05 + (k % 10) as f64 / 10.0, 10.05, 1000, 10))
+        .collect();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_dictionary_enabled(false);
+    let mut buf = manifest_with(&rows, props);
+    let path = dir.join("hostile-manifest.parquet");
+    std::fs::write(&path, &buf).unwrap();
+    let reader = SerializedFileReader::new(std::fs::File::open(&path).unwrap()).unwrap();
+    let year = reader.metadata().row_group(0).column(0);
+    assert_eq!(
+        year.data_page_offset(),
+        4,
+        "one data page, first in the file"
+    );
+    let page_end = 4 + year.compressed_size() as usize;
+    fn varint(b: &[u8]) -> (u64, usize) {
+        let (mut v, mut n) = (0u64, 0);
+        loop {
+            v |= u64::from(b[n] & 0x7f) << (7 * n);
+            n += 1;
+            if b[n - 1] & 0x80 == 0 {
+                return (v, n);
+            }
+        }
+    }
+    fn encode(mut v: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+        out
+    }
+    let zigzag = |v: i64| ((v << 1) ^ (v >> 63)) as u64;
+    // PageHeader, thrift compact: field 1 type = DATA_PAGE (0x15 0x00),
+    // field 2 uncompressed_page_size, field 3 compressed_page_size.
+    assert_eq!(buf[4..7], [0x15, 0x00, 0x15], "a data page header");
+    let (_, u_len) = varint(&buf[7..]);
+    assert_eq!(buf[7 + u_len], 0x15);
+    let (c_zz, c_len) = varint(&buf[8 + u_len..]);
+    let huge = encode(zigzag(i64::from(i32::MAX)));
+    let grown = huge.len() - u_len;
+    let c = (c_zz >> 1) as i64 - grown as i64;
+    let c_new = encode(zigzag(c));
+    assert_eq!(c_new.len(), c_len, "the compressed size keeps its width");
+    let mut out = buf[..7].to_vec();
+    out.extend_from_slice(&huge);
+    out.push(0x15);
+    out.extend_from_slice(&c_new);
+    out.extend_from_slice(&buf[8 + u_len + c_len..page_end - grown]);
+    out.extend_from_slice(&buf[page_end..]);
+    assert_eq!(out.len(), buf.len());
+    buf.clear();
+    out
+}
+
+/// A manifest in geotessera's columns, written with `props`.
+fn manifest_with(
+    rows: &[(i32, f64, f64, i64, i64)],
+    props: parquet::file::properties::WriterPropertiesBuilder,
+) -> Vec<u8> {
     use parquet::data_type::{DoubleType, Int32Type, Int64Type};
-    use parquet::file::properties::WriterProperties;
     use parquet::file::writer::SerializedFileWriter;
     use parquet::schema::parser::parse_message_type;
     let schema = Arc::new(
@@ -253,12 +328,7 @@ fn manifest(rows: &[(i32, f64, f64, i64, i64)]) -> Vec<u8> {
         .unwrap(),
     );
     let mut buf = Vec::new();
-    let mut w = SerializedFileWriter::new(
-        &mut buf,
-        schema,
-        Arc::new(WriterProperties::builder().build()),
-    )
-    .unwrap();
+    let mut w = SerializedFileWriter::new(&mut buf, schema, Arc::new(props.build())).unwrap();
     let mut rg = w.next_row_group().unwrap();
     let mut i = 0;
     while let Some(mut col) = rg.next_column().unwrap() {
@@ -543,6 +613,82 @@ async fn coverage_import_and_bad_input() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 422);
+
+    // A page declaring 2 GiB: the reader (a child process under a memory
+    // limit) dies, the server answers 422 and stays up.
+    let resp = api
+        .http
+        .post(format!(
+            "{}/api/v1/coverage/import?dataset={DATASET}",
+            api.base
+        ))
+        .bearer_auth(&api.token)
+        .body(hostile_manifest(dir.path()))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    assert_eq!(status, 422, "{text}");
+    assert!(text.contains("killed the reader"), "{text}");
+    // 60,001 rows whose last is off the map: refused, naming the row, and
+    // the first batch (50,000 tiles, written before the bad row was read)
+    // rolled back with the rest.
+    let mut rows: Vec<_> = (0..60_000)
+        .map(|k| {
+            let (ix, iy) = (k % 300, k / 300);
+            (
+                YEAR,
+                20.05 + ix as f64 / 10.0,
+                20.05 + iy as f64 / 10.0,
+                1000,
+                10,
+            )
+        })
+        .collect();
+    rows.push((YEAR, 1000.0, 20.05, 1000, 10));
+    let resp = api
+        .http
+        .post(format!(
+            "{}/api/v1/coverage/import?dataset={DATASET}",
+            api.base
+        ))
+        .bearer_auth(&api.token)
+        .body(manifest(&rows))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    assert_eq!(status, 422, "{text}");
+    assert!(text.contains("row 60000"), "{text}");
+    let plan = api
+        .post("/api/v1/rois/plan", roi("after", [20.0, 20.0, 21.0, 21.0]))
+        .await;
+    assert_eq!(
+        plan["present"], 0,
+        "a refused manifest recorded tiles: {plan}"
+    );
+    // The same rows without the bad one go in whole.
+    rows.pop();
+    let resp = api
+        .http
+        .post(format!(
+            "{}/api/v1/coverage/import?dataset={DATASET}",
+            api.base
+        ))
+        .bearer_auth(&api.token)
+        .body(manifest(&rows))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let imported: Value = resp.json().await.unwrap();
+    assert_eq!(imported["tiles"], 60_000, "{imported}");
+    let plan = api
+        .post("/api/v1/rois/plan", roi("after", [20.0, 20.0, 21.0, 21.0]))
+        .await;
+    assert_eq!(plan["present"], 100, "{plan}");
 
     // Bad regions and years, each a 4xx naming the problem.
     let cases = [
