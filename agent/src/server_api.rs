@@ -11,7 +11,7 @@ use std::time::Duration;
 use flotilla_core::api::{ErrorBody, OutputView};
 use flotilla_core::protocol::{
     paths, Complete, Fail, Heartbeat, HeartbeatReply, LeaseRef, LeaseReply, LeaseRequest, LogBatch,
-    Register, Registered, INSTANCE_HEADER,
+    Register, Registered, INSTANCE_HEADER, LEASE_HEADER,
 };
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::Serialize;
@@ -341,6 +341,9 @@ impl ServerApi {
         );
         let mut http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
+            // The server redirects only a download to its store, which
+            // `download` follows itself without the server's headers.
+            .redirect(reqwest::redirect::Policy::none())
             .default_headers(headers);
         let mut store = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
         for root in roots {
@@ -543,12 +546,12 @@ impl ServerApi {
         let mut req = self
             .http
             .put(format!(
-                "{}{}?lease={}",
+                "{}{}",
                 base,
-                paths::job(lease.job_id, &format!("outputs/{encoded}")),
-                lease.lease_token
+                paths::job(lease.job_id, &format!("outputs/{encoded}"))
             ))
             .bearer_auth(&self.token)
+            .header(LEASE_HEADER, lease.lease_token.to_string())
             .body(body);
         if let Some(len) = len {
             req = req.header(reqwest::header::CONTENT_LENGTH, len);
@@ -660,7 +663,8 @@ where
 }
 
 impl ServerApi {
-    /// Downloads `GET {path}?lease=…` (a tile job's checkpoint or input)
+    /// Downloads `GET {path}` (a tile job's checkpoint or input, the lease
+    /// token in [`LEASE_HEADER`])
     /// into `dest` through a temporary file renamed into place; returns its
     /// size and sha256. Fails when nothing arrives for
     /// [`TransferLimits::stall`] or the whole takes longer than
@@ -690,13 +694,9 @@ impl ServerApi {
         let (server, base) = self.servers.current();
         let request = self
             .http
-            .get(format!(
-                "{}{}?lease={}",
-                base,
-                paths::job(lease.job_id, &encoded),
-                lease.lease_token
-            ))
+            .get(format!("{}{}", base, paths::job(lease.job_id, &encoded)))
             .bearer_auth(&self.token)
+            .header(LEASE_HEADER, lease.lease_token.to_string())
             .send();
         let mut resp = tokio::time::timeout(stall, request)
             .await
@@ -705,6 +705,28 @@ impl ServerApi {
                 self.servers.failed(server);
                 CallError::Unreachable(e.to_string())
             })?;
+        // An S3 store's presigned URL: fetched with the store's client, so
+        // neither the server's token nor the lease token goes with it (the
+        // server's client follows no redirects).
+        if resp.status().is_redirection() {
+            let to = resp
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| resp.url().join(v).ok())
+                .ok_or_else(|| {
+                    CallError::Unreachable(format!(
+                        "downloading {action}: a redirect ({}) without a usable Location",
+                        resp.status()
+                    ))
+                })?;
+            resp = tokio::time::timeout(stall, self.store.get(to).send())
+                .await
+                .map_err(|_| stalled("no answer from the store"))?
+                .map_err(|e| {
+                    CallError::Unreachable(format!("downloading {action} from the store: {e}"))
+                })?;
+        }
         if !resp.status().is_success() {
             return Err(decode::<IgnoredAny>(resp)
                 .await

@@ -56,6 +56,12 @@ use crate::job::{FailureClass, JobKind, JobSpec, JobState};
 /// `register`.
 pub const INSTANCE_HEADER: &str = "flotilla-agent-instance";
 
+/// The header that carries the lease token on the agent's downloads (a tile
+/// job's checkpoint and inputs, a pipeline move's tar) and output uploads:
+/// in the query string it would land in proxies' and access logs. The
+/// server still takes `?lease=` from agents older than this header.
+pub const LEASE_HEADER: &str = "flotilla-lease";
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Register {
     pub name: String,

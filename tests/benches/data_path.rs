@@ -129,10 +129,7 @@ async fn main() {
     // The same agent process (token, instance) against either server; the
     // client follows the redirect as the real agent's does.
     let fetch = |server: &Server| {
-        let url = format!(
-            "{}/api/agent/v1/jobs/{job}/inputs/bands.npy?lease={lease}",
-            server.url()
-        );
+        let url = format!("{}/api/agent/v1/jobs/{job}/inputs/bands.npy", server.url());
         let req = agent
             .api
             .http
@@ -142,6 +139,7 @@ async fn main() {
                 flotilla_core::protocol::INSTANCE_HEADER,
                 agent.api.instance(),
             )
+            .header(flotilla_core::protocol::LEASE_HEADER, lease.as_str())
             .send();
         async move {
             let mut resp = req.await.unwrap();
@@ -297,8 +295,9 @@ async fn upload_streamed(
         agent,
         server,
         reqwest::Method::PUT,
-        &format!("/api/agent/v1/jobs/{job}/outputs/out.bin?lease={lease}"),
+        &format!("/api/agent/v1/jobs/{job}/outputs/out.bin"),
     )
+    .header(flotilla_core::protocol::LEASE_HEADER, lease)
     .body(output.to_vec())
     .send()
     .await

@@ -14,17 +14,16 @@ use flotilla_core::job::check_output_path;
 use flotilla_core::job::FailureClass;
 use flotilla_core::protocol::{
     Ack, Complete, Ended, Fail, Heartbeat, HeartbeatReply, LeaseRef, LeaseReply, LeaseRequest,
-    LogBatch, Register, Registered, INSTANCE_HEADER, MAX_FAIL_MESSAGE_BYTES,
+    LogBatch, Register, Registered, INSTANCE_HEADER, LEASE_HEADER, MAX_FAIL_MESSAGE_BYTES,
 };
 use flotilla_core::text::truncate_on_char_boundary;
-use serde::Deserialize;
 use uuid::Uuid;
 
 use super::tokens::valid_agent_name;
 use crate::agents;
 use crate::auth::AgentAuth;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, JsonBody, PathParams, QueryParams};
+use crate::extract::{parse_id, JsonBody, PathParams};
 use crate::queue::claim;
 use crate::queue::lease::{self, LeaseKey, LeaseRefused};
 use crate::state::AppState;
@@ -96,6 +95,42 @@ impl FromRequestParts<AppState> for AgentProcess {
             id,
             token_id: caller.token_id,
         })
+    }
+}
+
+/// The lease token of a download or an output upload, from
+/// [`LEASE_HEADER`]. A token in the query string (`?lease=`, what agents
+/// sent before the header) is refused: proxies and access logs keep URLs.
+pub struct LeaseHeader(pub Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for LeaseHeader {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        match parts.headers.get(LEASE_HEADER) {
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(|v| Uuid::parse_str(v.trim()).ok())
+                .map(LeaseHeader)
+                .ok_or_else(|| {
+                    ApiError::BadRequest(format!("`{LEASE_HEADER}` is not a lease token (a UUID)"))
+                }),
+            None => {
+                let in_query = parts
+                    .uri
+                    .query()
+                    .is_some_and(|q| q.split('&').any(|kv| kv.starts_with("lease=")));
+                Err(ApiError::BadRequest(if in_query {
+                    format!(
+                        "send the lease token in the `{LEASE_HEADER}` header, not the query \
+                         string (where proxies and access logs keep it): this agent is older \
+                         than the server; upgrade it"
+                    )
+                } else {
+                    format!("missing `{LEASE_HEADER}` header: the lease token this call is for")
+                }))
+            }
+        }
     }
 }
 
@@ -317,11 +352,6 @@ pub async fn fail(
     Ok(Json(Ended { state: ended.state }))
 }
 
-#[derive(Deserialize)]
-pub struct UploadQuery {
-    lease: Uuid,
-}
-
 /// Streams one output into the object store under
 /// `jobs/{job}/{attempt}/{name}`, hashing as it goes. The object becomes
 /// visible only when the upload completes (multipart), and is listed with
@@ -331,10 +361,10 @@ pub async fn upload_output(
     State(state): State<AppState>,
     agent: AgentProcess,
     PathParams((id, name)): PathParams<(String, String)>,
-    QueryParams(q): QueryParams<UploadQuery>,
+    LeaseHeader(lease): LeaseHeader,
     body: Body,
 ) -> ApiResult<Json<OutputView>> {
-    let out = declared_output(&state, &agent, &id, q.lease, &name).await?;
+    let out = declared_output(&state, &agent, &id, lease, &name).await?;
     let path = object_store::path::Path::from(out.key.as_str());
     let (size, sha256) =
         crate::store::stream_body(state.store.as_ref(), &path, body, MAX_OUTPUT_BYTES)

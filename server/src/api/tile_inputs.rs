@@ -1,10 +1,13 @@
 //! What a tile job reads, lease-guarded.
 //!
-//! - `GET /api/agent/v1/jobs/{id}/checkpoint?lease=`: the dataset's checkpoint.
-//! - `GET …/jobs/{id}/inputs/{file}?lease=`: the object
+//! - `GET /api/agent/v1/jobs/{id}/checkpoint`: the dataset's checkpoint.
+//! - `GET …/jobs/{id}/inputs/{file}`: the object
 //!   `{input_prefix}/{year}/{tile}/{file}`.
-//! - `GET …/jobs/{id}/moved?lease=`: what a pipeline move sent, for the
-//!   job that receives it.
+//! - `GET …/jobs/{id}/moved`: what a pipeline move sent, for the job that
+//!   receives it.
+//!
+//! Each takes the lease token in the `flotilla-lease` header
+//! (`agent_protocol::LeaseHeader`).
 //!
 //! With an S3 store each answers with a redirect to a presigned
 //! URL, so the bytes go from the store to the agent, not through here.
@@ -13,21 +16,15 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use futures::TryStreamExt;
-use serde::Deserialize;
 use uuid::Uuid;
 
-use super::agent_protocol::AgentProcess;
+use super::agent_protocol::{AgentProcess, LeaseHeader};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, PathParams, QueryParams};
+use crate::extract::{parse_id, PathParams};
 use crate::queue::lease::{self, LeaseKey};
 use crate::queue::read;
 use crate::state::AppState;
 use crate::tiles::datasets;
-
-#[derive(Deserialize)]
-pub struct LeaseQuery {
-    lease: Uuid,
-}
 
 /// The tile job `id` if `agent` holds its current lease.
 async fn held_tile(
@@ -102,9 +99,9 @@ pub async fn checkpoint(
     State(state): State<AppState>,
     agent: AgentProcess,
     PathParams(id): PathParams<String>,
-    QueryParams(q): QueryParams<LeaseQuery>,
+    LeaseHeader(lease): LeaseHeader,
 ) -> ApiResult<Response> {
-    let (_, ds) = held_tile(&state, &agent, &id, q.lease).await?;
+    let (_, ds) = held_tile(&state, &agent, &id, lease).await?;
     let key = ds
         .checkpoint_key
         .ok_or_else(|| ApiError::NotFound(format!("dataset `{}` has no checkpoint", ds.name)))?;
@@ -115,11 +112,11 @@ pub async fn input(
     State(state): State<AppState>,
     agent: AgentProcess,
     PathParams((id, file)): PathParams<(String, String)>,
-    QueryParams(q): QueryParams<LeaseQuery>,
+    LeaseHeader(lease): LeaseHeader,
 ) -> ApiResult<Response> {
     flotilla_core::job::check_output_path(&file)
         .map_err(|why| ApiError::invalid(format!("input name `{file}` {why}")))?;
-    let (tile, ds) = held_tile(&state, &agent, &id, q.lease).await?;
+    let (tile, ds) = held_tile(&state, &agent, &id, lease).await?;
     let prefix = ds.input_prefix.ok_or_else(|| {
         ApiError::NotFound(format!(
             "dataset `{}` has no input prefix (its inputs come from a fetch command)",
@@ -130,14 +127,14 @@ pub async fn input(
     stream(&state, &key).await
 }
 
-/// `GET /api/agent/v1/jobs/{id}/moved?lease=`: for a pipeline move's
+/// `GET /api/agent/v1/jobs/{id}/moved`: for a pipeline move's
 /// receiving job, the tar its sending job uploaded (the last one that
 /// succeeded for the same run, item and step).
 pub async fn moved(
     State(state): State<AppState>,
     agent: AgentProcess,
     PathParams(id): PathParams<String>,
-    QueryParams(q): QueryParams<LeaseQuery>,
+    LeaseHeader(lease): LeaseHeader,
 ) -> ApiResult<Response> {
     let id = parse_id(&id)?;
     lease::current_attempt(
@@ -145,7 +142,7 @@ pub async fn moved(
         LeaseKey {
             agent: agent.id,
             job: id,
-            token: q.lease,
+            token: lease,
         },
     )
     .await?;

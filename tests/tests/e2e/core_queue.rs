@@ -530,16 +530,15 @@ async fn declared_outputs_are_the_only_ones_and_are_required() {
     let lease = leased["job"]["lease_token"].as_str().unwrap().to_string();
     let upload = |name: &str| {
         let agent = agent.clone();
-        let url = format!(
-            "{}/api/agent/v1/jobs/{id}/outputs/{name}?lease={lease}",
-            agent.base
-        );
+        let url = format!("{}/api/agent/v1/jobs/{id}/outputs/{name}", agent.base);
+        let lease = lease.clone();
         async move {
             let r = agent
                 .http
                 .put(url)
                 .bearer_auth(&agent.token)
                 .header(flotilla_core::protocol::INSTANCE_HEADER, agent.instance())
+                .header(flotilla_core::protocol::LEASE_HEADER, lease)
                 .body("data")
                 .send()
                 .await
@@ -547,6 +546,27 @@ async fn declared_outputs_are_the_only_ones_and_are_required() {
             (r.status().as_u16(), r.text().await.unwrap())
         }
     };
+    // The lease token in the query string, where proxies and access logs
+    // keep URLs, is refused with what to do instead.
+    let r = agent
+        .http
+        .put(format!(
+            "{}/api/agent/v1/jobs/{id}/outputs/out.txt?lease={lease}",
+            agent.base
+        ))
+        .bearer_auth(&agent.token)
+        .header(flotilla_core::protocol::INSTANCE_HEADER, agent.instance())
+        .body("data")
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body = r.text().await.unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("flotilla-lease") && body.contains("query string"),
+        "{body}"
+    );
     let (status, body) = upload("extra.bin").await;
     assert_eq!(status, 422, "an undeclared output: {body}");
     assert!(body.contains("out.txt"), "{body}");

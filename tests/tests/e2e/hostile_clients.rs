@@ -334,13 +334,14 @@ async fn hostile_clients_leave_no_descriptors_and_heartbeats_go_on() {
     let cookie = dashboard_session(&server, &held.log_job).await;
     let requests = Arc::new(Requests {
         download: format!(
-            "GET /api/agent/v1/jobs/{}/inputs/big.bin?lease={} HTTP/1.1\r\n\
-             Host: x\r\nAuthorization: Bearer {}\r\n{}: {}\r\n\r\n",
+            "GET /api/agent/v1/jobs/{}/inputs/big.bin HTTP/1.1\r\n\
+             Host: x\r\nAuthorization: Bearer {}\r\n{}: {}\r\n{}: {}\r\n\r\n",
             held.tile_job,
-            held.tile_lease,
             agent.api.token,
             flotilla_core::protocol::INSTANCE_HEADER,
-            agent.api.instance()
+            agent.api.instance(),
+            flotilla_core::protocol::LEASE_HEADER,
+            held.tile_lease,
         ),
         log_stream: format!(
             "GET /ui/jobs/{}/log/stream?after=0 HTTP/1.1\r\nHost: x\r\n\

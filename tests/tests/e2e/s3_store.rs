@@ -230,8 +230,9 @@ async fn outputs_go_to_s3_directly_with_size_and_sha256() {
                 driven
                     .request(
                         reqwest::Method::GET,
-                        &format!("/api/agent/v1/jobs/{job}/{what}?lease={lease}"),
+                        &format!("/api/agent/v1/jobs/{job}/{what}"),
                     )
+                    .header(flotilla_core::protocol::LEASE_HEADER, lease.to_string())
                     .build()
                     .unwrap(),
             )
@@ -263,17 +264,23 @@ async fn outputs_go_to_s3_directly_with_size_and_sha256() {
         assert_eq!(bytes.as_ref(), std::fs::read(local_file).unwrap(), "{what}");
     }
     // Without the lease, no redirect.
-    let (status, _) = driven
-        .api
-        .raw(
-            reqwest::Method::GET,
-            &format!(
-                "/api/agent/v1/jobs/{job}/checkpoint?lease={}",
-                uuid::Uuid::new_v4()
-            ),
-            None,
+    let r = no_follow
+        .execute(
+            driven
+                .request(
+                    reqwest::Method::GET,
+                    &format!("/api/agent/v1/jobs/{job}/checkpoint"),
+                )
+                .header(
+                    flotilla_core::protocol::LEASE_HEADER,
+                    uuid::Uuid::new_v4().to_string(),
+                )
+                .build()
+                .unwrap(),
         )
-        .await;
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
     assert!((400..500).contains(&status), "a wrong lease: {status}");
 
     direct_uploads_record_only_what_the_store_holds(&server, &endpoint, &http).await;
