@@ -197,6 +197,12 @@ pub async fn run(
         state.settings.retention,
         shutdown.clone(),
     ));
+    tasks.spawn(crate::store::sweep::run(
+        db.clone(),
+        state.store.clone(),
+        state.settings.sweep.clone(),
+        shutdown.clone(),
+    ));
     tasks.close();
     let agent_db = PgPoolOptions::new()
         .max_connections(state.settings.agent_pool_size.max(1))

@@ -76,6 +76,9 @@ pub struct Settings {
     /// How long finished jobs stay in the tables before they are archived
     /// to the object store ([`crate::queue::retention`]).
     pub retention: crate::queue::retention::Retention,
+    /// Superseded checkpoints and uploads a crash left behind, removed
+    /// ([`crate::store::sweep`]).
+    pub sweep: crate::store::sweep::Sweep,
 }
 
 /// How much of agents' health history is kept.
@@ -157,6 +160,7 @@ impl Default for Settings {
             alerts: crate::alerts::AlertSettings::default(),
             health_samples: HealthSampling::default(),
             retention: crate::queue::retention::Retention::default(),
+            sweep: crate::store::sweep::Sweep::default(),
         }
     }
 }

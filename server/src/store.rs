@@ -13,6 +13,7 @@ use object_store::ObjectStore;
 
 pub mod direct_upload;
 mod sigv4;
+pub mod sweep;
 
 /// Opens `spec`: `s3://bucket[/prefix]` (credentials, region and a custom
 /// endpoint from the usual `AWS_*` variables, e.g. `AWS_ENDPOINT_URL`,
@@ -37,6 +38,16 @@ pub fn open(spec: &str) -> anyhow::Result<Arc<dyn ObjectStore>> {
     let store = LocalFileSystem::new_with_prefix(dir)
         .with_context(|| format!("opening store directory {}", dir.display()))?;
     Ok(Arc::new(store))
+}
+
+/// The directory of a local store spec (what [`open`] opens), `None` for
+/// S3.
+pub fn local_dir(spec: &str) -> Option<std::path::PathBuf> {
+    if spec.starts_with("s3://") {
+        return None;
+    }
+    let dir = spec.strip_prefix("file://").unwrap_or(spec);
+    (!dir.contains("://")).then(|| std::path::PathBuf::from(dir))
 }
 
 /// The S3 client and key prefix of an `s3://bucket[/prefix]` store, `None`

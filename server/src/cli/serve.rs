@@ -108,6 +108,14 @@ pub struct ServeArgs {
     /// How often finished jobs past --retention are archived.
     #[arg(long, env = "FLOTILLA_RETENTION_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
     pub retention_interval: Duration,
+    /// How long a superseded checkpoint, or an upload a crash left half
+    /// written (a local store's `KEY#N` files, the server's spools in the
+    /// temporary directory), stays before it is deleted. E.g. 1d, 6h.
+    #[arg(long, env = "FLOTILLA_SWEEP_AFTER", default_value = "1d", value_parser = humantime::parse_duration)]
+    pub sweep_after: Duration,
+    /// How often the store is swept of what --sweep-after lets go.
+    #[arg(long, env = "FLOTILLA_SWEEP_INTERVAL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub sweep_interval: Duration,
     #[command(flatten)]
     pub alerts: crate::alerts::AlertArgs,
 }
@@ -160,6 +168,11 @@ impl ServeArgs {
         s.retention = crate::queue::retention::Retention {
             keep_for: (!self.retention.is_zero()).then_some(self.retention),
             interval: self.retention_interval.max(Duration::from_millis(100)),
+        };
+        s.sweep = crate::store::sweep::Sweep {
+            local_root: crate::store::local_dir(&self.store),
+            grace: self.sweep_after,
+            interval: self.sweep_interval.max(Duration::from_millis(100)),
         };
         s
     }

@@ -231,6 +231,7 @@ async fn run_with_pg(
     let mut settings =
         crate::state::Settings::with_lease_ttl(Duration::from_millis(args.lease_ttl_ms.max(100)));
     settings.dashboard_open = args.no_dashboard_login;
+    settings.sweep.local_root = Some(data.join("store"));
     settings.transport = args.transport()?;
     let server = tokio::spawn(crate::serve::run(
         listener,

@@ -110,6 +110,17 @@ pub async fn list(db: &PgPool) -> Result<Vec<Dataset>, sqlx::Error> {
 }
 
 /// Points the dataset at a stored checkpoint.
+/// The checkpoint keys the datasets point at (what `store::sweep` keeps).
+pub async fn checkpoint_keys(
+    db: &PgPool,
+) -> Result<std::collections::HashSet<String>, sqlx::Error> {
+    let keys: Vec<String> =
+        sqlx::query_scalar("SELECT checkpoint_key FROM datasets WHERE checkpoint_key IS NOT NULL")
+            .fetch_all(db)
+            .await?;
+    Ok(keys.into_iter().collect())
+}
+
 pub async fn set_checkpoint(
     db: &PgPool,
     name: &str,
