@@ -35,6 +35,9 @@ pub enum ApiError {
     PayloadTooLarge(String),
     #[error("{0}")]
     MethodNotAllowed(String),
+    /// The caller has as much work waiting as one submitter may.
+    #[error("{0}")]
+    TooManyWaiting(String),
     #[error("database unavailable")]
     Unavailable(#[source] sqlx::Error),
     #[error("internal error")]
@@ -61,6 +64,7 @@ impl ApiError {
             ApiError::Superseded(_) => (StatusCode::CONFLICT, "superseded"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            ApiError::TooManyWaiting(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_waiting"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -106,6 +110,12 @@ impl From<sqlx::Error> for ApiError {
             }
             _ => ApiError::Internal(e.into()),
         }
+    }
+}
+
+impl From<crate::queue::submit::WaitingCapExceeded> for ApiError {
+    fn from(e: crate::queue::submit::WaitingCapExceeded) -> Self {
+        ApiError::TooManyWaiting(e.to_string())
     }
 }
 

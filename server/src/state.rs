@@ -79,6 +79,10 @@ pub struct Settings {
     /// Superseded checkpoints and uploads a crash left behind, removed
     /// ([`crate::store::sweep`]).
     pub sweep: crate::store::sweep::Sweep,
+    /// Most jobs one submitter may have waiting to run (queued or
+    /// retrying) when it submits more; admins are not limited. `None`: no
+    /// limit.
+    pub max_waiting_per_submitter: Option<u64>,
 }
 
 /// How much of agents' health history is kept.
@@ -161,11 +165,23 @@ impl Default for Settings {
             health_samples: HealthSampling::default(),
             retention: crate::queue::retention::Retention::default(),
             sweep: crate::store::sweep::Sweep::default(),
+            // Four of the largest ROI a client may submit (250,000 tiles):
+            // far past a day of the fleet's work, far short of the millions
+            // of rows that would slow every count.
+            max_waiting_per_submitter: Some(1_000_000),
         }
     }
 }
 
 impl Settings {
+    /// The cap on waiting jobs for a submission by a token of `role`.
+    pub fn waiting_cap(&self, role: flotilla_core::api::TokenRole) -> Option<u64> {
+        match role {
+            flotilla_core::api::TokenRole::Admin => None,
+            _ => self.max_waiting_per_submitter,
+        }
+    }
+
     /// Settings with the lease TTL given, the rest derived from it.
     pub fn with_lease_ttl(lease_ttl: Duration) -> Self {
         Settings {

@@ -33,7 +33,11 @@ use crate::state::AppState;
     path = "/api/v1/jobs",
     tag = "jobs",
     request_body = SubmitJob,
-    responses((status = 201, description = "Queued", body = Created), Errors)
+    responses(
+        (status = 201, description = "Queued", body = Created),
+        (status = 429, description = "The submitter has as many jobs waiting as one may (`--max-waiting-per-submitter`)", body = flotilla_core::api::ErrorBody),
+        Errors
+    )
 )]
 pub async fn submit(
     State(state): State<AppState>,
@@ -44,7 +48,8 @@ pub async fn submit(
     if let Some(refused) = classes::refusal(&state.db, &job).await? {
         return Err(refused.into());
     }
-    let ids = submit::submit(&state.db, &[job]).await?;
+    let cap = state.settings.waiting_cap(caller.role);
+    let ids = submit::submit_within(&state.db, &[job], cap).await??;
     Ok(created(Created { id: ids[0] }))
 }
 
@@ -392,6 +397,7 @@ fn own_only(caller: &Caller) -> Option<Uuid> {
     responses(
         (status = 201, description = "The new job's id", body = Created),
         (status = 409, description = "The job has not failed or been cancelled", body = flotilla_core::api::ErrorBody),
+        (status = 429, description = "The submitter has as many jobs waiting as one may (`--max-waiting-per-submitter`)", body = flotilla_core::api::ErrorBody),
         Errors
     )
 )]
@@ -402,12 +408,14 @@ pub async fn retry(
 ) -> ApiResult<impl IntoResponse> {
     let id = parse_id(&id)?;
     check_owner(&state, &caller, id).await?;
-    let new = requeue(&state, id, Some(caller.token_id), caller.submitter()).await?;
+    let cap = state.settings.waiting_cap(caller.role);
+    let new = requeue(&state, id, Some(caller.token_id), caller.submitter(), cap).await?;
     Ok(created(Created { id: new }))
 }
 
 /// The new job a retry of job `id` makes, owned by `owner` and accounted
-/// to `submitter` (the caller has been checked). Only command jobs: a
+/// to `submitter` (the caller has been checked), within `cap` waiting jobs
+/// of that submitter. Only command jobs: a
 /// tile, revdeps or pipeline job belongs to the region, run or pipeline
 /// that made it, which would not see a copy made beside it.
 pub(crate) async fn requeue(
@@ -415,6 +423,7 @@ pub(crate) async fn requeue(
     id: Uuid,
     owner: Option<Uuid>,
     submitter: String,
+    cap: Option<u64>,
 ) -> ApiResult<Uuid> {
     let src = read::retry_source(&state.db, id)
         .await?
@@ -460,7 +469,7 @@ pub(crate) async fn requeue(
     if let Some(refused) = classes::refusal(&state.db, &job).await? {
         return Err(refused.into());
     }
-    let ids = submit::submit(&state.db, &[job]).await?;
+    let ids = submit::submit_within(&state.db, &[job], cap).await??;
     tracing::info!(job = %id, retry = %ids[0], "job retried");
     Ok(ids[0])
 }

@@ -71,6 +71,7 @@ pub async fn plan(
         (status = 201, description = "Submitted: a job per missing tile", body = RoiCreated),
         (status = 200, description = "`dry_run`: the plan only", body = PlanCounts),
         (status = 409, description = "The dataset has no checkpoint yet", body = flotilla_core::api::ErrorBody),
+        (status = 429, description = "The submitter has as many jobs waiting as one may (`--max-waiting-per-submitter`)", body = flotilla_core::api::ErrorBody),
         Errors
     )
 )]
@@ -99,8 +100,9 @@ pub async fn submit(
         ds.fetch_command.as_deref(),
         &caller.submitter(),
         Some(caller.token_id),
+        state.settings.waiting_cap(caller.role),
     )
-    .await?;
+    .await??;
     tracing::info!(roi = %made.id, name = %roi.name, total = made.counts.total,
                    missing = made.counts.missing, plan_ms = made.plan_ms,
                    insert_ms = made.insert_ms, "ROI submitted");

@@ -116,6 +116,15 @@ pub struct ServeArgs {
     /// How often the store is swept of what --sweep-after lets go.
     #[arg(long, env = "FLOTILLA_SWEEP_INTERVAL", default_value = "1h", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
+    /// Most jobs one submitter (a client token's name) may have waiting to
+    /// run when it submits more: a job, a retry or an ROI past it is
+    /// refused with 429. Admin tokens are not limited. 0: no limit.
+    #[arg(
+        long,
+        env = "FLOTILLA_MAX_WAITING_PER_SUBMITTER",
+        default_value_t = 1_000_000
+    )]
+    pub max_waiting_per_submitter: u64,
     #[command(flatten)]
     pub alerts: crate::alerts::AlertArgs,
 }
@@ -169,6 +178,8 @@ impl ServeArgs {
             keep_for: (!self.retention.is_zero()).then_some(self.retention),
             interval: self.retention_interval.max(Duration::from_millis(100)),
         };
+        s.max_waiting_per_submitter =
+            (self.max_waiting_per_submitter > 0).then_some(self.max_waiting_per_submitter);
         s.sweep = crate::store::sweep::Sweep {
             local_root: crate::store::local_dir(&self.store),
             grace: self.sweep_after,

@@ -384,11 +384,15 @@ pub async fn retry(
         return Ok(refused);
     }
     // An open dashboard has no token: its retries belong to admins.
-    let (owner, submitter) = match &who.caller {
-        Some(c) => (Some(c.token_id), c.submitter()),
-        None => (None, "dashboard".to_string()),
+    let (owner, submitter, cap) = match &who.caller {
+        Some(c) => (
+            Some(c.token_id),
+            c.submitter(),
+            state.settings.waiting_cap(c.role),
+        ),
+        None => (None, "dashboard".to_string(), None),
     };
-    let new = crate::api::jobs::requeue(&state, id, owner, submitter).await?;
+    let new = crate::api::jobs::requeue(&state, id, owner, submitter, cap).await?;
     Ok(Redirect::to(&format!("/ui/jobs/{new}")).into_response())
 }
 

@@ -57,6 +57,76 @@ pub async fn submit(db: &PgPool, jobs: &[NewJob]) -> Result<Vec<Uuid>, sqlx::Err
     Ok(ids)
 }
 
+/// A submission that would leave its submitter more jobs waiting than the
+/// server allows one submitter (`--max-waiting-per-submitter`): a client
+/// that queues without end would grow the tables and every count over them.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "submitter `{submitter}` has {waiting} jobs waiting to run and this adds {adding}; at most \
+     {cap} may wait at once for one submitter. Let some run, or cancel some, and submit again \
+     (an admin token is not limited)"
+)]
+pub struct WaitingCapExceeded {
+    pub submitter: String,
+    pub waiting: u64,
+    pub adding: u64,
+    pub cap: u64,
+}
+
+/// Jobs of `submitter` waiting to run (queued or retrying), counted up to
+/// `upto`: the count reads `jobs_ready_by_submitter` and stops there.
+const WAITING_SQL: &str = "SELECT count(*) FROM (
+         SELECT 1 FROM jobs WHERE submitter = $1 AND state IN ('queued', 'retrying')
+         LIMIT $2) AS waiting";
+
+/// Ok if `adding` more jobs of `submitter` keep it within `cap` waiting
+/// (`None`: no cap). Two submissions at once may both pass: the cap is a
+/// bound on growth, not an exact quota.
+pub async fn within_waiting_cap(
+    conn: &mut sqlx::PgConnection,
+    submitter: &str,
+    adding: u64,
+    cap: Option<u64>,
+) -> Result<Result<(), WaitingCapExceeded>, sqlx::Error> {
+    let Some(cap) = cap else { return Ok(Ok(())) };
+    let upto = i64::try_from(cap.saturating_add(1)).unwrap_or(i64::MAX);
+    let waiting: i64 = sqlx::query_scalar(WAITING_SQL)
+        .bind(submitter)
+        .bind(upto)
+        .fetch_one(&mut *conn)
+        .await?;
+    let waiting = waiting.max(0) as u64;
+    if waiting.saturating_add(adding) > cap {
+        return Ok(Err(WaitingCapExceeded {
+            submitter: submitter.to_string(),
+            waiting,
+            adding,
+            cap,
+        }));
+    }
+    Ok(Ok(()))
+}
+
+/// [`submit`] of one submitter's `jobs` if they keep it within `cap`
+/// waiting jobs ([`within_waiting_cap`]).
+pub async fn submit_within(
+    db: &PgPool,
+    jobs: &[NewJob],
+    cap: Option<u64>,
+) -> Result<Result<Vec<Uuid>, WaitingCapExceeded>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    if let Some(first) = jobs.first() {
+        if let Err(over) =
+            within_waiting_cap(&mut tx, &first.submitter, jobs.len() as u64, cap).await?
+        {
+            return Ok(Err(over));
+        }
+    }
+    let ids = submit_in(&mut tx, jobs).await?;
+    tx.commit().await?;
+    Ok(Ok(ids))
+}
+
 /// [`submit`] inside the caller's transaction (the wake-up goes out when it
 /// commits), for work that must appear together with other changes.
 pub async fn submit_in(

@@ -13,7 +13,7 @@ use flotilla_core::roi::{Region, TileSet};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::queue::submit::{submit_in, NewJob};
+use crate::queue::submit::{submit_in, within_waiting_cap, NewJob, WaitingCapExceeded};
 
 /// Jobs per insert statement: a million tiles go in 20 round trips, each
 /// small enough that its parameter arrays stay well under PostgreSQL's
@@ -208,7 +208,8 @@ pub async fn submit(
     fetch_command: Option<&str>,
     submitter: &str,
     owner: Option<Uuid>,
-) -> Result<RoiCreated, sqlx::Error> {
+    waiting_cap: Option<u64>,
+) -> Result<Result<RoiCreated, WaitingCapExceeded>, sqlx::Error> {
     let started = std::time::Instant::now();
     let mut tx = db.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('flotilla-tiles:' || $1 || ':' || $2))")
@@ -217,6 +218,11 @@ pub async fn submit(
         .execute(&mut *tx)
         .await?;
     let plan = plan_in(&mut tx, &roi.dataset, roi.year, &roi.tiles).await?;
+    if let Err(over) =
+        within_waiting_cap(&mut tx, submitter, plan.counts.missing, waiting_cap).await?
+    {
+        return Ok(Err(over));
+    }
     let plan_ms = started.elapsed().as_millis() as u64;
     let inserting = std::time::Instant::now();
     let id = Uuid::new_v4();
@@ -278,13 +284,13 @@ pub async fn submit(
         .await?;
     }
     tx.commit().await?;
-    Ok(RoiCreated {
+    Ok(Ok(RoiCreated {
         id,
         counts: plan.counts,
         submitted: plan.counts.missing,
         plan_ms,
         insert_ms: inserting.elapsed().as_millis() as u64,
-    })
+    }))
 }
 
 /// An ROI with its progress.

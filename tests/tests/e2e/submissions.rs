@@ -229,3 +229,68 @@ async fn work_no_registered_agent_could_take_is_flagged_or_refused() {
         .await;
     assert_eq!(api.job(&fine).await.unmatchable, None);
 }
+
+/// H7: one submitter may have only so many jobs waiting
+/// (`--max-waiting-per-submitter`); past it a job, a retry or an ROI is
+/// refused with 429 saying how many wait and changes nothing, an admin is
+/// not limited, and jobs leaving the queue make room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitter_may_have_only_so_many_jobs_waiting() {
+    let dir = scratch("e2e-waiting-cap-");
+    let mut opts = flotilla_e2e::procs::opts_on_shared(dir.path(), 10_000).await;
+    opts.env
+        .push(("FLOTILLA_MAX_WAITING_PER_SUBMITTER".into(), "5".into()));
+    let server = flotilla_e2e::procs::Server::start(dir.path(), opts).await;
+    let admin = server.api();
+    let client = admin.with_token(&client_token(&admin).await);
+    let job = json!({"kind": "command", "command": "true"});
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(client.submit(job.clone()).await);
+    }
+    let refused = |(status, body): (u16, Value), what: &str| {
+        assert_eq!(status, 429, "{what}: {body}");
+        let m = body["error"]["message"].as_str().unwrap().to_string();
+        assert!(
+            m.contains("has 5 jobs waiting") && m.contains("at most 5"),
+            "{what}: {m}"
+        );
+    };
+    refused(
+        client
+            .raw(reqwest::Method::POST, "/api/v1/jobs", Some(job.clone()))
+            .await,
+        "a sixth job",
+    );
+    // An ROI of 100 missing tiles: refused whole, no ROI and no tile job.
+    let ckpt = flotilla_e2e::tiles::synth_ckpt(dir.path(), flotilla_e2e::tiles::TINY, 3);
+    flotilla_e2e::tiles::register_dataset(&server, "capped", &ckpt).await;
+    let roi = json!({"name": "r", "year": 2024, "dataset": "capped", "bbox": [0, 0, 1, 1]});
+    refused(
+        client
+            .raw(reqwest::Method::POST, "/api/v1/rois", Some(roi))
+            .await,
+        "an ROI",
+    );
+    assert_eq!(admin.get("/api/v1/rois").await["rois"], json!([]));
+    let all = admin.get("/api/v1/jobs?limit=100").await;
+    assert_eq!(all["jobs"].as_array().unwrap().len(), 5, "{all}");
+    // An admin is not limited.
+    admin.submit(job.clone()).await;
+    // A cancelled job leaves the queue: room for one more, not for the
+    // cancelled one's retry on top.
+    client
+        .post(&format!("/api/v1/jobs/{}/cancel", ids[0]), json!({}))
+        .await;
+    client.submit(job.clone()).await;
+    refused(
+        client
+            .raw(
+                reqwest::Method::POST,
+                &format!("/api/v1/jobs/{}/retry", ids[0]),
+                Some(json!({})),
+            )
+            .await,
+        "a retry",
+    );
+}
