@@ -18,7 +18,9 @@ pub struct Conn {
     /// http://127.0.0.1:8470]
     #[arg(long, env = "FLOTILLA_SERVER", global = true)]
     pub server: Option<String>,
-    /// API token [default: the contents of --token-file]
+    /// API token [default: the contents of --token-file]. On the command
+    /// line it is visible to every user of the machine (`ps`): prefer
+    /// --token-file or FLOTILLA_TOKEN
     #[arg(long, env = "FLOTILLA_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
     /// File holding the API token [default: ./flotilla-data/admin.token]
@@ -45,7 +47,16 @@ impl Conn {
                 .unwrap_or_else(|_| "http://127.0.0.1:8470".to_string()),
         };
         let token = match (&self.token, &self.token_file) {
-            (Some(t), _) => t.clone(),
+            (Some(t), _) => {
+                if given_in_argv(t, std::env::var("FLOTILLA_TOKEN").ok().as_deref()) {
+                    eprintln!(
+                        "flotilla: warning: a token given with --token is visible to every \
+                         user of this machine in the process list; use --token-file FILE or \
+                         FLOTILLA_TOKEN"
+                    );
+                }
+                t.clone()
+            }
             (None, Some(f)) => std::fs::read_to_string(f)
                 .with_context(|| format!("reading token file {}", f.display()))?
                 .trim()
@@ -71,6 +82,12 @@ impl Conn {
             token,
         })
     }
+}
+
+/// Whether `--token`'s value came from the command line rather than from
+/// FLOTILLA_TOKEN (clap takes the flag first, the variable when no flag).
+fn given_in_argv(token: &str, env: Option<&str>) -> bool {
+    env != Some(token)
 }
 
 /// The certificates of a `--ca-file`.

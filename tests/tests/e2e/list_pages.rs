@@ -207,8 +207,25 @@ async fn every_list_pages_by_cursor_and_every_listing_prints_json() {
         table.lines().nth(1).is_some_and(|l| l.starts_with("demo ")),
         "{table}"
     );
-    let (json_out, _) = cli(&server, &["datasets", "list", "--json"]).await;
+    let (json_out, quiet) = cli(&server, &["datasets", "list", "--json"]).await;
     let list: Value = serde_json::from_str(&json_out).expect("datasets list --json");
     assert_eq!(list[0]["name"], "demo");
+    // Review L2: a token on the command line is in every user's `ps`; the
+    // CLI says so (and not when it came from FLOTILLA_TOKEN, as above).
+    assert!(!quiet.contains("process list"), "{quiet}");
+    let out = tokio::process::Command::new(flotilla_e2e::binary("flotilla"))
+        .args(["datasets", "list", "--server", &server.url()])
+        .args(["--token", &server.admin_token])
+        .env_remove("FLOTILLA_TOKEN")
+        .env("FLOTILLA_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("visible to every user") && stderr.contains("--token-file"),
+        "{stderr}"
+    );
     drop(agents);
 }
