@@ -396,9 +396,36 @@ pub struct RevdepsVariant {
     pub os_distribution: String,
     pub os_version: String,
     pub opam_version: String,
+    /// System packages the host's package manager cannot provide: a
+    /// package whose `depexts` name one is unavailable, as opam 2.1 finds
+    /// on such a host. `None`: the bundled list of Debian 12 (main) where
+    /// the host is Debian 12, none elsewhere (every system package taken
+    /// as available; [`RevdepsVariant::depexts_note`] says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_depexts: Option<Vec<String>>,
 }
 
 impl RevdepsVariant {
+    /// Whether the bundled Debian 12 list of missing system packages is
+    /// this host's when it gives none.
+    pub fn is_debian_12(&self) -> bool {
+        // As `opam-revdeps` decides for its own --missing-depexts default.
+        self.os_family == "debian" && self.os_distribution == "debian" && self.os_version == "12"
+    }
+
+    /// What a step says about system packages when the run gave no list
+    /// for a host other than Debian 12; `None` otherwise.
+    pub fn depexts_note(&self) -> Option<String> {
+        (self.missing_depexts.is_none() && !self.is_debian_12()).then(|| {
+            format!(
+                "depexts: no list of the system packages {} {} lacks was given \
+                 (missing_depexts), so every one is taken as available; \
+                 `opam-revdeps --list-host-depexts` names those to check on such a host",
+                self.os_distribution, self.os_version
+            )
+        })
+    }
+
     /// `compiler` on the host opam-repo-ci's Debian 12 workers report, and
     /// the one the reference answers in `shared/fixtures/opam` were made on:
     /// `arch=x86_64 os=linux os-family=debian os-distribution=debian
@@ -412,6 +439,7 @@ impl RevdepsVariant {
             os_distribution: "debian".into(),
             os_version: "12".into(),
             opam_version: "2.1.2".into(),
+            missing_depexts: None,
         }
     }
 }

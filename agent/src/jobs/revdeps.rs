@@ -122,6 +122,13 @@ fn variant(job: &RevdepsJob) -> Result<Variant, String> {
     v.os_distribution = job.variant.os_distribution.clone();
     v.os_version = job.variant.os_version.clone();
     v.opam_version = job.variant.opam_version.clone();
+    // The bundled list is Debian 12's: another host gets the one the run
+    // gave, or none.
+    v.missing_depexts = match &job.variant.missing_depexts {
+        Some(names) => names.iter().cloned().collect(),
+        None if job.variant.is_debian_12() => v.missing_depexts,
+        None => Default::default(),
+    };
     Ok(v)
 }
 
@@ -183,6 +190,9 @@ pub async fn run(
         spec.target, spec.query, spec.variant.compiler, spec.repo, ctx.cost
     ))
     .await;
+    if let Some(note) = spec.variant.depexts_note() {
+        ctx.note(note).await;
+    }
     let work = {
         let (repos, spec, threads) = (repos.clone(), spec.clone(), ctx.cost as usize);
         tokio::task::spawn_blocking(move || step(&repos, &spec, threads))
@@ -285,7 +295,67 @@ mod tests {
     use std::path::Path;
     use std::process::Command;
 
+    use flotilla_core::job::{RevdepsJob, RevdepsQuery, RevdepsStep, RevdepsVariant};
+
     use super::RepoCache;
+
+    fn job_on(variant: RevdepsVariant) -> RevdepsJob {
+        RevdepsJob {
+            run_id: uuid::Uuid::nil(),
+            repo: "/r".into(),
+            target: "a.1".into(),
+            variant,
+            query: RevdepsQuery::Union,
+            step: RevdepsStep::Plan,
+        }
+    }
+
+    /// The bundled list of missing system packages is Debian 12's: another
+    /// host without a list of its own checks none (and says so), and a
+    /// list given is the one used.
+    #[test]
+    fn the_bundled_missing_depexts_are_debian_12s_only() {
+        let debian = RevdepsVariant::debian_12("ocaml-base-compiler.4.14.2");
+        let bundled = super::variant(&job_on(debian.clone())).unwrap();
+        assert!(bundled.missing_depexts.len() > 10, "{bundled:?}");
+        assert_eq!(debian.depexts_note(), None);
+
+        let alpine = RevdepsVariant {
+            os_distribution: "alpine".into(),
+            os_family: "alpine".into(),
+            os_version: "3.20".into(),
+            ..debian.clone()
+        };
+        assert!(super::variant(&job_on(alpine.clone()))
+            .unwrap()
+            .missing_depexts
+            .is_empty());
+        let note = alpine.depexts_note().expect("a note for alpine");
+        assert!(
+            note.contains("alpine 3.20") && note.contains("missing_depexts"),
+            "{note}"
+        );
+
+        let given = RevdepsVariant {
+            missing_depexts: Some(vec!["gmp-dev".into()]),
+            ..alpine
+        };
+        let v = super::variant(&job_on(given.clone())).unwrap();
+        assert_eq!(
+            v.missing_depexts.into_iter().collect::<Vec<_>>(),
+            ["gmp-dev"]
+        );
+        assert_eq!(given.depexts_note(), None);
+        // Debian 12 with a list of its own takes that list.
+        let own = RevdepsVariant {
+            missing_depexts: Some(vec![]),
+            ..debian
+        };
+        assert!(super::variant(&job_on(own))
+            .unwrap()
+            .missing_depexts
+            .is_empty());
+    }
 
     fn git(dir: &Path, args: &[&str]) {
         let ok = Command::new("git")

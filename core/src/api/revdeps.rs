@@ -31,6 +31,13 @@ pub struct SubmitRevdeps {
     pub os_version: String,
     #[serde(default = "defaults::opam_version")]
     pub opam_version: String,
+    /// System packages the host's package manager cannot provide (at most
+    /// 10,000 names; `opam-revdeps --list-host-depexts` lists the ones the
+    /// repository asks for, to check on the host). Absent: the bundled
+    /// list for a Debian 12 host, none for another (every system package
+    /// taken as available, and the run's steps say so in their logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_depexts: Option<Vec<String>>,
     #[serde(default)]
     pub query: RevdepsQuery,
     /// Candidates per phase-2 shard: above this many, phase 2 is split into
@@ -58,6 +65,7 @@ impl SubmitRevdeps {
             os_distribution: v.os_distribution,
             os_version: v.os_version,
             opam_version: v.opam_version,
+            missing_depexts: None,
             query: RevdepsQuery::default(),
             shard_size: defaults::shard_size(),
             priority: 0,
@@ -75,6 +83,7 @@ impl SubmitRevdeps {
             os_distribution: self.os_distribution.clone(),
             os_version: self.os_version.clone(),
             opam_version: self.opam_version.clone(),
+            missing_depexts: self.missing_depexts.clone(),
         }
     }
 }

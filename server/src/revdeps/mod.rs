@@ -24,6 +24,10 @@ use uuid::Uuid;
 use crate::error::column_error;
 use crate::queue::submit::{submit_in, NewJob};
 
+/// Most names in a run's `missing_depexts` (opam-repository asks for a few
+/// thousand system packages in all).
+const MAX_MISSING_DEPEXTS: usize = 10_000;
+
 /// What every job of one run shares: the question and how its steps are
 /// queued. Made from a submission, and again from the run's row when its
 /// shards are made.
@@ -116,6 +120,24 @@ impl TryFrom<SubmitRevdeps> for ValidRevdeps {
             ("opam_version", &s.opam_version),
         ] {
             check_text(field, v, "", limits::MAX_NAME_VERSION_BYTES)?;
+        }
+        if let Some(names) = &s.missing_depexts {
+            if names.len() > MAX_MISSING_DEPEXTS {
+                return Err(FieldError::at(
+                    "missing_depexts",
+                    format_args!("has {} names; at most {MAX_MISSING_DEPEXTS}", names.len()),
+                ));
+            }
+            for (i, name) in names.iter().enumerate() {
+                let field = format!("missing_depexts[{i}]");
+                check_text(&field, name, "", limits::MAX_NAME_VERSION_BYTES)?;
+                if name.trim().is_empty() || name.contains(char::is_whitespace) {
+                    return Err(FieldError::at(
+                        &field,
+                        format_args!("{name:?} is not a system package name"),
+                    ));
+                }
+            }
         }
         if s.repo.trim().is_empty() {
             return Err(FieldError::at(

@@ -100,6 +100,26 @@ async fn every_string_and_list_of_a_submission_is_bounded() {
         .await,
         "arch",
     );
+    // A host's list of missing system packages: names, boundedly many.
+    let m = invalid(
+        post(
+            "/api/v1/revdeps",
+            json!({"target": "a.1", "compiler": "c.1", "repo": "/r", "os_distribution": "alpine",
+                   "missing_depexts": ["gmp-dev", "lib ssl"]}),
+        )
+        .await,
+        "missing_depexts[1]",
+    );
+    assert!(m.contains("not a system package name"), "{m}");
+    let many: Vec<String> = (0..10_001).map(|i| format!("p{i}")).collect();
+    invalid(
+        post(
+            "/api/v1/revdeps",
+            json!({"target": "a.1", "compiler": "c.1", "repo": "/r", "missing_depexts": many}),
+        )
+        .await,
+        "missing_depexts",
+    );
     let square = json!({"type": "Polygon", "coordinates": [[[0, 0], [0.5, 0], [0.5, 0.5], [0, 0.5], [0, 0]]]});
     let feature = json!({"type": "Feature", "properties": {"note": "a\u{0}b"}, "geometry": square});
     invalid(
