@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use clap::Subcommand;
 use flotilla_core::api::revdeps::{RunList, RunState, RunView, SubmitRevdeps};
 use flotilla_core::api::Created;
@@ -29,6 +29,8 @@ pub enum RevdepsCommand {
         /// Candidates per phase-2 shard.
         #[arg(long, default_value_t = 4000)]
         shard_size: u32,
+        #[command(flatten)]
+        host: HostArgs,
         /// Wait and print the answer, one `name.version` a line.
         #[arg(long)]
         wait: bool,
@@ -57,6 +59,65 @@ pub enum RevdepsCommand {
     },
 }
 
+/// The host the question is asked on: opam's host variables (each
+/// defaulting to the Debian 12 x86_64 host, opam 2.1.2) and the system
+/// packages it cannot provide.
+#[derive(clap::Args)]
+pub struct HostArgs {
+    /// opam's `arch` [default: x86_64].
+    #[arg(long)]
+    arch: Option<String>,
+    /// opam's `os` [default: linux].
+    #[arg(long)]
+    os: Option<String>,
+    /// opam's `os-family` [default: debian].
+    #[arg(long)]
+    os_family: Option<String>,
+    /// opam's `os-distribution` [default: debian].
+    #[arg(long)]
+    os_distribution: Option<String>,
+    /// opam's `os-version` [default: 12].
+    #[arg(long)]
+    os_version: Option<String>,
+    /// opam's `opam-version` [default: 2.1.2].
+    #[arg(long)]
+    opam_version: Option<String>,
+    /// System packages the host cannot provide, one a line, `#` comments
+    /// (`opam-revdeps --list-host-depexts` lists those to check) [default:
+    /// the bundled list on Debian 12, none on another host].
+    #[arg(long, value_name = "FILE")]
+    missing_depexts: Option<std::path::PathBuf>,
+}
+
+impl HostArgs {
+    fn apply(self, mut body: SubmitRevdeps) -> anyhow::Result<SubmitRevdeps> {
+        for (given, field) in [
+            (self.arch, &mut body.arch),
+            (self.os, &mut body.os),
+            (self.os_family, &mut body.os_family),
+            (self.os_distribution, &mut body.os_distribution),
+            (self.os_version, &mut body.os_version),
+            (self.opam_version, &mut body.opam_version),
+        ] {
+            if let Some(v) = given {
+                *field = v;
+            }
+        }
+        if let Some(file) = self.missing_depexts {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading --missing-depexts {}", file.display()))?;
+            body.missing_depexts = Some(
+                text.lines()
+                    .map(|l| l.split('#').next().unwrap_or("").trim())
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+            );
+        }
+        Ok(body)
+    }
+}
+
 pub async fn revdeps(cmd: RevdepsCommand) -> anyhow::Result<()> {
     match cmd {
         RevdepsCommand::Submit {
@@ -65,15 +126,16 @@ pub async fn revdeps(cmd: RevdepsCommand) -> anyhow::Result<()> {
             compiler,
             query,
             shard_size,
+            host,
             wait,
             conn,
         } => {
             let client = conn.client()?;
-            let body = SubmitRevdeps {
+            let body = host.apply(SubmitRevdeps {
                 query,
                 shard_size,
                 ..SubmitRevdeps::new(target, compiler, repo)
-            };
+            })?;
             let created: Created = client.post("/api/v1/revdeps", &body).await?;
             if !wait {
                 println!("{}", created.id);

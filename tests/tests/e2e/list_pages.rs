@@ -210,6 +210,47 @@ async fn every_list_pages_by_cursor_and_every_listing_prints_json() {
     let (json_out, quiet) = cli(&server, &["datasets", "list", "--json"]).await;
     let list: Value = serde_json::from_str(&json_out).expect("datasets list --json");
     assert_eq!(list[0]["name"], "demo");
+    // A revdeps run for another host, with its missing system packages
+    // from a file, as the run records them.
+    let missing = server.dir.join("alpine-missing.txt");
+    std::fs::write(
+        &missing,
+        "# apk cannot provide\ngmp-dev\n\nlibev-dev # a comment\n",
+    )
+    .unwrap();
+    let (id, _) = cli(
+        &server,
+        &[
+            "revdeps",
+            "submit",
+            "a.1",
+            "--repo",
+            "/nowhere",
+            "--compiler",
+            "c.1",
+            "--os-family",
+            "alpine",
+            "--os-distribution",
+            "alpine",
+            "--os-version",
+            "3.20",
+            "--missing-depexts",
+            missing.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let run = server
+        .api()
+        .get(&format!("/api/v1/revdeps/{}", id.trim()))
+        .await;
+    assert_eq!(run["variant"]["os_distribution"], "alpine", "{run}");
+    assert_eq!(run["variant"]["os_version"], "3.20", "{run}");
+    assert_eq!(run["variant"]["arch"], "x86_64", "{run}");
+    assert_eq!(
+        run["variant"]["missing_depexts"],
+        json!(["gmp-dev", "libev-dev"]),
+        "{run}"
+    );
     // Review L2: a token on the command line is in every user's `ps`; the
     // CLI says so (and not when it came from FLOTILLA_TOKEN, as above).
     assert!(!quiet.contains("process list"), "{quiet}");
