@@ -173,7 +173,20 @@ fn variant_lines(v: &RunView) -> Vec<(&'static str, String)> {
         ("os-distribution", v.os_distribution.clone()),
         ("os-version", v.os_version.clone()),
         ("opam-version", v.opam_version.clone()),
+        ("missing depexts", missing_depexts_line(v)),
     ]
+}
+
+/// What the run took the host to lack: its own list (the first few names
+/// and a count), the bundled Debian 12 list, or none.
+fn missing_depexts_line(v: &flotilla_core::job::RevdepsVariant) -> String {
+    match &v.missing_depexts {
+        Some(names) if names.is_empty() => "none (given)".into(),
+        Some(names) if names.len() <= 5 => names.join(", "),
+        Some(names) => format!("{}, … ({} in all)", names[..5].join(", "), names.len()),
+        None if v.is_debian_12() => "Debian 12's (bundled)".into(),
+        None => "none: every system package taken as available".into(),
+    }
 }
 
 fn timing_lines(v: &RunView) -> Vec<(&'static str, String)> {

@@ -251,6 +251,9 @@ async fn every_list_pages_by_cursor_and_every_listing_prints_json() {
         json!(["gmp-dev", "libev-dev"]),
         "{run}"
     );
+    let ui = flotilla_e2e::ui::Dashboard::login(&server).await;
+    let page = ui.page(&format!("/ui/revdeps/{}", id.trim())).await;
+    assert!(page.contains("gmp-dev, libev-dev"), "{page}");
     // Review L2: a token on the command line is in every user's `ps`; the
     // CLI says so (and not when it came from FLOTILLA_TOKEN, as above).
     assert!(!quiet.contains("process list"), "{quiet}");
