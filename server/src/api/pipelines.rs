@@ -51,6 +51,7 @@ impl From<Refused> for ApiError {
     responses(
         (status = 201, description = "The run's id", body = Created),
         (status = 409, description = "A run of the same file is still open", body = flotilla_core::api::ErrorBody),
+        (status = 429, description = "The submitter has as many jobs waiting as one may (`--max-waiting-per-submitter`)", body = flotilla_core::api::ErrorBody),
         Errors
     )
 )]
@@ -70,7 +71,15 @@ pub async fn submit(
              (`flotilla pipeline cancel {open}`); a new run after it resumes where it stopped"
         )));
     }
-    let id = pipelines::submit(&state.db, run, &caller.submitter(), Some(caller.token_id)).await?;
+    let cap = state.settings.waiting_cap(caller.role);
+    let id = pipelines::submit(
+        &state.db,
+        run,
+        &caller.submitter(),
+        Some(caller.token_id),
+        cap,
+    )
+    .await??;
     state.parents_signal.notify_one();
     Ok(created(Created { id }))
 }

@@ -22,7 +22,11 @@ use crate::state::AppState;
     path = "/api/v1/revdeps",
     tag = "revdeps",
     request_body = SubmitRevdeps,
-    responses((status = 201, description = "The run's id", body = Created), Errors)
+    responses(
+        (status = 201, description = "The run's id", body = Created),
+        (status = 429, description = "The submitter has as many jobs waiting as one may (`--max-waiting-per-submitter`)", body = flotilla_core::api::ErrorBody),
+        Errors
+    )
 )]
 pub async fn submit(
     State(state): State<AppState>,
@@ -30,7 +34,15 @@ pub async fn submit(
     JsonBody(body): JsonBody<SubmitRevdeps>,
 ) -> ApiResult<impl IntoResponse> {
     let run = ValidRevdeps::try_from(body)?;
-    let id = revdeps::submit(&state.db, run, &caller.submitter(), Some(caller.token_id)).await?;
+    let cap = state.settings.waiting_cap(caller.role);
+    let id = revdeps::submit(
+        &state.db,
+        run,
+        &caller.submitter(),
+        Some(caller.token_id),
+        cap,
+    )
+    .await??;
     Ok(created(Created { id }))
 }
 

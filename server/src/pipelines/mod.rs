@@ -29,7 +29,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::queue::cancel::{cancel as cancel_job, Cancelled};
-use crate::queue::submit::submit_in;
+use crate::queue::submit::{submit_in, within_waiting_cap, WaitingCapExceeded};
 
 /// A submission whose file parsed and passed its checks.
 #[derive(Debug, Clone)]
@@ -218,7 +218,8 @@ pub async fn submit(
     run: ValidPipeline,
     submitter: &str,
     owner: Option<Uuid>,
-) -> Result<Uuid, sqlx::Error> {
+    waiting_cap: Option<u64>,
+) -> Result<Result<Uuid, WaitingCapExceeded>, sqlx::Error> {
     let run_id = Uuid::new_v4();
     let (host, labels) = placement(&run.spec, &run.spec.items.host, None);
     let list = jobs::queued(
@@ -239,6 +240,9 @@ pub async fn submit(
         3,
     );
     let mut tx = db.begin().await?;
+    if let Err(over) = within_waiting_cap(&mut tx, submitter, 1, waiting_cap).await? {
+        return Ok(Err(over));
+    }
     let list_job = submit_in(&mut tx, &[list]).await?[0];
     sqlx::query(
         "INSERT INTO pipeline_runs (id, name, source, spec, list_job, priority, submitter,
@@ -256,7 +260,7 @@ pub async fn submit(
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(run_id)
+    Ok(Ok(run_id))
 }
 
 /// What a cancel found.

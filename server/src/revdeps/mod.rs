@@ -22,7 +22,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::error::column_error;
-use crate::queue::submit::{submit_in, NewJob};
+use crate::queue::submit::{submit_in, within_waiting_cap, NewJob, WaitingCapExceeded};
 
 /// Most names in a run's `missing_depexts` (opam-repository asks for a few
 /// thousand system packages in all).
@@ -174,7 +174,8 @@ pub async fn submit(
     run: ValidRevdeps,
     submitter: &str,
     owner: Option<Uuid>,
-) -> Result<Uuid, sqlx::Error> {
+    waiting_cap: Option<u64>,
+) -> Result<Result<Uuid, WaitingCapExceeded>, sqlx::Error> {
     let run_id = Uuid::new_v4();
     let spec = RunSpec {
         submitter: submitter.to_string(),
@@ -182,6 +183,9 @@ pub async fn submit(
         ..run.spec
     };
     let mut tx = db.begin().await?;
+    if let Err(over) = within_waiting_cap(&mut tx, submitter, 1, waiting_cap).await? {
+        return Ok(Err(over));
+    }
     let plan = submit_in(&mut tx, &[spec.job(run_id, RevdepsStep::Plan)]).await?[0];
     sqlx::query(
         "INSERT INTO revdeps_runs (id, target, repo, variant, query, shard_size, priority,
@@ -200,7 +204,7 @@ pub async fn submit(
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(run_id)
+    Ok(Ok(run_id))
 }
 
 #[derive(sqlx::FromRow)]

@@ -10,9 +10,10 @@ use uuid::Uuid;
 
 async fn run(db: &PgPool, target: &str) -> Uuid {
     let body = SubmitRevdeps::new(target.into(), "5.3.0".into(), "/nowhere".into());
-    revdeps::submit(db, ValidRevdeps::try_from(body).unwrap(), "t", None)
+    revdeps::submit(db, ValidRevdeps::try_from(body).unwrap(), "t", None, None)
         .await
         .unwrap()
+        .expect("no waiting cap")
 }
 
 /// Ends a job as an agent's `complete` would leave it, with `result`.

@@ -251,8 +251,8 @@ async fn work_no_registered_agent_could_take_is_flagged_or_refused() {
 }
 
 /// H7: one submitter may have only so many jobs waiting
-/// (`--max-waiting-per-submitter`); past it a job, a retry or an ROI is
-/// refused with 429 saying how many wait and changes nothing, an admin is
+/// (`--max-waiting-per-submitter`); past it a job, a retry, an ROI, a
+/// revdeps run or a pipeline is refused with 429 saying how many wait and changes nothing, an admin is
 /// not limited, and jobs leaving the queue make room again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submitter_may_have_only_so_many_jobs_waiting() {
@@ -293,6 +293,30 @@ async fn a_submitter_may_have_only_so_many_jobs_waiting() {
         "an ROI",
     );
     assert_eq!(admin.get("/api/v1/rois").await["rois"], json!([]));
+    // A revdeps run and a pipeline each queue a first job: refused too.
+    refused(
+        client
+            .raw(
+                reqwest::Method::POST,
+                "/api/v1/revdeps",
+                Some(json!({"target": "a.1", "compiler": "c.1", "repo": "/nowhere"})),
+            )
+            .await,
+        "a revdeps run",
+    );
+    let source =
+        "host a = agent capped-a\nitems on a: seq 1 2\nstage s on a out /tmp/{id}: echo > {out}\n";
+    refused(
+        client
+            .raw(
+                reqwest::Method::POST,
+                "/api/v1/pipelines",
+                Some(json!({"name": "capped.pipeline", "source": source})),
+            )
+            .await,
+        "a pipeline",
+    );
+    assert_eq!(admin.get("/api/v1/revdeps").await["runs"], json!([]));
     let all = admin.get("/api/v1/jobs?limit=100").await;
     assert_eq!(all["jobs"].as_array().unwrap().len(), 5, "{all}");
     // An admin is not limited.
