@@ -724,7 +724,11 @@ impl ServerApi {
                 .await
                 .map_err(|_| stalled("no answer from the store"))?
                 .map_err(|e| {
-                    CallError::Unreachable(format!("downloading {action} from the store: {e}"))
+                    // Not the URL: it carries the presigned signature.
+                    CallError::Unreachable(format!(
+                        "downloading {action} from the store: {}",
+                        e.without_url()
+                    ))
                 })?;
         }
         if !resp.status().is_success() {
@@ -750,7 +754,13 @@ impl ServerApi {
             let chunk = match tokio::time::timeout_at(wake, resp.chunk()).await {
                 Ok(Ok(Some(c))) => c,
                 Ok(Ok(None)) => break,
-                Ok(Err(e)) => return Err(CallError::Unreachable(e.to_string())),
+                // Not the URL: a store's is presigned.
+                Ok(Err(e)) => {
+                    return Err(CallError::Unreachable(format!(
+                        "downloading {action}: {}",
+                        e.without_url()
+                    )))
+                }
                 Err(_) if wake >= deadline => {
                     return Err(CallError::Unreachable(format!(
                         "downloading {action}: took longer than {}s",
@@ -841,6 +851,23 @@ where
 
 async fn decode<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, CallError> {
     let status = resp.status();
+    // The server redirects nothing but a download (which `download`
+    // follows itself): a redirect here is a proxy's, say http to https.
+    if status.is_redirection() {
+        let to = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("nowhere");
+        return Err(CallError::Refused {
+            status: status.as_u16(),
+            code: UNKNOWN_CODE.into(),
+            message: format!(
+                "the server's address answered with a redirect ({status}) to {to}: give the \
+                 agent the address it redirects to (--server)"
+            ),
+        });
+    }
     let bytes = resp
         .bytes()
         .await

@@ -21,7 +21,7 @@
 //!   leases to cancel and which are gone.
 //! - `POST jobs/{id}/start` [`LeaseRef`] → [`Ack`]: the process is running.
 //! - `POST jobs/{id}/log` [`LogBatch`] → [`Ack`]: lines of output.
-//! - `PUT jobs/{id}/outputs/{name}?lease=…` (raw body): one output file,
+//! - `PUT jobs/{id}/outputs/{name}` (lease token in `flotilla-lease`) (raw body): one output file,
 //!   streamed to the object store; answers [`crate::api::OutputView`].
 //! - Or, where the store is S3 and the server presigns, the output goes
 //!   from the agent to the store without passing through the server:
@@ -37,8 +37,8 @@
 //!   jobs/{id}/output-uploads/abort` [`OutputUploadAbort`] → [`Ack`]. The
 //!   server remembers nothing between these calls: the store holds the
 //!   upload, and each call carries what the server checks.
-//! - `GET jobs/{id}/checkpoint?lease=…`: a tile job's model checkpoint.
-//! - `GET jobs/{id}/inputs/{file}?lease=…`: one of a tile job's input
+//! - `GET jobs/{id}/checkpoint` (lease token in `flotilla-lease`): a tile job's model checkpoint.
+//! - `GET jobs/{id}/inputs/{file}` (the same): one of a tile job's input
 //!   files ([`crate::job::TileJob::INPUT_FILES`]).
 //! - `POST jobs/{id}/complete` [`Complete`] → [`Ended`], `POST
 //!   jobs/{id}/fail` [`Fail`] → [`Ended`].
@@ -59,7 +59,8 @@ pub const INSTANCE_HEADER: &str = "flotilla-agent-instance";
 /// The header that carries the lease token on the agent's downloads (a tile
 /// job's checkpoint and inputs, a pipeline move's tar) and output uploads:
 /// in the query string it would land in proxies' and access logs. The
-/// server still takes `?lease=` from agents older than this header.
+/// server refuses `?lease=` (what agents older than this header sent) with
+/// a 400 saying to upgrade.
 pub const LEASE_HEADER: &str = "flotilla-lease";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

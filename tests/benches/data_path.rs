@@ -127,7 +127,8 @@ async fn main() {
     let (job, lease) = agent.lease().await;
 
     // The same agent process (token, instance) against either server; the
-    // client follows the redirect as the real agent's does.
+    // client follows the redirect (reqwest's default client, headers and all;
+    // the real agent fetches the store's URL with a client of its own).
     let fetch = |server: &Server| {
         let url = format!("{}/api/agent/v1/jobs/{job}/inputs/bands.npy", server.url());
         let req = agent

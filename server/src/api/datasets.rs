@@ -95,6 +95,13 @@ pub async fn put_checkpoint(
             CheckError::Failed(e) => ApiError::Internal(e),
         })?;
     let key = format!("datasets/{name}/checkpoint-{}", upload.sha256);
+    // Shared with other uploads, apart from the store's sweep
+    // (`datasets::CHECKPOINTS_LOCK`), until the dataset points at it.
+    let mut tx = state.db.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+        .bind(datasets::CHECKPOINTS_LOCK)
+        .execute(&mut *tx)
+        .await?;
     checkpoint_check::upload(
         state.store.as_ref(),
         &object_store::path::Path::from(key.as_str()),
@@ -102,6 +109,7 @@ pub async fn put_checkpoint(
     )
     .await
     .map_err(ApiError::Internal)?;
-    datasets::set_checkpoint(&state.db, &name, &key, &upload.sha256, upload.size).await?;
+    datasets::set_checkpoint(&mut tx, &name, &key, &upload.sha256, upload.size).await?;
+    tx.commit().await?;
     Ok(Json(known(&state, &name).await?.into()))
 }

@@ -111,7 +111,7 @@ pub struct ServeArgs {
     /// How long a superseded checkpoint, or an upload a crash left half
     /// written (a local store's `KEY#N` files, the server's spools in the
     /// temporary directory), stays before it is deleted. E.g. 1d, 6h.
-    #[arg(long, env = "FLOTILLA_SWEEP_AFTER", default_value = "1d", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "FLOTILLA_SWEEP_AFTER", default_value = "1d", value_parser = parse_sweep_after)]
     pub sweep_after: Duration,
     /// How often the store is swept of what --sweep-after lets go.
     #[arg(long, env = "FLOTILLA_SWEEP_INTERVAL", default_value = "1h", value_parser = humantime::parse_duration)]
@@ -136,6 +136,22 @@ pub fn parse_retention(s: &str) -> Result<Duration, String> {
     }
     humantime::parse_duration(s)
         .map_err(|e| format!("{e} (a duration such as 30d, 12h or 90s; 0 keeps every job)"))
+}
+
+/// `--sweep-after`: a duration of at least an hour (what is swept may be in
+/// use until then, see `store::sweep::LEAST_GRACE`).
+pub fn parse_sweep_after(s: &str) -> Result<Duration, String> {
+    let d =
+        humantime::parse_duration(s).map_err(|e| format!("{e} (a duration such as 1d or 6h)"))?;
+    let least = crate::store::sweep::LEAST_GRACE;
+    if d < least {
+        return Err(format!(
+            "{s} is shorter than {}: an upload's spool or staged file may still be in use \
+             until then",
+            humantime::format_duration(least)
+        ));
+    }
+    Ok(d)
 }
 
 /// A timeout in milliseconds as the flags take it (0: none).

@@ -62,20 +62,32 @@ pub struct SweepReport {
     pub spools: u64,
 }
 
-/// Every `interval` until `shutdown`: one sweep, logged when it removed
-/// anything; a failed sweep is logged and tried again next time.
+/// The least --sweep-after may be: an upload's spool is read for up to 10
+/// minutes after its last byte (a manifest import), a staged upload written
+/// to at least every minute (the body-stall limit).
+pub const LEAST_GRACE: Duration = Duration::from_secs(3600);
+
+/// A minute after start, then every `interval` until `shutdown`: one sweep,
+/// logged when it removed anything; a failed sweep is logged and tried
+/// again next time. A sweep in progress stops at shutdown.
 pub async fn run(
     db: PgPool,
     store: Arc<dyn ObjectStore>,
     sweep: Sweep,
     shutdown: CancellationToken,
 ) {
+    let mut wait = sweep.interval.min(Duration::from_secs(60));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(sweep.interval) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
-        match once(&db, store.as_ref(), &sweep).await {
+        wait = sweep.interval;
+        let done = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            done = once(&db, store.as_ref(), &sweep) => done,
+        };
+        match done {
             Ok(r) if r == SweepReport::default() => {}
             Ok(r) => tracing::info!(
                 checkpoints = r.checkpoints,
@@ -88,7 +100,8 @@ pub async fn run(
     }
 }
 
-/// One sweep now.
+/// One sweep now: each part on its own, so one that fails does not keep
+/// the others from running (the first error is returned after them).
 pub async fn once(
     db: &PgPool,
     store: &dyn ObjectStore,
@@ -97,23 +110,58 @@ pub async fn once(
     let cutoff = SystemTime::now()
         .checked_sub(sweep.grace)
         .unwrap_or(SystemTime::UNIX_EPOCH);
-    let current = crate::tiles::datasets::checkpoint_keys(db).await?;
-    let checkpoints = superseded_checkpoints(store, &current, cutoff).await?;
+    let mut report = SweepReport::default();
+    let mut first_error: Option<anyhow::Error> = None;
+    match checkpoints_now(db, store, cutoff).await {
+        Ok(n) => report.checkpoints = n,
+        Err(e) => first_error = Some(e),
+    }
     let root = sweep.local_root.clone();
-    let (staged, spools) = tokio::task::spawn_blocking(move || {
+    let (staged, spooled) = tokio::task::spawn_blocking(move || {
         let staged = match &root {
-            Some(root) => staged_uploads(root, cutoff)?,
-            None => 0,
+            Some(root) => staged_uploads(root, cutoff),
+            None => Ok(0),
         };
-        let spools = spools(&std::env::temp_dir(), cutoff)?;
-        Ok::<_, std::io::Error>((staged, spools))
+        (staged, spools(&std::env::temp_dir(), cutoff))
     })
-    .await??;
-    Ok(SweepReport {
-        checkpoints,
-        staged,
-        spools,
-    })
+    .await?;
+    for (part, n) in [(&mut report.staged, staged), (&mut report.spools, spooled)] {
+        match n {
+            Ok(n) => *part = n,
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+            }
+        }
+    }
+    match first_error {
+        None => Ok(report),
+        Some(e) => {
+            tracing::warn!(?report, "a part of the sweep failed; the rest ran");
+            Err(e)
+        }
+    }
+}
+
+/// The checkpoint pass, alone under `datasets::CHECKPOINTS_LOCK` (skipped
+/// while an upload holds it; the next sweep tries again).
+async fn checkpoints_now(
+    db: &PgPool,
+    store: &dyn ObjectStore,
+    cutoff: SystemTime,
+) -> anyhow::Result<u64> {
+    use crate::tiles::datasets;
+    let mut tx = db.begin().await?;
+    let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(datasets::CHECKPOINTS_LOCK)
+        .fetch_one(&mut *tx)
+        .await?;
+    if !free {
+        return Ok(0);
+    }
+    let current = datasets::checkpoint_keys(&mut tx).await?;
+    let deleted = superseded_checkpoints(store, &current, cutoff).await?;
+    tx.commit().await?;
+    Ok(deleted)
 }
 
 /// Deletes `datasets/*/checkpoint-*` objects not in `current` and last
@@ -135,10 +183,12 @@ pub async fn superseded_checkpoints(
             continue;
         }
         match store.delete(&o.location).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+            Ok(()) => {
                 tracing::info!(%key, "deleted a superseded checkpoint");
                 deleted += 1;
             }
+            // Another server's sweep took it.
+            Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(e),
         }
     }
@@ -165,6 +215,11 @@ pub fn staged_uploads(root: &Path, cutoff: SystemTime) -> std::io::Result<u64> {
             Ok(e) => e,
             // Removed meanwhile (retention, a finished upload's directory).
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            // Not the server's to read: nothing of its uploads is there.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                tracing::warn!(dir = %dir.display(), "the store sweep cannot read this directory");
+                continue;
+            }
             Err(e) => return Err(e),
         };
         for entry in entries {
@@ -179,6 +234,10 @@ pub fn staged_uploads(root: &Path, cutoff: SystemTime) -> std::io::Result<u64> {
             } else if meta.is_file()
                 && is_staging(&entry.file_name().to_string_lossy())
                 && modified_before(&meta, cutoff)
+                // A copy in progress: `LocalFileSystem::copy` hard-links
+                // the source to `KEY#N` (keeping the source's age), then
+                // renames it; a crashed upload's file has one link.
+                && std::os::unix::fs::MetadataExt::nlink(&meta) == 1
             {
                 remove(&entry.path(), "a staged upload left by a crash")?;
                 removed += 1;
@@ -299,6 +358,8 @@ mod tests {
         for name in ["out.bin#1", "out.bin", "notes#v2", "log#"] {
             aged(&job.join(name), 2 * HOUR);
         }
+        // A copy in progress: the source hard-linked to `KEY#0`, as old.
+        std::fs::hard_link(job.join("out.bin"), job.join("copy.bin#0")).unwrap();
         assert!(is_staging("out.bin#12") && !is_staging("a#b1") && !is_staging("a#"));
         assert_eq!(
             staged_uploads(dir.path(), SystemTime::now() - HOUR).unwrap(),
@@ -309,7 +370,10 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         left.sort();
-        assert_eq!(left, ["log#", "notes#v2", "out.bin", "out.bin#2"]);
+        assert_eq!(
+            left,
+            ["copy.bin#0", "log#", "notes#v2", "out.bin", "out.bin#2"]
+        );
     }
 
     #[test]

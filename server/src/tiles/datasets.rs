@@ -109,20 +109,29 @@ pub async fn list(db: &PgPool) -> Result<Vec<Dataset>, sqlx::Error> {
         .await
 }
 
-/// Points the dataset at a stored checkpoint.
+/// The advisory lock between checkpoint uploads and the store's sweep: an
+/// upload holds it shared from writing its object until the dataset points
+/// at it (committed), the sweep's checkpoint pass alone, so the sweep never
+/// takes the datasets' keys while an upload is between the two (a checkpoint
+/// uploaded again, same key, rewritten after the sweep listed it, would
+/// otherwise go with the dataset pointing at it). "flotilla checkpoints"
+/// as bytes.
+pub const CHECKPOINTS_LOCK: i64 = 0x666c_6f74_636b_7074;
+
 /// The checkpoint keys the datasets point at (what `store::sweep` keeps).
 pub async fn checkpoint_keys(
-    db: &PgPool,
+    conn: &mut sqlx::PgConnection,
 ) -> Result<std::collections::HashSet<String>, sqlx::Error> {
     let keys: Vec<String> =
         sqlx::query_scalar("SELECT checkpoint_key FROM datasets WHERE checkpoint_key IS NOT NULL")
-            .fetch_all(db)
+            .fetch_all(conn)
             .await?;
     Ok(keys.into_iter().collect())
 }
 
+/// Points the dataset at a stored checkpoint.
 pub async fn set_checkpoint(
-    db: &PgPool,
+    conn: &mut sqlx::PgConnection,
     name: &str,
     key: &str,
     sha256: &str,
@@ -136,7 +145,7 @@ pub async fn set_checkpoint(
     .bind(key)
     .bind(sha256)
     .bind(size as i64)
-    .execute(db)
+    .execute(conn)
     .await?;
     Ok(done.rows_affected() == 1)
 }

@@ -240,10 +240,18 @@ pub async fn import(db: &PgPool, dataset: &str, upload: &Spooled) -> Result<Impo
     match tokio::time::timeout(MAX_WALL, run).await {
         Ok(done) => done,
         // kill_on_drop ends the child; the transaction rolls back.
-        Err(_) => Err(ImportError::Refused(format!(
-            "reading it took longer than {} s",
-            MAX_WALL.as_secs()
-        ))),
+        Err(_) => {
+            tracing::warn!(
+                dataset,
+                "a manifest import ran past {} s and was stopped",
+                MAX_WALL.as_secs()
+            );
+            Err(ImportError::Refused(format!(
+                "reading and recording it took longer than {} s (the time may have gone to \
+                 the database as well as to the file); nothing was recorded",
+                MAX_WALL.as_secs()
+            )))
+        }
     }
 }
 

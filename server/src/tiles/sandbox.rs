@@ -103,6 +103,9 @@ impl ChildLimits {
         let limits = [
             (Resource::RLIMIT_AS, self.max_address_space),
             (Resource::RLIMIT_CPU, self.max_cpu_seconds),
+            // A child that dies at its limits leaves no core file per
+            // hostile upload.
+            (Resource::RLIMIT_CORE, 0),
         ];
         for (resource, limit) in limits {
             setrlimit(resource, limit, limit).map_err(|e| format!("setting {resource:?}: {e}"))?;
@@ -113,15 +116,21 @@ impl ChildLimits {
 
 /// `flotilla <subcommand> --max-address-space … --max-cpu-seconds … file`,
 /// in a process group of its own, killed if dropped; stdout and stderr
-/// piped, stdin closed.
+/// piped, stdin closed; none of the server's environment (its database URL
+/// and store keys are no business of a parser of hostile files) but the
+/// library path.
 pub fn child(
     subcommand: &str,
     limits: Limits,
     file: &Path,
 ) -> anyhow::Result<tokio::process::Child> {
     let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("finding flotilla: {e}"))?;
-    tokio::process::Command::new(&exe)
-        .arg(subcommand)
+    let mut cmd = tokio::process::Command::new(&exe);
+    cmd.env_clear();
+    if let Some(path) = std::env::var_os("LD_LIBRARY_PATH") {
+        cmd.env("LD_LIBRARY_PATH", path);
+    }
+    cmd.arg(subcommand)
         .arg("--max-address-space")
         .arg(limits.address_space.to_string())
         .arg("--max-cpu-seconds")
@@ -136,11 +145,13 @@ pub fn child(
         .map_err(|e| anyhow::anyhow!("starting {} {subcommand}: {e}", exe.display()))
 }
 
-/// Reads at most 64 KiB of a child's pipe (it writes a line; a runaway one
-/// is cut), then drains nothing more.
-pub async fn read_bounded(pipe: impl AsyncRead + Unpin) -> std::io::Result<String> {
+/// The first 64 KiB of a child's pipe (it writes a line; a runaway one is
+/// cut), read to its end: the rest is drained and dropped, so a child
+/// writing more is never left blocked on a full pipe.
+pub async fn read_bounded(mut pipe: impl AsyncRead + Unpin) -> std::io::Result<String> {
     let mut out = Vec::new();
-    pipe.take(64 << 10).read_to_end(&mut out).await?;
+    (&mut pipe).take(64 << 10).read_to_end(&mut out).await?;
+    tokio::io::copy(&mut pipe, &mut tokio::io::sink()).await?;
     Ok(String::from_utf8_lossy(&out).trim().to_string())
 }
 
