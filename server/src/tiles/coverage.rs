@@ -26,9 +26,17 @@ pub struct Import<'a> {
 }
 
 impl<'a> Import<'a> {
+    /// Begins an import into `dataset`, after any other import into it has
+    /// ended: two at once over the same tiles would upsert them in their own
+    /// orders and could deadlock each other.
     pub async fn begin(db: &'a PgPool, dataset: &str) -> Result<Import<'a>, sqlx::Error> {
+        let mut tx = db.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('flotilla-coverage-import:' || $1))")
+            .bind(dataset)
+            .execute(&mut *tx)
+            .await?;
         Ok(Import {
-            tx: db.begin().await?,
+            tx,
             dataset: dataset.to_string(),
             recorded: 0,
         })

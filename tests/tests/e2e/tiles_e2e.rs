@@ -689,6 +689,30 @@ async fn coverage_import_and_bad_input() {
         .post("/api/v1/rois/plan", roi("after", [20.0, 20.0, 21.0, 21.0]))
         .await;
     assert_eq!(plan["present"], 100, "{plan}");
+    // The same tiles twice at once, one manifest in the other's order:
+    // each would hold the first batch's rows the other wants next; both go
+    // in, one after the other.
+    let reversed: Vec<_> = rows.iter().rev().copied().collect();
+    let post = |body: Vec<u8>| {
+        let api = api.clone();
+        async move {
+            let r = api
+                .http
+                .post(format!(
+                    "{}/api/v1/coverage/import?dataset={DATASET}",
+                    api.base
+                ))
+                .bearer_auth(&api.token)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (a, b) = tokio::join!(post(manifest(&rows)), post(manifest(&reversed)));
+    assert_eq!(a.0, 200, "{}", a.1);
+    assert_eq!(b.0, 200, "{}", b.1);
 
     // Bad regions and years, each a 4xx naming the problem.
     let cases = [
