@@ -77,11 +77,11 @@ pub enum Command {
     /// Internal: dry-load an uploaded checkpoint under resource limits (the
     /// server runs this in a child process; see `tiles::checkpoint_check`).
     #[command(name = "__check-checkpoint", hide = true)]
-    CheckCheckpoint(crate::tiles::checkpoint_check::ChildArgs),
+    CheckCheckpoint(crate::tiles::sandbox::ChildArgs),
     /// Internal: read an uploaded coverage manifest under resource limits
     /// (the server runs this in a child process; see `tiles::manifest`).
     #[command(name = "__read-manifest", hide = true)]
-    ReadManifest(crate::tiles::manifest::ChildArgs),
+    ReadManifest(crate::tiles::sandbox::ChildArgs),
 }
 
 pub fn run() -> anyhow::Result<()> {

@@ -30,7 +30,8 @@ pub enum RevdepsCommand {
         #[arg(long, default_value_t = 4000)]
         shard_size: u32,
         #[command(flatten)]
-        host: HostArgs,
+        // Boxed: seven flags would make this variant many times the others.
+        host: Box<HostArgs>,
         /// Wait and print the answer, one `name.version` a line.
         #[arg(long)]
         wait: bool,

@@ -7,12 +7,11 @@
 //! abort, overflow its stack or spin, the child dies (its address space and
 //! CPU time are capped, its wall time watched) and the server answers 422.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
-use super::sandbox::{self, ChildLimits, Ended, Limits, Spooled, REFUSED};
+use super::sandbox::{self, ChildArgs, Ended, Limits, Spooled, REFUSED};
 
 /// Address space for the child: its own ~100 MB plus the loaded tensors
 /// (up to twice the file as f32 from f16) and one tensor's raw bytes.
@@ -112,18 +111,11 @@ pub async fn upload(
     Ok(())
 }
 
-/// Arguments of the hidden `flotilla __check-checkpoint`.
-#[derive(clap::Args)]
-pub struct ChildArgs {
-    #[command(flatten)]
-    limits: ChildLimits,
-    path: PathBuf,
-}
-
-/// The child: limit itself, then load the checkpoint as an agent would. Prints one line; the exit code is 0 (loaded),
+/// The hidden `flotilla __check-checkpoint`: limit itself, then load the
+/// checkpoint as an agent would. Prints one line; the exit code is 0 (loaded),
 /// [`REFUSED`] (not a valid checkpoint) or 1 (could not check).
 pub fn child_main(a: &ChildArgs) -> i32 {
-    if let Err(e) = a.limits.apply() {
+    if let Err(e) = a.apply() {
         eprintln!("{e}");
         return 1;
     }

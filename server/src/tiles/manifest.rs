@@ -11,7 +11,6 @@
 //! batch, never the manifest, and a manifest refused part way (a bad row,
 //! the reader killed at its limit) commits nothing.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use flotilla_core::grid::TileId;
@@ -21,7 +20,7 @@ use sqlx::PgPool;
 use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
 
 use super::coverage::{self, ManifestTile};
-use super::sandbox::{self, ChildLimits, Ended, Limits, Spooled, REFUSED};
+use super::sandbox::{self, ChildArgs, Ended, Limits, Spooled, REFUSED};
 
 /// Largest accepted manifest (geotessera's is tens of MB). It goes to
 /// disk, not memory.
@@ -326,20 +325,12 @@ fn decode_tile(b: &[u8; TILE_BYTES]) -> anyhow::Result<ManifestTile> {
     })
 }
 
-/// Arguments of the hidden `flotilla __read-manifest`.
-#[derive(clap::Args)]
-pub struct ChildArgs {
-    #[command(flatten)]
-    limits: ChildLimits,
-    path: PathBuf,
-}
-
-/// The child: limit itself, then write the manifest's tiles to stdout as
-/// records. The exit code is 0 (read; the end record written), [`REFUSED`]
+/// The hidden `flotilla __read-manifest`: limit itself, then write the
+/// manifest's tiles to stdout as records. The exit code is 0 (read; the end record written), [`REFUSED`]
 /// (not a valid manifest; stderr says why) or 1 (could not read).
 pub fn child_main(a: &ChildArgs) -> i32 {
     use std::io::Write;
-    if let Err(e) = a.limits.apply() {
+    if let Err(e) = a.apply() {
         eprintln!("{e}");
         return 1;
     }

@@ -7,7 +7,7 @@
 //! what a hostile header declared or spun, the child dies and the server
 //! answers 422, instead of the server itself going down.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
 use sha2::{Digest, Sha256};
@@ -84,18 +84,20 @@ pub struct Limits {
     pub cpu_seconds: u64,
 }
 
-/// The limits every hidden child subcommand takes and sets on itself.
+/// What every hidden child subcommand takes (see [`child`]): the limits it
+/// sets on itself, and the spooled file.
 #[derive(clap::Args, Debug)]
-pub struct ChildLimits {
+pub struct ChildArgs {
     /// Address-space limit (bytes) the child sets on itself first.
     #[arg(long)]
     max_address_space: u64,
     /// CPU-time limit (seconds) the child sets on itself first.
     #[arg(long)]
     max_cpu_seconds: u64,
+    pub path: PathBuf,
 }
 
-impl ChildLimits {
+impl ChildArgs {
     /// Caps this process. Call it before any thread exists: every thread's
     /// stack counts against the address space.
     pub fn apply(&self) -> Result<(), String> {

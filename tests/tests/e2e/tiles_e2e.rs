@@ -239,6 +239,26 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
     );
 }
 
+/// `POST /api/v1/coverage/import?dataset=DATASET` of `body`: the status
+/// and the answer's text.
+async fn import_manifest(
+    api: &flotilla_e2e::api::Api,
+    body: impl Into<reqwest::Body>,
+) -> (u16, String) {
+    let r = api
+        .http
+        .post(format!(
+            "{}/api/v1/coverage/import?dataset={DATASET}",
+            api.base
+        ))
+        .bearer_auth(&api.token)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
 /// A manifest in geotessera's columns.
 fn manifest(rows: &[(i32, f64, f64, i64, i64)]) -> Vec<u8> {
     manifest_with(rows, parquet::file::properties::WriterProperties::builder())
@@ -571,19 +591,9 @@ async fn coverage_import_and_bad_input() {
     }
     // And one outside the box.
     rows.push((YEAR, -3.05, 40.05, 1000, 10));
-    let resp = api
-        .http
-        .post(format!(
-            "{}/api/v1/coverage/import?dataset={DATASET}",
-            api.base
-        ))
-        .bearer_auth(&api.token)
-        .body(manifest(&rows))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let imported: Value = resp.json().await.unwrap();
+    let (status, text) = import_manifest(&api, manifest(&rows)).await;
+    assert_eq!(status, 200, "{text}");
+    let imported: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(imported["rows"], rows.len(), "{imported}");
     assert_eq!(imported["tiles"], rows.len() - 5, "{imported}");
 
@@ -601,34 +611,12 @@ async fn coverage_import_and_bad_input() {
     assert_eq!(jobs["jobs"].as_array().unwrap().len(), 70);
 
     // A manifest that is not parquet.
-    let resp = api
-        .http
-        .post(format!(
-            "{}/api/v1/coverage/import?dataset={DATASET}",
-            api.base
-        ))
-        .bearer_auth(&api.token)
-        .body("year,lon,lat\n")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 422);
+    let (status, text) = import_manifest(&api, "year,lon,lat\n").await;
+    assert_eq!(status, 422, "{text}");
 
     // A page declaring 2 GiB: the reader (a child process under a memory
     // limit) dies, the server answers 422 and stays up.
-    let resp = api
-        .http
-        .post(format!(
-            "{}/api/v1/coverage/import?dataset={DATASET}",
-            api.base
-        ))
-        .bearer_auth(&api.token)
-        .body(hostile_manifest(dir.path()))
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
+    let (status, text) = import_manifest(&api, hostile_manifest(dir.path())).await;
     assert_eq!(status, 422, "{text}");
     assert!(text.contains("killed the reader"), "{text}");
     // 60,001 rows whose last is off the map: refused, naming the row, and
@@ -647,19 +635,7 @@ async fn coverage_import_and_bad_input() {
         })
         .collect();
     rows.push((YEAR, 1000.0, 20.05, 1000, 10));
-    let resp = api
-        .http
-        .post(format!(
-            "{}/api/v1/coverage/import?dataset={DATASET}",
-            api.base
-        ))
-        .bearer_auth(&api.token)
-        .body(manifest(&rows))
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
+    let (status, text) = import_manifest(&api, manifest(&rows)).await;
     assert_eq!(status, 422, "{text}");
     assert!(text.contains("row 60000"), "{text}");
     let plan = api
@@ -671,19 +647,9 @@ async fn coverage_import_and_bad_input() {
     );
     // The same rows without the bad one go in whole.
     rows.pop();
-    let resp = api
-        .http
-        .post(format!(
-            "{}/api/v1/coverage/import?dataset={DATASET}",
-            api.base
-        ))
-        .bearer_auth(&api.token)
-        .body(manifest(&rows))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let imported: Value = resp.json().await.unwrap();
+    let (status, text) = import_manifest(&api, manifest(&rows)).await;
+    assert_eq!(status, 200, "{text}");
+    let imported: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(imported["tiles"], 60_000, "{imported}");
     let plan = api
         .post("/api/v1/rois/plan", roi("after", [20.0, 20.0, 21.0, 21.0]))
@@ -693,24 +659,10 @@ async fn coverage_import_and_bad_input() {
     // each would hold the first batch's rows the other wants next; both go
     // in, one after the other.
     let reversed: Vec<_> = rows.iter().rev().copied().collect();
-    let post = |body: Vec<u8>| {
-        let api = api.clone();
-        async move {
-            let r = api
-                .http
-                .post(format!(
-                    "{}/api/v1/coverage/import?dataset={DATASET}",
-                    api.base
-                ))
-                .bearer_auth(&api.token)
-                .body(body)
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.text().await.unwrap())
-        }
-    };
-    let (a, b) = tokio::join!(post(manifest(&rows)), post(manifest(&reversed)));
+    let (a, b) = tokio::join!(
+        import_manifest(&api, manifest(&rows)),
+        import_manifest(&api, manifest(&reversed))
+    );
     assert_eq!(a.0, 200, "{}", a.1);
     assert_eq!(b.0, 200, "{}", b.1);
 
