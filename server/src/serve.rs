@@ -158,6 +158,7 @@ pub async fn run(
         auth_cache: Arc::default(),
         agent_instances: Arc::default(),
         live_pages: Arc::default(),
+        cap_refusals: Arc::default(),
     };
     let extended = crate::queue::reaper::grace_after_start(&db, state.settings.lease_ttl)
         .await

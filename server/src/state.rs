@@ -27,6 +27,24 @@ pub struct AppState {
     pub agent_instances: Arc<crate::agents::Instances>,
     /// What the dashboard's live streams compute once and share.
     pub live_pages: Arc<crate::dashboard::shared::LivePages>,
+    /// The waiting cap's recent refusals ([`crate::queue::submit::CapRefusals`]).
+    pub cap_refusals: Arc<crate::queue::submit::CapRefusals>,
+}
+
+impl AppState {
+    /// The waiting cap a submission by a token of `role` is held to
+    /// (`None`: an admin's, not limited).
+    pub fn waiting_cap(
+        &self,
+        role: flotilla_core::api::TokenRole,
+    ) -> Option<crate::queue::submit::WaitingCap<'_>> {
+        self.settings
+            .waiting_cap(role)
+            .map(|limit| crate::queue::submit::WaitingCap {
+                limit,
+                refusals: &self.cap_refusals,
+            })
+    }
 }
 
 /// Queue timings and HTTP limits. Defaults suit a fleet; tests shorten them.

@@ -48,7 +48,7 @@ pub async fn submit(
     if let Some(refused) = classes::refusal(&state.db, &job).await? {
         return Err(refused.into());
     }
-    let cap = state.settings.waiting_cap(caller.role);
+    let cap = state.waiting_cap(caller.role);
     let ids = submit::submit_within(&state.db, &[job], cap).await??;
     Ok(created(Created { id: ids[0] }))
 }
@@ -408,7 +408,7 @@ pub async fn retry(
 ) -> ApiResult<impl IntoResponse> {
     let id = parse_id(&id)?;
     check_owner(&state, &caller, id).await?;
-    let cap = state.settings.waiting_cap(caller.role);
+    let cap = state.waiting_cap(caller.role);
     let new = requeue(&state, id, Some(caller.token_id), caller.submitter(), cap).await?;
     Ok(created(Created { id: new }))
 }
@@ -423,7 +423,7 @@ pub(crate) async fn requeue(
     id: Uuid,
     owner: Option<Uuid>,
     submitter: String,
-    cap: Option<u64>,
+    cap: Option<submit::WaitingCap<'_>>,
 ) -> ApiResult<Uuid> {
     let src = read::retry_source(&state.db, id)
         .await?

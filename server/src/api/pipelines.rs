@@ -71,7 +71,7 @@ pub async fn submit(
              (`flotilla pipeline cancel {open}`); a new run after it resumes where it stopped"
         )));
     }
-    let cap = state.settings.waiting_cap(caller.role);
+    let cap = state.waiting_cap(caller.role);
     let id = pipelines::submit(
         &state.db,
         run,

@@ -34,7 +34,7 @@ pub async fn submit(
     JsonBody(body): JsonBody<SubmitRevdeps>,
 ) -> ApiResult<impl IntoResponse> {
     let run = ValidRevdeps::try_from(body)?;
-    let cap = state.settings.waiting_cap(caller.role);
+    let cap = state.waiting_cap(caller.role);
     let id = revdeps::submit(
         &state.db,
         run,

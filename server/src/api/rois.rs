@@ -100,7 +100,7 @@ pub async fn submit(
         ds.fetch_command.as_deref(),
         &caller.submitter(),
         Some(caller.token_id),
-        state.settings.waiting_cap(caller.role),
+        state.waiting_cap(caller.role),
     )
     .await??;
     tracing::info!(roi = %made.id, name = %roi.name, total = made.counts.total,

@@ -385,11 +385,7 @@ pub async fn retry(
     }
     // An open dashboard has no token: its retries belong to admins.
     let (owner, submitter, cap) = match &who.caller {
-        Some(c) => (
-            Some(c.token_id),
-            c.submitter(),
-            state.settings.waiting_cap(c.role),
-        ),
+        Some(c) => (Some(c.token_id), c.submitter(), state.waiting_cap(c.role)),
         None => (None, "dashboard".to_string(), None),
     };
     let new = crate::api::jobs::requeue(&state, id, owner, submitter, cap).await?;

@@ -218,7 +218,7 @@ pub async fn submit(
     run: ValidPipeline,
     submitter: &str,
     owner: Option<Uuid>,
-    waiting_cap: Option<u64>,
+    waiting_cap: Option<crate::queue::submit::WaitingCap<'_>>,
 ) -> Result<Result<Uuid, WaitingCapExceeded>, sqlx::Error> {
     let run_id = Uuid::new_v4();
     let (host, labels) = placement(&run.spec, &run.spec.items.host, None);

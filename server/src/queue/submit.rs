@@ -1,6 +1,10 @@
 //! Inserting jobs: validation has happened at the edge; here they go in, in
 //! one transaction, each with its fair-share tag.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use flotilla_core::job::JobSpec;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -80,7 +84,7 @@ pub async fn submit(db: &PgPool, jobs: &[NewJob]) -> Result<Vec<Uuid>, sqlx::Err
 /// A submission that would leave its submitter more jobs waiting than the
 /// server allows one submitter (`--max-waiting-per-submitter`): a client
 /// that queues without end would grow the tables and every count over them.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error(
     "submitter `{submitter}` has {waiting} jobs waiting to run and this adds {adding}; at most \
      {cap} may wait at once for one submitter. Let some run, or cancel some, and submit again \
@@ -139,8 +143,87 @@ pub const WAITING_SQL: &str = concat!(
     " ORDER BY submitter, share_seq LIMIT $2) AS waiting"
 );
 
+/// How long a refusal of the waiting cap is remembered (see [`CapRefusals`]).
+pub const REFUSAL_MEMORY: Duration = Duration::from_secs(1);
+
+/// Most submitters whose refusals are remembered at once; past it, the
+/// expired ones go, and if none has, all of them (a refusal forgotten only
+/// costs the next submission its count).
+const REFUSALS_MAX: usize = 10_000;
+
+/// The waiting cap's recent refusals, per submitter, in this server
+/// process. A refused submission holds the submitter's lock while it counts
+/// (0.2 s at a million waiting), so a client that keeps submitting past its
+/// cap, several requests at once, would keep as many pool connections
+/// waiting on that lock, one count after another. Within
+/// [`REFUSAL_MEMORY`] of a refusal, a submission that the last count also
+/// refuses is refused at once, with no lock and no count; after it, the
+/// database is asked again. Jobs that left the queue meanwhile make room
+/// at most that much later.
+pub struct CapRefusals {
+    memory: Duration,
+    by_submitter: Mutex<HashMap<String, (Instant, WaitingCapExceeded)>>,
+}
+
+impl Default for CapRefusals {
+    fn default() -> Self {
+        CapRefusals::remembering(REFUSAL_MEMORY)
+    }
+}
+
+impl CapRefusals {
+    /// Refusals kept for `memory` (the server keeps [`REFUSAL_MEMORY`]).
+    pub fn remembering(memory: Duration) -> Self {
+        CapRefusals {
+            memory,
+            by_submitter: Mutex::default(),
+        }
+    }
+
+    /// The refusal of `adding` more jobs for `submitter` under `cap` that
+    /// the last count, if recent, already says.
+    fn recalled(&self, submitter: &str, adding: u64, cap: u64) -> Option<WaitingCapExceeded> {
+        let map = self.by_submitter.lock().ok()?;
+        let (at, over) = map.get(submitter)?;
+        if at.elapsed() > self.memory || over.cap != cap {
+            return None;
+        }
+        let waiting = match over.waiting {
+            WaitingCount::Exactly(n) => n,
+            WaitingCount::Over(n) => n.saturating_add(1),
+        };
+        (waiting.saturating_add(adding) > cap).then(|| WaitingCapExceeded {
+            adding,
+            ..over.clone()
+        })
+    }
+
+    fn remember(&self, over: &WaitingCapExceeded) {
+        let Ok(mut map) = self.by_submitter.lock() else {
+            return;
+        };
+        if map.len() >= REFUSALS_MAX && !map.contains_key(&over.submitter) {
+            let memory = self.memory;
+            map.retain(|_, (at, _)| at.elapsed() <= memory);
+            if map.len() >= REFUSALS_MAX {
+                map.clear();
+            }
+        }
+        map.insert(over.submitter.clone(), (Instant::now(), over.clone()));
+    }
+}
+
+/// The waiting cap a submission is held to: at most `limit` jobs of one
+/// submitter waiting, with the server's recent refusals.
+#[derive(Clone, Copy)]
+pub struct WaitingCap<'a> {
+    pub limit: u64,
+    pub refusals: &'a CapRefusals,
+}
+
 /// Ok if `adding` more jobs of `submitter` keep it within `cap` waiting
-/// (`None`: no cap), in `conn`'s transaction. It first takes the
+/// (`None`: no cap), in `conn`'s transaction. A refusal recalled from the
+/// last second answers first ([`CapRefusals`]). Otherwise it takes the
 /// submitter's transaction lock, so that one submitter's capped
 /// submissions go in one at a time: each sees the last one's jobs, and
 /// their fair-share tags do not overlap. The tags' span answers at once
@@ -150,11 +233,20 @@ pub async fn within_waiting_cap(
     conn: &mut sqlx::PgConnection,
     submitter: &str,
     adding: u64,
-    cap: Option<u64>,
+    cap: Option<WaitingCap<'_>>,
 ) -> Result<Result<(), WaitingCapExceeded>, sqlx::Error> {
-    let Some(cap) = cap else { return Ok(Ok(())) };
+    let Some(WaitingCap {
+        limit: cap,
+        refusals,
+    }) = cap
+    else {
+        return Ok(Ok(()));
+    };
     if adding == 0 {
         return Ok(Ok(()));
+    }
+    if let Some(over) = refusals.recalled(submitter, adding, cap) {
+        return Ok(Err(over));
     }
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('flotilla-submitter:' || $1))")
         .bind(submitter)
@@ -175,7 +267,7 @@ pub async fn within_waiting_cap(
         .await?;
     let waiting = waiting.max(0) as u64;
     if waiting.saturating_add(adding) > cap {
-        return Ok(Err(WaitingCapExceeded {
+        let over = WaitingCapExceeded {
             submitter: submitter.to_string(),
             waiting: if waiting > cap {
                 WaitingCount::Over(cap)
@@ -184,7 +276,9 @@ pub async fn within_waiting_cap(
             },
             adding,
             cap,
-        }));
+        };
+        refusals.remember(&over);
+        return Ok(Err(over));
     }
     Ok(Ok(()))
 }
@@ -194,7 +288,7 @@ pub async fn within_waiting_cap(
 pub async fn submit_within(
     db: &PgPool,
     jobs: &[NewJob],
-    cap: Option<u64>,
+    cap: Option<WaitingCap<'_>>,
 ) -> Result<Result<Vec<Uuid>, WaitingCapExceeded>, sqlx::Error> {
     let mut tx = db.begin().await?;
     if let Some(first) = jobs.first() {

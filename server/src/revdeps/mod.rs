@@ -174,7 +174,7 @@ pub async fn submit(
     run: ValidRevdeps,
     submitter: &str,
     owner: Option<Uuid>,
-    waiting_cap: Option<u64>,
+    waiting_cap: Option<crate::queue::submit::WaitingCap<'_>>,
 ) -> Result<Result<Uuid, WaitingCapExceeded>, sqlx::Error> {
     let run_id = Uuid::new_v4();
     let spec = RunSpec {

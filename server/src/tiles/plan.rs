@@ -208,7 +208,7 @@ pub async fn submit(
     fetch_command: Option<&str>,
     submitter: &str,
     owner: Option<Uuid>,
-    waiting_cap: Option<u64>,
+    waiting_cap: Option<crate::queue::submit::WaitingCap<'_>>,
 ) -> Result<Result<RoiCreated, WaitingCapExceeded>, sqlx::Error> {
     let started = std::time::Instant::now();
     let mut tx = db.begin().await?;

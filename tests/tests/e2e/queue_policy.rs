@@ -432,6 +432,95 @@ async fn the_fair_share_base_does_not_scan_the_backlog() {
     assert_eq!((span, count, base), (1, 20_000, 1));
 }
 
+/// H7: a refusal of the waiting cap is remembered for a moment, so a
+/// client that keeps submitting past its cap is answered without the
+/// submitter's lock or a count each time; another submitter is not
+/// affected, and once the memory has passed the database is asked again.
+#[tokio::test]
+async fn a_refusal_of_the_waiting_cap_is_remembered_for_a_moment() {
+    use submit::{CapRefusals, WaitingCap, WaitingCount};
+    let db = flotilla_e2e::pg::migrated_database().await;
+    // Long enough that nothing here outlives it.
+    let memory = CapRefusals::remembering(Duration::from_secs(3600));
+    let cap = Some(WaitingCap {
+        limit: 3,
+        refusals: &memory,
+    });
+    let one = |who: &str| vec![job(who, 0, &[], 1)];
+    for _ in 0..3 {
+        submit::submit_within(&db, &one("m"), cap)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let over = submit::submit_within(&db, &one("m"), cap)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(over.waiting, WaitingCount::Exactly(3));
+    // Room made in the database: the memory still refuses, saying what the
+    // count said, and adds no job.
+    sqlx::query("DELETE FROM jobs WHERE submitter = 'm'")
+        .execute(&db)
+        .await
+        .unwrap();
+    let recalled = submit::submit_within(&db, &one("m"), cap)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        (recalled.waiting, recalled.adding),
+        (WaitingCount::Exactly(3), 1)
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    // Another submitter, and the same one under another cap, ask the database.
+    submit::submit_within(&db, &one("n"), cap)
+        .await
+        .unwrap()
+        .unwrap();
+    let wider = Some(WaitingCap {
+        limit: 4,
+        refusals: &memory,
+    });
+    submit::submit_within(&db, &one("m"), wider)
+        .await
+        .unwrap()
+        .unwrap();
+    // A memory that has passed: the database again, which has room.
+    let passed = CapRefusals::remembering(Duration::ZERO);
+    let cap0 = Some(WaitingCap {
+        limit: 3,
+        refusals: &passed,
+    });
+    for _ in 0..2 {
+        submit::submit_within(&db, &one("p"), cap0)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert!(submit::submit_within(&db, &one("p"), cap0)
+        .await
+        .unwrap()
+        .is_ok());
+    assert!(submit::submit_within(&db, &one("p"), cap0)
+        .await
+        .unwrap()
+        .is_err());
+    sqlx::query("DELETE FROM jobs WHERE submitter = 'p'")
+        .execute(&db)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    submit::submit_within(&db, &one("p"), cap0)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
 /// Jobs that no registered agent could take say why in their view (a fleet
 /// with no agents yet takes work; the API refuses such submissions once
 /// agents exist), and stop saying it, and get claimed, once an agent that
