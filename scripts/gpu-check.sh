@@ -15,25 +15,33 @@
 # the encoder fixtures come along (the test binary finds them at the path
 # it was built with, which `run` recreates).
 #
-# `run` prints, in this order, and ends within about 6 minutes:
+# `run` prints, in this order, and ends within 6 minutes (it plans for
+# 345 s; give the device call a timeout_s of about 400):
 #   1. what the backends see (for CUDA, whether cuBLASLt fuses the GEMM
 #      epilogues); the fixture tests (CUDA included) and the fixtures in
 #      bf16 and tf32 on CUDA against upstream f32 (bf16: worst cosine >= 0.9999);
-#   2. the chunk sweep (`tune`, bf16), whose best chunk bf16 uses below;
+#   2. the chunk sweep (`tune`, bf16, chunks 256 to 4,096), whose best
+#      chunk bf16 uses below (the best row so far if the sweep is cut
+#      short, else 1,024, the H200's best of 2026-12-04);
 #   3. the whole-tile table: a 256 x 256 tile (64 S2, 32 + 32 S1
 #      observations per pixel, random Large weights), PyTorch's
 #      `encoder/peers/torch_peer.py tile` (whole tile with its preparation,
-#      the forward pass alone on inputs already on the GPU, torch.compile's
-#      forward in bf16) against `tessera-encode --backend cuda` (the tile
-#      as a running encoder sees it, and the whole process), in fp32, tf32
-#      and bf16, with each precision's fidelity against f32;
+#      the forward pass alone on inputs already on the GPU, then
+#      torch.compile's forward in bf16) against `tessera-encode --backend
+#      cuda` (the tile as a running encoder sees it, and the whole
+#      process), in bf16, tf32 and fp32 (in that order: the goal first),
+#      with each precision's fidelity against f32;
 #   4. the host side of the same encode alone (`tessera-encode host-rate`);
-#   5. the host CPU: onednn on oneDNN 2.6 (linked), 2.6 with AMX forced,
-#      3.2 (opened at run time), f32 and bf16 (and bf16 on 3.2 with the
-#      f32 attention), and bf16 on 3.7 (built by `scripts/build-onednn.sh`), with the kernels each ran (ONEDNN_VERBOSE), the
-#      running encoder's whole-tile figure on 3.2, bf16 on the fixtures,
-#      against PyTorch CPU on the same 32 x 32 tile;
-#   6. where Nsight Compute is installed, the bf16 kernels of one chunk.
+#   5. the host CPU, 32 x 32 px against PyTorch CPU on the same tile:
+#      onednn's threads x block sweep in bf16 on oneDNN 3.2 (opened at
+#      run time), the running encoder's whole-tile figure on 3.2 (f32,
+#      bf16 with the profile's blocks and with the sweep's best) and 3.7
+#      (built by `scripts/build-onednn.sh`), PyTorch CPU, the table and
+#      the AMX goal; bf16 on the fixtures; whole processes with the
+#      kernels each ran (ONEDNN_VERBOSE) on 3.2, 3.7 and, last, Debian's
+#      linked 2.6 with and without AMX forced;
+#   6. where Nsight Compute is installed and time is left, the bf16
+#      kernels of one chunk.
 # `scripts/gpu-check.sh profile` prints only the profiles: the kernels of
 # one chunk per precision in GPU_PROFILE_DTYPES (default bf16; empty: none),
 # in-process rates, and oneDNN's time per primitive on the host CPU.
@@ -43,12 +51,14 @@
 # (which needs no GPU: `prepare` then `run` checks it on any x86 Linux;
 # GPU_CHECK_CPU_SIDE=4 makes its tile 4 x 4 for a quick look);
 # GPU_CHECK_DTYPES="bf16" limits the GPU part to those precisions.
-# GPU_CHECK_BUDGET_S (default 460) is the time `run` plans for: the chunk
-# sweep and the PyTorch peer get shorter limits when time runs short, the
-# GPU part's comparisons stop while GPU_CHECK_CPU_SHARE_S (default 160) is
-# left for the CPU part, whose threads x block sweep and 2.6 runs come last
-# and are left out when the budget is spent; Nsight Compute runs only with
-# 40 s left. Give the device call a timeout_s of about 480.
+# GPU_CHECK_BUDGET_S (default 345) is the time `run` plans for: the chunk
+# sweep and the PyTorch peer get shorter limits when time runs short (the
+# peer's rows print as they finish, so a cut peer keeps what it timed),
+# the GPU part's later precisions and comparisons are left out while
+# GPU_CHECK_CPU_SHARE_S (default 130) is left for the CPU part, whose
+# sweep is held to what its own share allows and whose whole-process runs
+# come last and are left out when the budget is spent; Nsight Compute
+# runs only with 40 s left. Give the device call a timeout_s of about 400.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.gpucheck
@@ -179,13 +189,13 @@ run)
     started=$(date +%s)
     skip="${GPU_CHECK_SKIP:-}"
     stamp() { echo "-- $(($(date +%s) - started)) s"; }
-    # The run must end inside the device call's limit (give that call's
-    # timeout_s about 480): parts worth less are left out once their time
-    # is spent, the CPU part keeps its share, and the parts of each are in
-    # the order they matter.
-    budget="${GPU_CHECK_BUDGET_S:-460}"
+    # The run must end within 6 minutes, inside the device call's limit
+    # (give that call's timeout_s about 400): parts worth less are left
+    # out once their time is spent, the CPU part keeps its share, and the
+    # parts of each are in the order they matter.
+    budget="${GPU_CHECK_BUDGET_S:-345}"
     cpu_share=0
-    [[ ",$skip," == *",cpu,"* ]] || cpu_share="${GPU_CHECK_CPU_SHARE_S:-160}"
+    [[ ",$skip," == *",cpu,"* ]] || cpu_share="${GPU_CHECK_CPU_SHARE_S:-130}"
     left() { echo $((budget - ($(date +%s) - started))); }
     # A step's time limit: `most` seconds, less where the budget (less the
     # CPU part's share and `after` seconds for what must follow) is
@@ -212,7 +222,8 @@ run)
     failed=0
     "$enc" synth-ckpt --out "$work/large.safetensors" --seed 1 >/dev/null
     only="${GPU_CHECK_ONLY:-}"
-    dts="${GPU_CHECK_DTYPES:-f32 tf32 bf16}"
+    # The goal's precision first: the later ones are what a short budget loses.
+    dts="${GPU_CHECK_DTYPES:-bf16 tf32 f32}"
     peer_dts=$(echo "$dts" | sed 's/\bf32\b/fp32/' | tr ' ' ',')
 
     if [ "$only" != cpu ]; then
@@ -243,11 +254,19 @@ run)
     stamp
 
     echo "== 2. chunk sweep, bf16 (tune; best written to ${OUT:-/tmp}/tessera-profiles.toml)"
-    # After it: the PyTorch peer and our tiles, about 120 s.
-    timeout "$(limit 110 60 120)" "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
-        --out "${OUT:-/tmp}/tessera-profiles.toml" | tee "$work/tune.txt" || echo "tune failed or timed out"
+    # After it: the PyTorch peer and our tiles, about 130 s. Chunks of 64
+    # and 128 px (the L4's best) and past 4,096 were well behind on the H200.
+    timeout "$(limit 70 30 130)" "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
+        --chunks 256,512,1024,2048,4096 --out "${OUT:-/tmp}/tessera-profiles.toml" |
+        tee "$work/tune.txt" || echo "tune failed or timed out"
     best_chunk=$(sed -n 's/^best: [0-9]* threads, chunk \([0-9]*\).*/\1/p' "$work/tune.txt")
-    best_chunk=${best_chunk:-4096}
+    if [ -z "$best_chunk" ]; then
+        # Cut short: the fastest row timed so far (threads chunk block px/s GFLOP/s), else
+        # the H200's best of 2026-12-04.
+        best_chunk=$(awk 'NF == 5 && $1 ~ /^[0-9]+$/ && $4 > best { best = $4; c = $2 } END { print c }' "$work/tune.txt")
+        best_chunk=${best_chunk:-1024}
+        echo "tune cut short: chunk $best_chunk"
+    fi
     stamp
 
     echo "== 3. whole tile: 256 x 256 px, 64 S2 + 32 + 32 S1 observations, Large random weights"
@@ -256,8 +275,8 @@ run)
     compile=""
     [[ ",$skip," == *",compile,"* || " $dts " != *" bf16 "* ]] || compile="--compile bf16"
     echo "-- PyTorch (peer): encoder/peers/torch_peer.py tile --chunk 4096 $compile"
-    # After it: our tiles in three precisions, about 45 s.
-    timeout "$(limit 200 120 45)" python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile" --device cuda \
+    # After it: our tiles in three precisions, about 40 s.
+    timeout "$(limit 170 90 40)" python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile" --device cuda \
         --dtype "$peer_dts" --mode whole,forward --chunk 4096 $compile --out-dir "$work/torch" \
         | tee "$work/torch.md" || echo "PyTorch peer failed or timed out"
     stamp
@@ -268,6 +287,12 @@ run)
     cp -r "$work/tile" "$work/tiles/a"
     cp -r "$work/tile" "$work/tiles/b"
     for dt in $dts; do
+        # f32 takes about 25 s (two tiles and a whole process at ~7,000
+        # px/s); leave it out rather than cut into the CPU part's share.
+        if [ "$dt" != bf16 ] && [ "$(left)" -lt $((cpu_share + 15)) ]; then
+            echo "$dt: left out ($(left) s of the budget left)"
+            continue
+        fi
         chunk=4096
         [ "$dt" = bf16 ] && chunk=$best_chunk
         "$enc" --backend cuda --dtype "$dt" --batch-pixels "$chunk" --ckpt "$work/large.safetensors" \
@@ -400,23 +425,27 @@ PY
     fi
 
     if [[ ",$skip," != *",cpu,"* ]]; then
-        echo "== 5. host CPU: onednn (oneDNN 2.6 linked, 2.6 with AMX forced, 3.2 and 3.7 opened at run time) against PyTorch CPU, 32 x 32 px, all cores"
+        side="${GPU_CHECK_CPU_SIDE:-32}"
+        echo "== 5. host CPU: onednn against PyTorch CPU, $side x $side px, all cores (oneDNN 3.2 and 3.7 opened at run time; Debian's 2.6, linked, last)"
         mkdir -p "$work/lib"
         for f in "$dest"/lib/*.xz; do xz -dc "$f" >"$work/lib/$(basename "$f" .xz)"; done
         cpu="$dest/tessera-encode-cpu"
-        side="${GPU_CHECK_CPU_SIDE:-32}"
         "$enc" synth-tile --out "$work/tile32" --height "$side" --width "$side" --s2-frames 64 \
             --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
         libs="$work/lib:$LD_LIBRARY_PATH"
         LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" "$cpu" backends || true
-        # One whole process on the 32 x 32 tile: its rate and the kernels
-        # oneDNN ran (ONEDNN_VERBOSE).
+        # One whole process on the tile: its rate and the kernels oneDNN
+        # ran (ONEDNN_VERBOSE). Extra encoder arguments (a profile) fourth.
         cpu_run() {
-            local dt=$1 label=$2 settings=$3 t0 ms kernels
+            local dt=$1 label=$2 settings=$3 extra=${4:-} t0 ms kernels
+            if [ "$(left)" -lt 10 ]; then
+                echo "onednn $dt on oneDNN $label, whole process: left out ($(left) s of the budget left)"
+                return
+            fi
             t0=$(date +%s%N)
-            # shellcheck disable=SC2086 # the settings are words
+            # shellcheck disable=SC2086 # the settings and extra arguments are words
             env LD_LIBRARY_PATH="$libs" ONEDNN_VERBOSE=1 $settings timeout 60 "$cpu" --backend onednn \
-                --dtype "$dt" --ckpt "$work/large.safetensors" --tile "$work/tile32" \
+                --dtype "$dt" $extra --ckpt "$work/large.safetensors" --tile "$work/tile32" \
                 --out-dir "$work/cpu-$dt-$label" >"$work/cpu-$dt-$label.log" 2>&1 || echo "onednn $dt $label failed"
             ms=$((($(date +%s%N) - t0) / 1000000))
             kernels=$(grep -o 'brg[a-z_:0-9]*\|jit:[a-z_0-9]*\|gemm:[a-z_0-9]*' "$work/cpu-$dt-$label.log" |
@@ -425,55 +454,76 @@ PY
             grep -h '^ready in' "$work/cpu-$dt-$label.log" | sed 's/^/    /' || true
         }
         dnnl3="FLOTILLA_ONEDNN3=$work/lib/libdnnl.so.3"
+        dnnl37="$work/lib/libdnnl-3.7.so.3"
         # The running encoder's figure: the tile twice in one process, the
         # second timed (read, encode, write; no start-up, checkpoint or
-        # JIT), as PyTorch's encode_tile after its warm-up. Also kept in
-        # cpu-whole-tile.txt for the table below.
+        # JIT), as PyTorch's encode_tile after its warm-up. Kept in
+        # cpu-whole-tile.txt for the table below, by label (the oneDNN and
+        # how it ran: "3.2", "3.2-tuned", ...). Extra encoder arguments fifth.
         mkdir -p "$work/tiles32"
         cp -r "$work/tile32" "$work/tiles32/a"
         cp -r "$work/tile32" "$work/tiles32/b"
         cpu_whole_tile() {
-            local dt=$1 label=$2 settings=$3 what=$4
-            # shellcheck disable=SC2086 # the settings are words
+            local dt=$1 label=$2 settings=$3 what=$4 extra=${5:-} note
+            # shellcheck disable=SC2086 # the settings and extra arguments are words
             env LD_LIBRARY_PATH="$libs" $settings timeout 60 "$cpu" \
-                --backend onednn --dtype "$dt" --ckpt "$work/large.safetensors" --data-root "$work/tiles32" \
+                --backend onednn --dtype "$dt" $extra --ckpt "$work/large.safetensors" --data-root "$work/tiles32" \
                 --out-dir "$work/cpu-twice-$dt-$label" >"$work/cpu-twice.log" 2>&1 ||
                 echo "onednn $what on $label twice failed"
+            # bf16 asked where oneDNN has no native bf16 runs f32 (the encoder warns).
+            note=$(grep -h -m1 '^warning: bf16 asked' "$work/cpu-twice.log" || true)
+            if [ -n "$note" ]; then
+                echo "    $note"
+                touch "$work/no-native-bf16"
+            fi
             sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' "$work/cpu-twice.log" |
-                awk -v what="$what" -v lib="${label%%-*}" -v px=$((side * side)) \
-                    '{printf "onednn %s, oneDNN %s, whole tile: %.0f px/s (%.3f s)\n", what, lib, px / $1, $1}' |
+                awk -v what="$what" -v label="$label" -v px=$((side * side)) \
+                    '{printf "onednn %s, oneDNN %s, whole tile: %.0f px/s (%.3f s)\n", what, label, px / $1, $1}' |
                 tee -a "$work/cpu-whole-tile.txt"
         }
-        # In the order they matter: 3.2 (AMX's kernels) first, with bf16's
-        # attention on oneDNN's batched matmuls (the default) and on the
-        # gemm crate in f32 (no AMX) as its peer; Debian's linked 2.6 last.
-        cpu_run f32 3.2 "$dnnl3"
-        cpu_run bf16 3.2 "$dnnl3"
-        cpu_run bf16 3.2-f32attention "$dnnl3 FLOTILLA_ONEDNN_F32_ATTENTION=1"
-        # oneDNN 3.7.2 (built by prepare), bf16: whole process, then whole tile.
-        dnnl37="$work/lib/libdnnl-3.7.so.3"
+        # First the threads x block sweep in bf16 on 3.2: AMX may want
+        # larger blocks than the default 8, and one thread a core where two
+        # share its AMX unit (tune tries the physical cores' count too). Its
+        # best is what an agent with a tuned profile runs, so the whole-tile
+        # figures below run with it as well as with the defaults. About 80 s
+        # of the CPU part's share go to what follows it.
+        cpu_profile="$work/tessera-profiles-cpu.toml"
+        sweep=$(($(left) - 80))
+        [ "$sweep" -gt 60 ] && sweep=60
+        if [ "$sweep" -ge 20 ]; then
+            echo "-- onednn bf16 threads x block sweep on oneDNN 3.2 (tune, at most $sweep s)"
+            env LD_LIBRARY_PATH="$libs" "$dnnl3" timeout "$sweep" "$cpu" tune \
+                --backend onednn --dtype bf16 --pixels "$((side * side))" --chunks 1024 --blocks 8,16,32,64 \
+                --out "$cpu_profile" || echo "tune failed or timed out"
+            [ -s "$cpu_profile" ] && [ -n "${OUT:-}" ] && cp "$cpu_profile" "$OUT/tessera-profiles-cpu.toml"
+        else
+            echo "-- onednn threads x block sweep: left out ($(left) s of the budget left)"
+        fi
+        tuned=""
+        [ -s "$cpu_profile" ] && tuned="--profile $cpu_profile"
+        echo "-- the tile twice in one process: the second is the running encoder's figure"
+        cpu_whole_tile bf16 3.2 "$dnnl3" bf16
+        [ -n "$tuned" ] && cpu_whole_tile bf16 3.2-tuned "$dnnl3" bf16 "$tuned"
         if [ -e "$dnnl37" ]; then
-            LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$dnnl37" "$cpu" backends | grep '^onednn:' || true
-            cpu_run bf16 3.7 "FLOTILLA_ONEDNN3=$dnnl37"
             cpu_whole_tile bf16 3.7 "FLOTILLA_ONEDNN3=$dnnl37" bf16
+            [ -n "$tuned" ] && cpu_whole_tile bf16 3.7-tuned "FLOTILLA_ONEDNN3=$dnnl37" bf16 "$tuned"
         else
             echo "-- oneDNN 3.7: not carried (prepare with GPU_CHECK_ONEDNN37=0)"
         fi
-        echo "-- the tile twice in one process on oneDNN 3.2: the second is the running encoder's figure"
         cpu_whole_tile f32 3.2 "$dnnl3" f32
-        cpu_whole_tile bf16 3.2 "$dnnl3" bf16
-        cpu_whole_tile bf16 3.2-f32attention "$dnnl3 FLOTILLA_ONEDNN_F32_ATTENTION=1" \
-            "bf16 (FLOTILLA_ONEDNN_F32_ATTENTION=1)"
         # PyTorch at its best of two chunks: on a 2-core Zen 4 chunk 1,024
         # gave it 20 and 47 px/s (fp32, bf16) where 32-128 gave 30 and 64.
-        echo "-- PyTorch CPU (peer), the same tile, chunks 128 and 1,024 (its best is the figure)"
-        timeout 120 python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile32" --device cpu \
-            --dtype fp32,bf16 --mode whole --chunk 128,1024 | tee "$work/torch-cpu.md" ||
+        peer_limit=$(($(left) - 20))
+        [ "$peer_limit" -gt 120 ] && peer_limit=120
+        [ "$peer_limit" -lt 60 ] && peer_limit=60
+        echo "-- PyTorch CPU (peer), the same tile, chunks 128 and 1,024 (its best is the figure; at most $peer_limit s)"
+        timeout "$peer_limit" python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile32" --device cpu \
+            --dtype bf16,fp32 --mode whole --chunk 128,1024 | tee "$work/torch-cpu.md" ||
             echo "PyTorch CPU peer failed or timed out"
         # The issue's host-CPU table for this build: the running encoder's
         # whole tile against PyTorch's best, and the AMX goal.
         python3 - "$work" "$side" <<'PY'
-import re, sys
+import os, re, sys
 work, side = sys.argv[1], int(sys.argv[2])
 torch = {}
 try:
@@ -483,27 +533,32 @@ try:
             torch[cells[1]] = float(cells[4])
 except OSError:
     pass
-ours = {}
+ours, labels = {}, []
 try:
     for line in open(f"{work}/cpu-whole-tile.txt"):
         m = re.match(r"onednn (\S+), oneDNN (\S+), whole tile: ([0-9]+) px/s", line)
         if m:
             ours[(m.group(2), m.group(1))] = float(m.group(3))
+            labels += [m.group(2)] if m.group(2) not in labels else []
 except OSError:
     pass
 fmt = lambda v, peer: "-" if v is None else (f"{v:,.0f}" + (f" ({v / peer:.2f}x)" if peer else ""))
 print(f"| host CPU, {side} x {side} tile, px/s | f32 | bf16 |")
 print("|---|---|---|")
 print(f"| PyTorch CPU encode_tile (best chunk) | {fmt(torch.get('fp32'), None)} | {fmt(torch.get('bf16'), None)} |")
-for lib in ("3.2", "3.7"):
-    print(f"| ours, whole tile, oneDNN {lib} | {fmt(ours.get((lib, 'f32')), torch.get('fp32'))} | "
-          f"{fmt(ours.get((lib, 'bf16')), torch.get('bf16'))} |")
-best = max([v for (lib, dt), v in ours.items() if dt == "bf16"], default=None)
-if best and torch.get("bf16"):
+for label in labels:
+    how = label.replace("-tuned", ", the sweep's best profile")
+    print(f"| ours, whole tile, oneDNN {how} | {fmt(ours.get((label, 'f32')), torch.get('fp32'))} | "
+          f"{fmt(ours.get((label, 'bf16')), torch.get('bf16'))} |")
+best = max([v for (label, dt), v in ours.items() if dt == "bf16"], default=None)
+if os.path.exists(f"{work}/no-native-bf16"):
+    print("bf16 is not native to oneDNN on this CPU (no AVX512-BF16 or AMX): our bf16 column ran f32; no AMX verdict")
+elif best and torch.get("bf16"):
     goal = max(3 * torch["bf16"], 1200 if side == 32 else 0)
     print(f"AMX bf16 goal (>= 3x PyTorch CPU bf16{', >= 1,200 px/s' if side == 32 else ''}): "
           f"best {best:,.0f} of {goal:,.0f} px/s -> {'met' if best >= goal else 'not met'}")
 PY
+        [ -s "$cpu_profile" ] && sed 's/^/    /' "$cpu_profile"
         stamp
         echo "-- bf16 on the CPU against upstream f32 on the fixtures (oneDNN 3.2)"
         for case in small long; do
@@ -516,28 +571,21 @@ PY
         done
         python3 encoder/peers/fidelity.py "$dest/fixtures-encoder" "onednn bf16" "$work/fx-cpu-bf16" \
             --rule 0.9999 || failed=1
-        sweep=$(($(left) - 25))
-        [ "$sweep" -gt 100 ] && sweep=100
-        if [ "$sweep" -ge 20 ]; then
-            echo "-- onednn bf16 threads x block sweep on oneDNN 3.2 (tune, at most $sweep s; AMX may want larger"
-            echo "   blocks than the default 8, and one thread a core where two share its AMX unit: tune tries"
-            echo "   the physical cores' count too)"
-            env LD_LIBRARY_PATH="$libs" "$dnnl3" timeout "$sweep" "$cpu" tune \
-                --backend onednn --dtype bf16 --pixels 1024 --chunks 1024 --blocks 8,16,32,64 \
-                --out "${OUT:-/tmp}/tessera-profiles-cpu.toml" || echo "tune failed or timed out"
-        else
-            echo "-- onednn threads x block sweep: left out ($(left) s of the budget left)"
+        # Whole processes, with the kernels oneDNN ran (which ISA: the goal
+        # asks that AMX's be used), in the order they matter; then the
+        # attention's lever priced; Debian's oneDNN 2.6 (linked), as the
+        # issue measured it, and with AMX forced, last.
+        echo "-- whole processes (start-up, checkpoint, JIT too) and the kernels they ran"
+        cpu_run bf16 3.2 "$dnnl3" "$tuned"
+        [ -e "$dnnl37" ] && cpu_run bf16 3.7 "FLOTILLA_ONEDNN3=$dnnl37" "$tuned"
+        cpu_run f32 3.2 "$dnnl3"
+        if [ "$(left)" -ge 10 ]; then
+            cpu_whole_tile bf16 3.2-f32attention "$dnnl3 FLOTILLA_ONEDNN_F32_ATTENTION=1" \
+                "bf16 (FLOTILLA_ONEDNN_F32_ATTENTION=1)"
         fi
-        # Debian's oneDNN 2.6 (linked), as the issue measured it, and with
-        # AMX forced; 2.6 chose AMX's kernels unforced on the H200's host.
-        for dt in f32 bf16; do
-            for run in "2.6:FLOTILLA_ONEDNN3=0" "2.6-amx:FLOTILLA_ONEDNN3=0 ONEDNN_MAX_CPU_ISA=AVX512_CORE_AMX"; do
-                if [ "$(left)" -lt 15 ]; then
-                    echo "onednn $dt on oneDNN ${run%%:*}: left out ($(left) s of the budget left)"
-                    continue
-                fi
-                cpu_run "$dt" "${run%%:*}" "${run#*:}"
-            done
+        for dt in bf16 f32; do
+            cpu_run "$dt" 2.6 "FLOTILLA_ONEDNN3=0"
+            cpu_run "$dt" 2.6-amx "FLOTILLA_ONEDNN3=0 ONEDNN_MAX_CPU_ISA=AVX512_CORE_AMX"
         done
         stamp
     fi

@@ -430,6 +430,9 @@ fn run_encode(a: EncodeArgs) -> Result<()> {
     };
     let started = std::time::Instant::now();
     let (choice, profile) = a.run.resolve()?;
+    if let Some(note) = tessera_encoder::backend::precision_note(choice, profile.dtype) {
+        eprintln!("warning: {note}");
+    }
     let resolved = started.elapsed().as_secs_f64();
     let mut enc = Encoder::load(&ckpt, choice, profile)?;
     // Start-up by part: what a whole process's figure has beyond its
@@ -782,6 +785,9 @@ fn run_tune(a: TuneArgs) -> Result<()> {
             .join(" or "),
         base.dtype
     );
+    if let Some(note) = tessera_encoder::backend::precision_note(choice, base.dtype) {
+        println!("warning: {note}");
+    }
     println!(
         "{:>7} {:>6} {:>6} {:>10} {:>9}",
         "threads", "chunk", "block", "pixels/s", "GFLOP/s"

@@ -292,3 +292,50 @@ fn ctrl_c_stops_without_output() {
     assert_eq!(left, 0, "output written after Ctrl-C");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// bf16 asked of onednn where the oneDNN in use has no native bf16 matmul
+/// (no AVX512-BF16 or AMX) computes in f32, and the encode says so rather
+/// than letting a bf16 figure be read off an f32 run; where it has one,
+/// nothing is said.
+#[cfg(all(feature = "onednn", target_os = "linux"))]
+#[test]
+fn bf16_on_onednn_says_when_it_computes_in_f32() {
+    let d = scratch("bf16-note");
+    let ckpt = d.join("ck.safetensors");
+    run(
+        &[
+            "synth-ckpt",
+            "--latent-dim",
+            "8",
+            "--num-layers",
+            "1",
+            "--nhead",
+            "2",
+            "--dim-feedforward",
+            "16",
+            "--out",
+        ],
+        &[&ckpt],
+    );
+    let tile = d.join("tile");
+    run(
+        &["synth-tile", "--height", "2", "--width", "2", "--out"],
+        &[&tile],
+    );
+    let said = run(
+        &["--backend", "onednn", "--dtype", "bf16", "--ckpt"],
+        &[
+            &ckpt,
+            Path::new("--tile"),
+            &tile,
+            Path::new("--out-dir"),
+            &d.join("out"),
+        ],
+    );
+    let native = tessera_encoder::backend::onednn::bf16_supported();
+    let warned = said
+        .lines()
+        .any(|l| l.starts_with("warning: bf16 asked") && l.contains("computing in f32"));
+    assert_eq!(warned, !native, "native bf16: {native}; said: {said}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -322,6 +322,11 @@ async fn run_in(
     let cancel = Arc::new(AtomicBool::new(false));
     let name = spec.tile.name();
     let backend = cache.setup().choice.name();
+    if let Some(note) =
+        tessera_encoder::backend::precision_note(cache.setup().choice, cache.setup().profile.dtype)
+    {
+        ctx.note(format!("warning: {note}")).await;
+    }
     let work = {
         let cancel = cancel.clone();
         let (inputs, out, name) = (inputs.clone(), out.clone(), name.clone());

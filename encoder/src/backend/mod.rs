@@ -362,13 +362,40 @@ pub fn unavailable_reason(choice: BackendChoice) -> Option<String> {
     }
 }
 
+/// Why `choice` computes here in another precision than `dtype` asks
+/// (`None`: in `dtype`): onednn asked for bf16 where the oneDNN in use has
+/// no native bf16 matmul on this CPU computes in f32.
+pub fn precision_note(choice: BackendChoice, dtype: Dtype) -> Option<String> {
+    #[cfg(all(feature = "onednn", target_os = "linux"))]
+    if choice.resolve() == BackendChoice::Onednn
+        && dtype == Dtype::Bf16
+        && !onednn::bf16_supported()
+    {
+        return Some(format!(
+            "bf16 asked, but {} has no native bf16 matmul on this CPU (it needs AVX512-BF16 \
+             or AMX): computing in f32",
+            onednn::describe()
+        ));
+    }
+    let _ = (choice, dtype);
+    None
+}
+
 /// Build the chosen backend over shared weights.
 pub fn create(
     choice: BackendChoice,
     weights: Arc<StudentWeights>,
     profile: &DeviceProfile,
 ) -> Result<Box<dyn Backend>> {
-    match choice.resolve() {
+    let choice = choice.resolve();
+    // The probe's trial device waits for a CUDA backend to take it; a
+    // process that builds another (an agent told to run onednn on a GPU
+    // box) lets its cuBLAS handles, workspaces and module go.
+    #[cfg(all(feature = "cuda", any(target_os = "linux", target_os = "windows")))]
+    if choice != BackendChoice::Cuda {
+        cuda::release_trial_device();
+    }
+    match choice {
         BackendChoice::Reference => {
             if profile.dtype != Dtype::F32 {
                 return Err(profile.dtype.unsupported("reference", &[Dtype::F32]));

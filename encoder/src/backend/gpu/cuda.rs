@@ -101,6 +101,14 @@ fn probe_once() -> std::result::Result<usize, String> {
 /// The probe's device, untouched, until a backend takes it.
 static SPARE: Mutex<Option<CudaDevice>> = Mutex::new(None);
 
+/// Drops the probe's trial device if no backend took it: called where a
+/// process builds a backend other than CUDA, which will never take it.
+/// The primary context stays (the device name and memory reports use it).
+pub fn release_trial_device() {
+    let spare = SPARE.lock().ok().and_then(|mut s| s.take());
+    drop(spare);
+}
+
 /// GPU 0's primary context, held for the whole process: the device-name
 /// lookup, the probe and every backend (a `tune` sweep builds one per
 /// setting) share it instead of creating and tearing it down each time.
