@@ -80,8 +80,15 @@ impl Tally {
 
     fn line(&mut self, who: &str) -> String {
         self.latencies.sort();
+        // At the cap: the answers that waited on a count (the lock's queue
+        // or the count itself), against those from a remembered refusal.
+        let slow = self
+            .latencies
+            .iter()
+            .filter(|l| **l > Duration::from_millis(50))
+            .count();
         format!(
-            "{who:<28} {:8.0} req/s  p50 {:>8.2?}  p99 {:>8.2?}  statuses {:?}",
+            "{who:<28} {:8.0} req/s  p50 {:>8.2?}  p99 {:>8.2?}  over 50 ms {slow}  statuses {:?}",
             self.rate(),
             percentile(&self.latencies, 0.5),
             percentile(&self.latencies, 0.99),
@@ -225,7 +232,7 @@ async fn main() {
          {concurrency} at once, alternating rounds of {ROUND}"
     );
     let (mut c, mut a) = far;
-    println!("1. far from the cap (client has {backlog} waiting, cap 1,000,000):");
+    println!("1. far from the cap (client has {backlog} waiting and adds {n}; the server's default cap):");
     println!("   {}", c.line("client (span check)"));
     println!("   {}", a.line("admin (exempt, the peer)"));
     println!(

@@ -496,7 +496,12 @@ pub async fn cancel(
     let id = parse_id(&id)?;
     check_owner(&state, &caller, id).await?;
     let (status, msg) = match cancel::cancel(&state.db, id).await? {
-        Cancelled::Now => (StatusCode::OK, "cancelled".to_string()),
+        Cancelled::Now => {
+            // Room made by the caller itself: its next submission here is
+            // counted, not answered from a refusal it remembers.
+            state.cap_refusals.forget(&caller.submitter());
+            (StatusCode::OK, "cancelled".to_string())
+        }
         Cancelled::Requested => (
             StatusCode::ACCEPTED,
             "cancel requested; the agent stops the job at its next heartbeat (a job that \

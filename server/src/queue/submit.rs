@@ -183,7 +183,7 @@ impl CapRefusals {
     /// The refusal of `adding` more jobs for `submitter` under `cap` that
     /// the last count, if recent, already says.
     fn recalled(&self, submitter: &str, adding: u64, cap: u64) -> Option<WaitingCapExceeded> {
-        let map = self.by_submitter.lock().ok()?;
+        let map = self.map();
         let (at, over) = map.get(submitter)?;
         if at.elapsed() > self.memory || over.cap != cap {
             return None;
@@ -198,10 +198,9 @@ impl CapRefusals {
         })
     }
 
-    fn remember(&self, over: &WaitingCapExceeded) {
-        let Ok(mut map) = self.by_submitter.lock() else {
-            return;
-        };
+    /// `over`, as counted at `counted_at`.
+    fn remember(&self, over: &WaitingCapExceeded, counted_at: Instant) {
+        let mut map = self.map();
         if map.len() >= REFUSALS_MAX && !map.contains_key(&over.submitter) {
             let memory = self.memory;
             map.retain(|_, (at, _)| at.elapsed() <= memory);
@@ -209,7 +208,21 @@ impl CapRefusals {
                 map.clear();
             }
         }
-        map.insert(over.submitter.clone(), (Instant::now(), over.clone()));
+        map.insert(over.submitter.clone(), (counted_at, over.clone()));
+    }
+
+    /// Forgets `submitter`'s refusal: it has just made room itself (a
+    /// cancel through this server), so its next submission counts.
+    pub fn forget(&self, submitter: &str) {
+        self.map().remove(submitter);
+    }
+
+    /// The map, even if a thread panicked holding it (each entry is
+    /// written whole, so what is there is sound).
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, WaitingCapExceeded)>> {
+        self.by_submitter
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -252,6 +265,11 @@ pub async fn within_waiting_cap(
         .bind(submitter)
         .execute(&mut *conn)
         .await?;
+    // Asked again behind the lock: the submissions that waited on it while
+    // another counted and refused take that answer instead of counting too.
+    if let Some(over) = refusals.recalled(submitter, adding, cap) {
+        return Ok(Err(over));
+    }
     let span: i64 = sqlx::query_scalar(WAITING_SPAN_SQL)
         .bind(submitter)
         .fetch_one(&mut *conn)
@@ -260,6 +278,7 @@ pub async fn within_waiting_cap(
         return Ok(Ok(()));
     }
     let upto = i64::try_from(cap.saturating_add(1)).unwrap_or(i64::MAX);
+    let counted_at = Instant::now();
     let waiting: i64 = sqlx::query_scalar(WAITING_SQL)
         .bind(submitter)
         .bind(upto)
@@ -277,7 +296,7 @@ pub async fn within_waiting_cap(
             adding,
             cap,
         };
-        refusals.remember(&over);
+        refusals.remember(&over, counted_at);
         return Ok(Err(over));
     }
     Ok(Ok(()))

@@ -369,7 +369,8 @@ async fn the_claim_does_not_scan_ready_jobs_the_agent_cannot_take() {
 #[tokio::test]
 async fn the_fair_share_base_does_not_scan_the_backlog() {
     let db = flotilla_e2e::pg::migrated_database().await;
-    // The small submitter's tag is the lowest: the big backlog lies above it.
+    // The small submitter's one tag is the lowest; the big backlog's run
+    // from it to 20,000 (a scan from the top meets all of them first).
     submit::submit(&db, &[job("small", 0, &[], 1)])
         .await
         .unwrap();
@@ -482,11 +483,25 @@ async fn a_refusal_of_the_waiting_cap_is_remembered_for_a_moment() {
         .await
         .unwrap()
         .unwrap();
+    // (A cap the remembered count would also refuse: only the cap's
+    // difference sends it to the database.)
     let wider = Some(WaitingCap {
-        limit: 4,
+        limit: 2,
         refusals: &memory,
     });
     submit::submit_within(&db, &one("m"), wider)
+        .await
+        .unwrap()
+        .unwrap();
+    // m has 1 job waiting now, room under 3, but the memory at cap 3
+    // still refuses; forgotten (its submitter cancelled through this
+    // server), the database is asked again.
+    assert!(submit::submit_within(&db, &one("m"), cap)
+        .await
+        .unwrap()
+        .is_err());
+    memory.forget("m");
+    submit::submit_within(&db, &one("m"), cap)
         .await
         .unwrap()
         .unwrap();

@@ -92,8 +92,10 @@ fn probe_once() -> std::result::Result<usize, String> {
     // rather than dropped and built again: its cuBLAS and cuBLASLt handles,
     // workspace and loaded module are what that backend would make anew.
     let dev = CudaDevice::build()?;
-    if let Ok(mut spare) = SPARE.lock() {
-        *spare = Some(dev);
+    if !TRIAL_RELEASED.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Ok(mut spare) = SPARE.lock() {
+            *spare = Some(dev);
+        }
     }
     Ok(n)
 }
@@ -105,9 +107,15 @@ static SPARE: Mutex<Option<CudaDevice>> = Mutex::new(None);
 /// process builds a backend other than CUDA, which will never take it.
 /// The primary context stays (the device name and memory reports use it).
 pub fn release_trial_device() {
+    TRIAL_RELEASED.store(true, std::sync::atomic::Ordering::Relaxed);
     let spare = SPARE.lock().ok().and_then(|mut s| s.take());
     drop(spare);
 }
+
+/// Set once a process has built a backend other than CUDA: a probe after
+/// it (a device listing) keeps no trial device for a backend that may
+/// never come.
+static TRIAL_RELEASED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// GPU 0's primary context, held for the whole process: the device-name
 /// lookup, the probe and every backend (a `tune` sweep builds one per
