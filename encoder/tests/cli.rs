@@ -30,10 +30,9 @@ fn run(args: &[&str], extra: &[&Path]) -> String {
     text
 }
 
-#[test]
-fn synth_inputs_then_encode_a_data_root() {
-    let d = scratch("root");
-    let ckpt = d.join("ck.safetensors");
+/// A checkpoint of the smallest model the subcommands take (latent 8, one
+/// layer, two heads, FFN 16) at `out`.
+fn synth_tiny_ckpt(out: &Path) {
     run(
         &[
             "synth-ckpt",
@@ -47,8 +46,15 @@ fn synth_inputs_then_encode_a_data_root() {
             "16",
             "--out",
         ],
-        &[&ckpt],
+        &[out],
     );
+}
+
+#[test]
+fn synth_inputs_then_encode_a_data_root() {
+    let d = scratch("root");
+    let ckpt = d.join("ck.safetensors");
+    synth_tiny_ckpt(&ckpt);
     for name in ["grid_0.05_0.05", "grid_0.15_0.05"] {
         let t = d.join("root/2024").join(name);
         run(
@@ -302,21 +308,7 @@ fn ctrl_c_stops_without_output() {
 fn bf16_on_onednn_says_when_it_computes_in_f32() {
     let d = scratch("bf16-note");
     let ckpt = d.join("ck.safetensors");
-    run(
-        &[
-            "synth-ckpt",
-            "--latent-dim",
-            "8",
-            "--num-layers",
-            "1",
-            "--nhead",
-            "2",
-            "--dim-feedforward",
-            "16",
-            "--out",
-        ],
-        &[&ckpt],
-    );
+    synth_tiny_ckpt(&ckpt);
     let tile = d.join("tile");
     run(
         &["synth-tile", "--height", "2", "--width", "2", "--out"],

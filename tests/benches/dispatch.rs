@@ -26,20 +26,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 fn noop_jobs(n: usize) -> Vec<submit::NewJob> {
-    (0..n)
-        .map(|_| submit::NewJob {
-            spec: serde_json::from_value(json!({"kind": "command", "command": "true"}))
-                .expect("a no-op command job parses"),
-            labels: BTreeMap::new(),
-            priority: 0,
-            max_attempts: 3,
-            cost: 1,
-            submitter: "bench".into(),
-            parent_id: None,
-            child_index: None,
-            owner: None,
-        })
-        .collect()
+    flotilla_e2e::noop_jobs(n, "bench")
 }
 
 /// A plain success report for the lease `token`.

@@ -40,23 +40,6 @@ fn env_or(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn backlog_jobs(n: usize) -> Vec<submit::NewJob> {
-    (0..n)
-        .map(|_| submit::NewJob {
-            spec: serde_json::from_value(json!({"kind": "command", "command": "true"}))
-                .expect("a no-op command job parses"),
-            labels: BTreeMap::new(),
-            priority: 0,
-            max_attempts: 3,
-            cost: 1,
-            submitter: CLIENT.into(),
-            parent_id: None,
-            child_index: None,
-            owner: None,
-        })
-        .collect()
-}
-
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -201,7 +184,7 @@ async fn main() {
         .expect("the bench database");
     serve::migrate(&db).await.expect("migrations");
     let t0 = Instant::now();
-    for chunk in backlog_jobs(backlog).chunks(50_000) {
+    for chunk in flotilla_e2e::noop_jobs(backlog, CLIENT).chunks(50_000) {
         submit::submit(&db, chunk).await.expect("the backlog");
     }
     // As a long-running server's autovacuum would have by now.

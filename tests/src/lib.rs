@@ -83,3 +83,22 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+/// `n` no-op command jobs (`true`) of `submitter`, ready to insert with
+/// `flotilla_server::queue::submit::submit` (the benches' queued work).
+pub fn noop_jobs(n: usize, submitter: &str) -> Vec<flotilla_server::queue::submit::NewJob> {
+    (0..n)
+        .map(|_| flotilla_server::queue::submit::NewJob {
+            spec: serde_json::from_value(serde_json::json!({"kind": "command", "command": "true"}))
+                .expect("a no-op command job parses"),
+            labels: std::collections::BTreeMap::new(),
+            priority: 0,
+            max_attempts: 3,
+            cost: 1,
+            submitter: submitter.into(),
+            parent_id: None,
+            child_index: None,
+            owner: None,
+        })
+        .collect()
+}
