@@ -214,18 +214,22 @@ async fn main() {
         "submission cost of the waiting cap: {n} single-job submissions per token and run, \
          {concurrency} at once, alternating rounds of {ROUND}"
     );
-    let (mut c, mut a) = far;
-    println!("1. far from the cap (client has {backlog} waiting and adds {n}; the server's default cap):");
-    println!("   {}", c.line("client (span check)"));
-    println!("   {}", a.line("admin (exempt, the peer)"));
-    println!(
-        "   client / admin: rate {:.2}, p50 {:.2}",
-        c.rate() / a.rate(),
-        percentile(&c.latencies, 0.5).as_secs_f64() / percentile(&a.latencies, 0.5).as_secs_f64()
+    report(
+        &format!("1. far from the cap (client has {backlog} waiting and adds {n}; the server's default cap):"),
+        "client (span check)",
+        far,
     );
-    let (mut c, mut a) = at;
-    println!("2. at the cap (cap {backlog}; each client submission refused, 429):");
-    println!("   {}", c.line("client (refused)"));
+    report(
+        &format!("2. at the cap (cap {backlog}; each client submission refused, 429):"),
+        "client (refused)",
+        at,
+    );
+}
+
+/// One run's lines: the client's tally, the admin's, and their ratios.
+fn report(title: &str, client: &str, (mut c, mut a): (Tally, Tally)) {
+    println!("{title}");
+    println!("   {}", c.line(client));
     println!("   {}", a.line("admin (exempt, the peer)"));
     println!(
         "   client / admin: rate {:.2}, p50 {:.2}",
