@@ -45,10 +45,13 @@ pub async fn submit(
     JsonBody(body): JsonBody<SubmitJob>,
 ) -> ApiResult<impl IntoResponse> {
     let job = ValidJob::try_from(body)?.into_new_job(&caller)?;
+    // Before any database work: a client submitting past its cap, while
+    // its last refusal is remembered, takes no pool connection.
+    let cap = state.waiting_cap(caller.role);
+    submit::recalled_refusal(cap, &job.submitter, 1)?;
     if let Some(refused) = classes::refusal(&state.db, &job).await? {
         return Err(refused.into());
     }
-    let cap = state.waiting_cap(caller.role);
     let ids = submit::submit_within(&state.db, &[job], cap).await??;
     Ok(created(Created { id: ids[0] }))
 }
@@ -407,8 +410,9 @@ pub async fn retry(
     PathParams(id): PathParams<String>,
 ) -> ApiResult<impl IntoResponse> {
     let id = parse_id(&id)?;
-    check_owner(&state, &caller, id).await?;
     let cap = state.waiting_cap(caller.role);
+    submit::recalled_refusal(cap, &caller.submitter(), 1)?;
+    check_owner(&state, &caller, id).await?;
     let new = requeue(&state, id, Some(caller.token_id), caller.submitter(), cap).await?;
     Ok(created(Created { id: new }))
 }

@@ -61,6 +61,10 @@ pub async fn submit(
     JsonBody(body): JsonBody<SubmitPipeline>,
 ) -> ApiResult<impl IntoResponse> {
     let run = ValidPipeline::try_from(body)?;
+    // A pipeline queues its first job: a remembered refusal answers before
+    // any database work.
+    let cap = state.waiting_cap(caller.role);
+    crate::queue::submit::recalled_refusal(cap, &caller.submitter(), 1)?;
     if let Some(errors) = pipelines::unknown_agents(&state.db, &run).await? {
         return Err(Refused::File(errors).into());
     }
@@ -71,7 +75,6 @@ pub async fn submit(
              (`flotilla pipeline cancel {open}`); a new run after it resumes where it stopped"
         )));
     }
-    let cap = state.waiting_cap(caller.role);
     let id = pipelines::submit(
         &state.db,
         run,

@@ -35,6 +35,8 @@ pub async fn submit(
 ) -> ApiResult<impl IntoResponse> {
     let run = ValidRevdeps::try_from(body)?;
     let cap = state.waiting_cap(caller.role);
+    // Its first job: a remembered refusal answers before any database work.
+    crate::queue::submit::recalled_refusal(cap, &caller.submitter(), 1)?;
     let id = revdeps::submit(
         &state.db,
         run,

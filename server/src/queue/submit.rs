@@ -234,6 +234,32 @@ pub struct WaitingCap<'a> {
     pub refusals: &'a CapRefusals,
 }
 
+impl WaitingCap<'_> {
+    /// The refusal of `adding` more jobs of `submitter` that this server's
+    /// last count already gives, if it is recent ([`CapRefusals`]). A
+    /// handler asks this before any database work, so a client that keeps
+    /// submitting past its cap takes no pool connection while its refusal
+    /// is remembered; [`within_waiting_cap`] asks again in the transaction.
+    pub fn recalled(&self, submitter: &str, adding: u64) -> Result<(), WaitingCapExceeded> {
+        match adding {
+            0 => Ok(()),
+            _ => self
+                .refusals
+                .recalled(submitter, adding, self.limit)
+                .map_or(Ok(()), Err),
+        }
+    }
+}
+
+/// [`WaitingCap::recalled`] where there may be no cap.
+pub fn recalled_refusal(
+    cap: Option<WaitingCap<'_>>,
+    submitter: &str,
+    adding: u64,
+) -> Result<(), WaitingCapExceeded> {
+    cap.map_or(Ok(()), |cap| cap.recalled(submitter, adding))
+}
+
 /// Ok if `adding` more jobs of `submitter` keep it within `cap` waiting
 /// (`None`: no cap), in `conn`'s transaction. A refusal recalled from the
 /// last second answers first ([`CapRefusals`]). Otherwise it takes the

@@ -7,6 +7,7 @@
 use flotilla_e2e::procs::server_on_shared;
 use flotilla_e2e::scratch;
 use serde_json::{json, Value};
+use std::time::Duration;
 
 async fn client_token(api: &flotilla_e2e::api::Api) -> String {
     let made = api
@@ -260,6 +261,7 @@ async fn a_submitter_may_have_only_so_many_jobs_waiting() {
     let mut opts = flotilla_e2e::procs::opts_on_shared(dir.path(), 10_000).await;
     opts.env
         .push(("FLOTILLA_MAX_WAITING_PER_SUBMITTER".into(), "5".into()));
+    let database_url = opts.database_url.clone();
     let server = flotilla_e2e::procs::Server::start(dir.path(), opts).await;
     let admin = server.api();
     let client = admin.with_token(&client_token(&admin).await);
@@ -281,6 +283,40 @@ async fn a_submitter_may_have_only_so_many_jobs_waiting() {
             .raw(reqwest::Method::POST, "/api/v1/jobs", Some(job.clone()))
             .await,
         "a sixth job",
+    );
+    // While a refusal is remembered (a second), the next one is answered
+    // before any database work: it comes at once even with the agents
+    // table locked, which the check of who could take a job reads. Each
+    // try refreshes the memory first; one that reaches the server after
+    // the memory ran out waits on the lock, so three tries.
+    let db = sqlx::PgPool::connect(&database_url).await.unwrap();
+    let mut answered = None;
+    for _ in 0..3 {
+        refused(
+            client
+                .raw(reqwest::Method::POST, "/api/v1/jobs", Some(job.clone()))
+                .await,
+            "a job past the cap",
+        );
+        let mut lock = db.begin().await.unwrap();
+        sqlx::query("LOCK TABLE agents IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut *lock)
+            .await
+            .unwrap();
+        let attempt = tokio::time::timeout(
+            Duration::from_millis(900),
+            client.raw(reqwest::Method::POST, "/api/v1/jobs", Some(job.clone())),
+        )
+        .await;
+        lock.rollback().await.unwrap();
+        if let Ok(reply) = attempt {
+            answered = Some(reply);
+            break;
+        }
+    }
+    refused(
+        answered.expect("a remembered refusal waited on the database three times"),
+        "a job past the cap, the agents table locked",
     );
     // An ROI of 100 missing tiles: refused whole, no ROI and no tile job.
     let ckpt = flotilla_e2e::tiles::synth_ckpt(dir.path(), flotilla_e2e::tiles::TINY, 3);
