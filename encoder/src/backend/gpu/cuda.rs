@@ -292,7 +292,9 @@ impl CudaBackend {
 /// GPU 0: one stream, its cuBLAS handle and the compiled kernels.
 pub(crate) struct CudaDevice {
     stream: Arc<CudaStream>,
-    blas: CudaBlas,
+    /// Dropped by [`CudaDevice`]'s own `Drop` (cudarc's panics if
+    /// `cublasDestroy` fails, as it may after a sticky CUDA error).
+    blas: std::mem::ManuallyDrop<CudaBlas>,
     /// In [`Kernel::ALL`]'s order, so `kernels[k as usize]` is `k`.
     kernels: Vec<CudaFunction>,
     /// How every GEMM computes.
@@ -313,6 +315,23 @@ pub(crate) struct CudaDevice {
 pub(crate) struct CudaStaging {
     host: PinnedHostSlice<f32>,
     done: CudaEvent,
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and not used again.
+        let blas = unsafe { std::mem::ManuallyDrop::take(&mut self.blas) };
+        // cudarc unwraps `cublasDestroy`'s status. After a sticky CUDA
+        // error (a kernel's illegal address, say) that can fail, and its
+        // panic would hide the error being reported, or abort a process
+        // already unwinding. Caught, the panic hook's line still says it
+        // failed; the handle is lost either way.
+        if std::thread::panicking() {
+            std::mem::forget(blas);
+        } else {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(blas)));
+        }
+    }
 }
 
 impl Drop for CudaStaging {
@@ -499,7 +518,7 @@ impl CudaDevice {
         let lt = Lt::new(&stream).ok();
         Ok(CudaDevice {
             stream,
-            blas,
+            blas: std::mem::ManuallyDrop::new(blas),
             kernels,
             math: GemmMath::F32,
             tensor_cores,
@@ -1187,16 +1206,37 @@ impl Device for CudaDevice {
             )
             .map_err(|e| e.0)
         };
-        if !plan.candidates.is_empty() {
+        let timing = !plan.candidates.is_empty();
+        if timing {
             let candidates = std::mem::take(&mut plan.candidates);
             if let Some(best) = self.fastest(&key, &candidates, &run) {
                 plan.algo = best;
             }
+        }
+        if let Err(status) = run(&plan.algo) {
+            // The heuristic offered this plan but the call refused it (or
+            // every timed candidate failed): this shape runs unfused from
+            // now on, the bf16 bias's plan tried first, rather than the
+            // encode failing. A refused call enqueued nothing, so D is as
+            // the caller left it.
+            plans.insert(key, None);
+            if let Ok(mut t) = TUNING.lock() {
+                t.push(format!(
+                    "cuBLASLt {}x{}x{}{}{}: the call failed ({status:?}); unfused from now on",
+                    key.m,
+                    key.n,
+                    key.k,
+                    if key.relu { " relu" } else { "" },
+                    if key.residual { " +residual" } else { "" },
+                ));
+            }
+            return Ok(false);
+        }
+        if timing {
             if let Ok(mut timed) = lt.timed.lock() {
                 timed.insert(key.class(), plan.algo);
             }
         }
-        run(&plan.algo).map_err(|e| err("cublasLtMatmul", e))?;
         Ok(true)
     }
 
