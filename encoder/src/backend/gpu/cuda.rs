@@ -192,6 +192,51 @@ fn nvrtc_version() -> std::result::Result<String, String> {
     Ok(format!("NVRTC {major}.{minor}"))
 }
 
+/// The kernels as machine code (a CUBIN) for compute capability
+/// `major.minor`, for a driver that refuses NVRTC's PTX.
+fn compile_cubin(major: i32, minor: i32) -> std::result::Result<Vec<u8>, String> {
+    let src = std::ffi::CString::new(KERNELS).map_err(|_| "a NUL in the kernels' source")?;
+    let prog = cudarc::nvrtc::result::create_program(&src, None)
+        .map_err(|e| format!("NVRTC: creating a program: {e:?}"))?;
+    let arch = format!("--gpu-architecture=sm_{major}{minor}");
+    // SAFETY: `prog` is live until destroyed at the end, and every pointer
+    // handed to NVRTC points at memory that outlives the call.
+    let built = unsafe {
+        match cudarc::nvrtc::result::compile_program(prog, &[arch.as_str()]) {
+            Err(e) => {
+                let log: String = cudarc::nvrtc::result::get_program_log(prog)
+                    .map(|l| {
+                        l.iter()
+                            .map(|&c| c as u8 as char)
+                            .filter(|&c| c != '\0')
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Err(format!(
+                    "NVRTC refused the kernels for sm_{major}{minor} ({e:?}):\n{log}"
+                ))
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                let sized = cudarc::nvrtc::sys::nvrtcGetCUBINSize(prog, &mut size);
+                let mut cubin = vec![0u8; size];
+                let got = if sized == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+                    cudarc::nvrtc::sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
+                } else {
+                    sized
+                };
+                match got {
+                    cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS if size > 0 => Ok(cubin),
+                    status => Err(format!("NVRTC gave no machine code ({status:?})")),
+                }
+            }
+        }
+    };
+    // SAFETY: not used after this.
+    let _ = unsafe { cudarc::nvrtc::result::destroy_program(prog) };
+    built
+}
+
 fn compile_kernels(arch: Option<&'static str>) -> std::result::Result<Ptx, String> {
     let opts = cudarc::nvrtc::CompileOptions {
         arch,
@@ -499,13 +544,36 @@ impl CudaDevice {
         let stream = ctx.default_stream();
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| format!("creating the cuBLAS handle: {e:?}"))?;
-        let (major, _) = ctx
+        let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| format!("asking the GPU's compute capability: {e:?}"))?;
         let tensor_cores = major >= 8;
-        let module = ctx
-            .load_module(kernels_ptx(tensor_cores)?)
-            .map_err(|e| format!("loading the kernels (is the driver older than NVRTC?): {e:?}"))?;
+        let module = match ctx.load_module(kernels_ptx(tensor_cores)?) {
+            Ok(module) => module,
+            // PTX from an NVRTC newer than the driver (a later minor
+            // version: pip's nvidia-cuda-nvrtc beside an older driver)
+            // carries an ISA version the driver refuses; machine code for
+            // this GPU from the same NVRTC loads, by CUDA's minor version
+            // compatibility. Built then, not cached: only this case needs it.
+            Err(ptx_refused) => {
+                let cubin = compile_cubin(major, minor).map_err(|e| {
+                    format!("loading the kernels' PTX: {ptx_refused:?}; as machine code: {e}")
+                })?;
+                let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| {
+                    format!(
+                        "loading the kernels: the PTX refused ({ptx_refused:?}), and the \
+                         machine code for sm_{major}{minor} too ({e:?}); is the driver \
+                         older than NVRTC's major version?"
+                    )
+                })?;
+                if let Ok(mut o) = KERNELS_ORIGIN.lock() {
+                    *o = Some(kernel_cache::Origin::MachineCode(format!(
+                        "sm_{major}{minor}, the driver refused NVRTC's PTX ({ptx_refused:?})"
+                    )));
+                }
+                module
+            }
+        };
         let kernels = Kernel::ALL
             .iter()
             .map(|k| {
@@ -1409,5 +1477,21 @@ mod tests {
             mma.contains(" 0 bytes spill stores"),
             "attention_mma spills:{mma}"
         );
+        // The machine code a driver that refuses the PTX gets instead: an
+        // ELF image naming every kernel (and a GPU NVRTC does not know is
+        // an error that says so, not an empty image).
+        let cubin = compile_cubin(9, 0).expect("sm_90 machine code");
+        assert_eq!(&cubin[..4], b"\x7fELF", "not an ELF image");
+        for k in Kernel::ALL {
+            assert!(
+                cubin
+                    .windows(k.name().len())
+                    .any(|w| w == k.name().as_bytes()),
+                "no {} in the machine code",
+                k.name()
+            );
+        }
+        let refused = compile_cubin(1, 0).expect_err("sm_10 is no GPU NVRTC builds for");
+        assert!(refused.contains("sm_10"), "{refused}");
     }
 }

@@ -35,6 +35,9 @@ pub enum Origin {
         secs: f64,
         stored: std::result::Result<PathBuf, String>,
     },
+    /// Compiled to machine code instead, uncached, and why (the driver
+    /// refused the PTX: `cuda.rs`'s `compile_cubin`).
+    MachineCode(String),
 }
 
 impl std::fmt::Display for Origin {
@@ -48,6 +51,7 @@ impl std::fmt::Display for Origin {
                     Err(why) => write!(f, ", not cached: {why}"),
                 }
             }
+            Origin::MachineCode(why) => write!(f, "compiled by NVRTC to machine code for {why}"),
         }
     }
 }
