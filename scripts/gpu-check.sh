@@ -243,7 +243,8 @@ run)
         [[ " $dts " == *" $dt "* ]] || continue
         for case in small long; do
             for form in "--int8:" ":-f"; do
-                "$enc" --backend cuda --dtype "$dt" ${form%%:*} --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
+                # Seconds each; 60 s only for a hang on the device.
+                timeout 60 "$enc" --backend cuda --dtype "$dt" ${form%%:*} --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
                     --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fx-cuda-$dt-$case${form#*:}" \
                     >/dev/null || failed=1
             done
@@ -425,7 +426,7 @@ PY
                 echo "bf16 with $variant=1 and after: left out ($(left) s of the budget left)"
                 break
             fi
-            env "$variant=1" "$enc" --backend cuda --dtype bf16 --batch-pixels "$best_chunk" \
+            timeout 60 env "$variant=1" "$enc" --backend cuda --dtype bf16 --batch-pixels "$best_chunk" \
                 --ckpt "$work/large.safetensors" --data-root "$work/tiles" --out-dir "$work/twice-$variant" \
                 >"$work/twice-$variant.log" 2>&1 || true
             echo "bf16 with $variant=1, tile b: $(sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' \
