@@ -9,8 +9,8 @@
 # Only what the encoder calls is built (matmul and reorder, inference, GNU
 # OpenMP as the wheels' `onednn-cpu-gomp` 3.2 has, no GPU or graph API), so
 # it takes 22-28 minutes, not hours, on two cores. Writes DEST/libdnnl.so.3;
-# point FLOTILLA_ONEDNN3 at it. Needs cmake, ninja and g++ (apt-get install
-# cmake ninja-build g++); `scripts/gpu-check.sh prepare` calls this so that
+# point FLOTILLA_ONEDNN3 at it. Needs cmake, ninja and g++ (installed from
+# apt where missing); `scripts/gpu-check.sh prepare` calls this so that
 # the AMX host can time 3.7 beside 3.2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,12 +25,22 @@ if [ -e "$dest/libdnnl.so.3" ]; then
     echo "build-onednn: $dest/libdnnl.so.3 is there already"
     exit 0
 fi
-for tool in cmake ninja g++ curl xz; do
-    command -v "$tool" >/dev/null || {
-        echo "build-onednn: $tool is missing; apt-get install cmake ninja-build g++ curl xz-utils" >&2
+# Missing tools come from apt, as scripts/setup-debian.sh installs its own
+# (a device session's `prepare` should not stop for them).
+missing=()
+for tool in cmake:cmake ninja:ninja-build g++:g++ curl:curl xz:xz-utils; do
+    command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    echo "build-onednn: installing ${missing[*]}"
+    { $sudo apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"; } || {
+        echo "build-onednn: could not install ${missing[*]}; apt-get install them, or prepare with GPU_CHECK_ONEDNN37=0" >&2
         exit 1
     }
-done
+fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
