@@ -274,17 +274,14 @@ pub async fn within_waiting_cap(
     adding: u64,
     cap: Option<WaitingCap<'_>>,
 ) -> Result<Result<(), WaitingCapExceeded>, sqlx::Error> {
-    let Some(WaitingCap {
-        limit: cap,
-        refusals,
-    }) = cap
-    else {
+    let Some(memory) = cap else {
         return Ok(Ok(()));
     };
+    let (cap, refusals) = (memory.limit, memory.refusals);
     if adding == 0 {
         return Ok(Ok(()));
     }
-    if let Some(over) = refusals.recalled(submitter, adding, cap) {
+    if let Err(over) = memory.recalled(submitter, adding) {
         return Ok(Err(over));
     }
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('flotilla-submitter:' || $1))")
@@ -293,7 +290,7 @@ pub async fn within_waiting_cap(
         .await?;
     // Asked again behind the lock: the submissions that waited on it while
     // another counted and refused take that answer instead of counting too.
-    if let Some(over) = refusals.recalled(submitter, adding, cap) {
+    if let Err(over) = memory.recalled(submitter, adding) {
         return Ok(Err(over));
     }
     let span: i64 = sqlx::query_scalar(WAITING_SPAN_SQL)

@@ -287,8 +287,9 @@ async fn a_submitter_may_have_only_so_many_jobs_waiting() {
     // While a refusal is remembered (a second), the next one is answered
     // before any database work: it comes at once even with the agents
     // table locked, which the check of who could take a job reads. Each
-    // try refreshes the memory first; one that reaches the server after
-    // the memory ran out waits on the lock, so three tries.
+    // try first submits a refused job (counted again, and so remembered
+    // afresh, once the memory has run out); a try whose second job reaches
+    // the server after the memory ran out waits on the lock, so three.
     let db = sqlx::PgPool::connect(&database_url).await.unwrap();
     let mut answered = None;
     for _ in 0..3 {

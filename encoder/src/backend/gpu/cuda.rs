@@ -192,6 +192,13 @@ fn nvrtc_version() -> std::result::Result<String, String> {
     Ok(format!("NVRTC {major}.{minor}"))
 }
 
+/// [`compile_cubin`] once per process (the probe and every backend a
+/// `tune` sweep builds load it; GPU 0's architecture does not change).
+fn kernels_cubin(major: i32, minor: i32) -> std::result::Result<Vec<u8>, String> {
+    static CUBIN: OnceLock<std::result::Result<Vec<u8>, String>> = OnceLock::new();
+    CUBIN.get_or_init(|| compile_cubin(major, minor)).clone()
+}
+
 /// The kernels as machine code (a CUBIN) for compute capability
 /// `major.minor`, for a driver that refuses NVRTC's PTX.
 fn compile_cubin(major: i32, minor: i32) -> std::result::Result<Vec<u8>, String> {
@@ -556,7 +563,7 @@ impl CudaDevice {
             // this GPU from the same NVRTC loads, by CUDA's minor version
             // compatibility. Built then, not cached: only this case needs it.
             Err(ptx_refused) => {
-                let cubin = compile_cubin(major, minor).map_err(|e| {
+                let cubin = kernels_cubin(major, minor).map_err(|e| {
                     format!("loading the kernels' PTX: {ptx_refused:?}; as machine code: {e}")
                 })?;
                 let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| {
@@ -1286,7 +1293,17 @@ impl Device for CudaDevice {
             // every timed candidate failed): this shape runs unfused from
             // now on, the bf16 bias's plan tried first, rather than the
             // encode failing. A refused call enqueued nothing, so D is as
-            // the caller left it.
+            // the caller left it. Any other failure (a dead context after
+            // a kernel's fault, say) is the error it is.
+            use lt::cublasStatus_t as S;
+            if !matches!(
+                status,
+                S::CUBLAS_STATUS_NOT_SUPPORTED
+                    | S::CUBLAS_STATUS_INVALID_VALUE
+                    | S::CUBLAS_STATUS_ARCH_MISMATCH
+            ) {
+                return Err(err("cublasLtMatmul", status));
+            }
             plans.insert(key, None);
             if let Ok(mut t) = TUNING.lock() {
                 t.push(format!(
@@ -1480,7 +1497,8 @@ mod tests {
         // The machine code a driver that refuses the PTX gets instead: an
         // ELF image naming every kernel (and a GPU NVRTC does not know is
         // an error that says so, not an empty image).
-        let cubin = compile_cubin(9, 0).expect("sm_90 machine code");
+        let cubin = kernels_cubin(9, 0).expect("sm_90 machine code");
+        assert_eq!(kernels_cubin(9, 0), Ok(cubin.clone()), "not kept");
         assert_eq!(&cubin[..4], b"\x7fELF", "not an ELF image");
         for k in Kernel::ALL {
             assert!(
