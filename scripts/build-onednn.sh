@@ -33,7 +33,9 @@ for tool in cmake:cmake ninja:ninja-build g++:g++ curl:curl xz:xz-utils; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=""
-    [ "$(id -u)" = 0 ] || sudo=sudo
+    # -n: a sudo that would ask for a password fails here (and says so
+    # below) instead of waiting on a prompt nobody sees.
+    [ "$(id -u)" = 0 ] || sudo="sudo -n"
     echo "build-onednn: installing ${missing[*]}"
     { $sudo apt-get update -qq &&
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"; } || {

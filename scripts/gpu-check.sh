@@ -222,6 +222,26 @@ run)
     peer=encoder/peers/torch_peer.py
     work=$(mktemp -d)
     failed=0
+    # A GPU process that ran past its limit (timeout's 124, or 137 after
+    # its KILL) has most likely left the device hung: every later GPU step
+    # would wait out its own limit too and eat the CPU part's share. Note
+    # it (the run then ends FAILED) and leave the GPU steps after it out.
+    gpu_hung=0
+    gpu_timed() {
+        local rc=0
+        timeout "$@" || rc=$?
+        if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+            gpu_hung=1
+            failed=1
+            echo "-- a GPU process ran past its limit ($1 s): the GPU steps after it are left out"
+        fi
+        return "$rc"
+    }
+    gpu_ok() {
+        [ "$gpu_hung" = 0 ] && return 0
+        echo "$1: left out (the GPU hung earlier)"
+        return 1
+    }
     "$enc" synth-ckpt --out "$work/large.safetensors" --seed 1 >/dev/null
     only="${GPU_CHECK_ONLY:-}"
     # The goal's precision first: the later ones are what a short budget loses.
@@ -230,21 +250,24 @@ run)
 
     if [ "$only" != cpu ]; then
     echo "== 1. backends, fixture tests (every usable backend, CUDA included if listed)"
-    "$enc" backends
-    if ! timeout 120 "$dest/fixtures-test" --test-threads 1; then
+    gpu_timed 60 "$enc" backends || failed=1
+    if gpu_ok "fixture tests" && ! gpu_timed 120 "$dest/fixtures-test" --test-threads 1; then
         failed=1
         # A kernel fault surfaces at the next copy and spoils the context
         # for every later test: once more, each launch waited on, to say which.
         echo "-- again with CUDA_LAUNCH_BLOCKING=1"
-        CUDA_LAUNCH_BLOCKING=1 timeout 120 "$dest/fixtures-test" --test-threads 1 small_matches_upstream || true
+        gpu_ok "the fixture test again" &&
+            { CUDA_LAUNCH_BLOCKING=1 gpu_timed 120 "$dest/fixtures-test" --test-threads 1 small_matches_upstream || true; }
     fi
     echo "== fixtures in bf16 and tf32 on CUDA against upstream f32 (rule for bf16: worst cosine >= 0.9999)"
     for dt in bf16 tf32; do
         [[ " $dts " == *" $dt "* ]] || continue
+        gpu_ok "fixtures in $dt" || continue
         for case in small long; do
             for form in "--int8:" ":-f"; do
+                [ "$gpu_hung" = 0 ] || continue
                 # Seconds each; 60 s only for a hang on the device.
-                timeout 60 "$enc" --backend cuda --dtype "$dt" ${form%%:*} --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
+                gpu_timed 60 "$enc" --backend cuda --dtype "$dt" ${form%%:*} --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
                     --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fx-cuda-$dt-$case${form#*:}" \
                     >/dev/null || failed=1
             done
@@ -259,9 +282,15 @@ run)
     echo "== 2. chunk sweep, bf16 (tune; best written to ${OUT:-/tmp}/tessera-profiles.toml)"
     # After it: the PyTorch peer and our tiles, about 130 s. Chunks of 64
     # and 128 px (the L4's best) and past 4,096 were well behind on the H200.
-    timeout "$(limit 70 30 130)" "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
-        --chunks 256,512,1024,2048,4096 --out "${OUT:-/tmp}/tessera-profiles.toml" |
-        tee "$work/tune.txt" || echo "tune failed or timed out"
+    # To a file, then shown: gpu_timed must run in this shell, not a pipeline's.
+    if gpu_ok tune; then
+        gpu_timed "$(limit 70 30 130)" "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
+            --chunks 256,512,1024,2048,4096 --out "${OUT:-/tmp}/tessera-profiles.toml" \
+            >"$work/tune.txt" 2>&1 || echo "tune failed or timed out"
+        cat "$work/tune.txt"
+    else
+        : >"$work/tune.txt"
+    fi
     best_chunk=$(sed -n 's/^best: [0-9]* threads, chunk \([0-9]*\).*/\1/p' "$work/tune.txt")
     if [ -z "$best_chunk" ]; then
         # Cut short: the fastest row timed so far (threads chunk block px/s GFLOP/s), else
@@ -279,9 +308,12 @@ run)
     [[ ",$skip," == *",compile,"* || " $dts " != *" bf16 "* ]] || compile="--compile bf16"
     echo "-- PyTorch (peer): encoder/peers/torch_peer.py tile --chunk 4096 $compile"
     # After it: our tiles in three precisions, about 40 s.
-    timeout "$(limit 170 90 40)" python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile" --device cuda \
-        --dtype "$peer_dts" --mode whole,forward --chunk 4096 $compile --out-dir "$work/torch" \
-        | tee "$work/torch.md" || echo "PyTorch peer failed or timed out"
+    if gpu_ok "the PyTorch peer"; then
+        gpu_timed "$(limit 170 90 40)" python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile" --device cuda \
+            --dtype "$peer_dts" --mode whole,forward --chunk 4096 $compile --out-dir "$work/torch" \
+            >"$work/torch.md" || echo "PyTorch peer failed or timed out"
+        cat "$work/torch.md"
+    fi
     stamp
     echo "-- tessera-encode --backend cuda: the tile twice in one process (the second is the"
     echo "   running encoder's figure, as PyTorch's after its warm-up), then the whole process"
@@ -295,6 +327,7 @@ run)
         # CPU part's share.
         need=15
         [ "$dt" = f32 ] && need=30
+        gpu_ok "ours in $dt" || continue
         if [ "$dt" != bf16 ] && [ "$(left)" -lt $((cpu_share + need)) ]; then
             echo "$dt: left out ($(left) s of the budget left)"
             continue
@@ -303,7 +336,7 @@ run)
         [ "$dt" = bf16 ] && chunk=$best_chunk
         # Each process at most 90 s (f32, the slowest, takes about 10): a
         # hang on the device loses this precision, not the rest of the run.
-        if ! timeout 90 "$enc" --backend cuda --dtype "$dt" --batch-pixels "$chunk" --ckpt "$work/large.safetensors" \
+        if ! gpu_timed 90 "$enc" --backend cuda --dtype "$dt" --batch-pixels "$chunk" --ckpt "$work/large.safetensors" \
             --data-root "$work/tiles" --out-dir "$work/twice-$dt" >"$work/twice-$dt.log" 2>&1; then
             echo "$dt: the tile twice in one process failed:"; tail -5 "$work/twice-$dt.log"
             failed=1
@@ -316,8 +349,9 @@ run)
         # the result on the host, no np.save).
         { grep -A1 '^tile b:' "$work/twice-$dt.log" || true; } | sed -n 's/^  (opened and encoded in \([0-9.]*\) s.*/\1/p' |
             awk -v dt="$dt" '{print dt, $1}' >>"$work/ours-warm-encoded.txt"
+        gpu_ok "ours in $dt, whole process" || continue
         t0=$(date +%s%N)
-        if timeout 90 "$enc" --backend cuda --dtype "$dt" --batch-pixels "$chunk" --ckpt "$work/large.safetensors" \
+        if gpu_timed 90 "$enc" --backend cuda --dtype "$dt" --batch-pixels "$chunk" --ckpt "$work/large.safetensors" \
             --tile "$work/tile" --out-dir "$work/ours-$dt" >"$work/ours-$dt.log" 2>&1; then
             echo "$dt $(($(date +%s%N) - t0))" >>"$work/ours.txt"
         else
@@ -422,11 +456,12 @@ PY
             # The comparisons are worth less than the CPU part after them:
             # each takes about 15 s; once the time before the CPU part's
             # share is spent, the rest are left out.
+            gpu_ok "bf16 with $variant=1 and after" || break
             if [ "$(left)" -lt $((cpu_share + 30)) ]; then
                 echo "bf16 with $variant=1 and after: left out ($(left) s of the budget left)"
                 break
             fi
-            timeout 60 env "$variant=1" "$enc" --backend cuda --dtype bf16 --batch-pixels "$best_chunk" \
+            gpu_timed 60 env "$variant=1" "$enc" --backend cuda --dtype bf16 --batch-pixels "$best_chunk" \
                 --ckpt "$work/large.safetensors" --data-root "$work/tiles" --out-dir "$work/twice-$variant" \
                 >"$work/twice-$variant.log" 2>&1 || true
             echo "bf16 with $variant=1, tile b: $(sed -n 's/^tile b: .* in \([0-9.]*\) s.*/\1/p' \
@@ -624,7 +659,7 @@ PY
 
     # Where the GPU time goes, when Nsight Compute is installed and time
     # is left: kernel time by kernel for one bf16 chunk.
-    if [ "$only" != cpu ] && command -v ncu >/dev/null && [ "$(left)" -gt 40 ]; then
+    if [ "$only" != cpu ] && [ "$gpu_hung" = 0 ] && command -v ncu >/dev/null && [ "$(left)" -gt 40 ]; then
         "$enc" synth-tile --out "$work/tile64" --height 64 --width 64 --s2-frames 64 \
             --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
         ncu_s=$(($(left) - 5))
