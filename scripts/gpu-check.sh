@@ -188,6 +188,10 @@ for l in sys.stdin:
 run)
     log="${OUT:-/tmp}/gpu-check.log"
     exec > >(tee "$log") 2>&1
+    # fd 3: the log, for notes from steps whose own output goes to a file.
+    exec 3>&1
+    # set -e ends the run on an unguarded failure: say so rather than stop silently.
+    trap '[ -n "${finished:-}" ] || echo "gpu-check: FAILED (stopped early, status $?)"' EXIT
     started=$(date +%s)
     skip="${GPU_CHECK_SKIP:-}"
     stamp() { echo "-- $(($(date +%s) - started)) s"; }
@@ -227,13 +231,20 @@ run)
     # would wait out its own limit too and eat the CPU part's share. Note
     # it (the run then ends FAILED) and leave the GPU steps after it out.
     gpu_hung=0
+    # With --cut-ok first (a step whose limit the budget may shorten), a
+    # run past its limit is a hang only if the GPU then fails to answer.
     gpu_timed() {
-        local rc=0
-        timeout "$@" || rc=$?
+        local rc=0 cut_ok=""
+        [ "$1" = --cut-ok ] && { cut_ok=1; shift; }
+        timeout -k 10 "$@" 3>&- || rc=$?
         if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+            if [ -n "$cut_ok" ] && timeout -k 5 30 "$enc" backends 2>/dev/null | grep '^cuda  *usable' >/dev/null; then
+                echo "-- cut short at its limit ($1 s); the GPU still answers" >&3
+                return "$rc"
+            fi
             gpu_hung=1
             failed=1
-            echo "-- a GPU process ran past its limit ($1 s): the GPU steps after it are left out"
+            echo "-- a GPU process ran past its limit ($1 s): the GPU steps after it are left out" >&3
         fi
         return "$rc"
     }
@@ -284,7 +295,7 @@ run)
     # and 128 px (the L4's best) and past 4,096 were well behind on the H200.
     # To a file, then shown: gpu_timed must run in this shell, not a pipeline's.
     if gpu_ok tune; then
-        gpu_timed "$(limit 70 30 130)" "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
+        gpu_timed --cut-ok "$(limit 70 30 130)" "$enc" tune --backend cuda --dtype bf16 --pixels 16384 \
             --chunks 256,512,1024,2048,4096 --out "${OUT:-/tmp}/tessera-profiles.toml" \
             >"$work/tune.txt" 2>&1 || echo "tune failed or timed out"
         cat "$work/tune.txt"
@@ -309,7 +320,7 @@ run)
     echo "-- PyTorch (peer): encoder/peers/torch_peer.py tile --chunk 4096 $compile"
     # After it: our tiles in three precisions, about 40 s.
     if gpu_ok "the PyTorch peer"; then
-        gpu_timed "$(limit 170 90 40)" python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile" --device cuda \
+        gpu_timed --cut-ok "$(limit 170 90 40)" python3 "$peer" tile --ckpt "$work/large.safetensors" --tile "$work/tile" --device cuda \
             --dtype "$peer_dts" --mode whole,forward --chunk 4096 $compile --out-dir "$work/torch" \
             >"$work/torch.md" || echo "PyTorch peer failed or timed out"
         cat "$work/torch.md"
@@ -489,7 +500,7 @@ PY
         "$enc" synth-tile --out "$work/tile32" --height "$side" --width "$side" --s2-frames 64 \
             --s1-asc-frames 32 --s1-desc-frames 32 --clear 1.0 --seed 2 >/dev/null
         libs="$work/lib:$LD_LIBRARY_PATH"
-        LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" "$cpu" backends || true
+        LD_LIBRARY_PATH="$libs" FLOTILLA_ONEDNN3="$work/lib/libdnnl.so.3" timeout -k 5 30 "$cpu" backends || true
         # One whole process on the tile: its rate and the kernels oneDNN
         # ran (ONEDNN_VERBOSE). Extra encoder arguments (a profile) fourth;
         # fifth `always` to run it past the budget.
@@ -632,7 +643,7 @@ PY
         echo "-- bf16 on the CPU against upstream f32 on the fixtures (oneDNN 3.2)"
         for case in small long; do
             for form in "--int8:" ":-f"; do
-                env LD_LIBRARY_PATH="$libs" "$dnnl3" "$cpu" --backend onednn \
+                env LD_LIBRARY_PATH="$libs" "$dnnl3" timeout -k 5 60 "$cpu" --backend onednn \
                     --dtype bf16 ${form%%:*} --ckpt "$dest/fixtures-encoder/$case/ckpt.safetensors" \
                     --tile "$dest/fixtures-encoder/$case/tile" --out-dir "$work/fx-cpu-bf16-$case${form#*:}" \
                     >/dev/null || failed=1
@@ -668,6 +679,8 @@ PY
         stamp
     fi
 
+    [ "$only" != cpu ] && [ "$gpu_hung" != 0 ] && echo "Nsight Compute: left out (the GPU hung earlier)"
+    finished=1
     if [ "$failed" != 0 ]; then
         echo "gpu-check: FAILED (see above)"
         exit 1
