@@ -667,6 +667,10 @@ struct LtPlan {
     /// The heuristic's candidates, best first by its estimate, still to be
     /// timed (empty once timed, or with one candidate or tuning off).
     candidates: Vec<lt::cublasLtMatmulAlgo_t>,
+    /// The heuristic's own first pick where `algo` is another (its class's
+    /// timed algorithm, or a timed candidate): tried once before a call
+    /// the algorithm is refused for sends the shape unfused.
+    fallback: Option<lt::cublasLtMatmulAlgo_t>,
 }
 
 /// Candidates asked of cuBLASLt's heuristic per GEMM shape. Its first pick
@@ -764,6 +768,7 @@ impl Lt {
             c: std::ptr::null_mut(),
             algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
             candidates: Vec::new(),
+            fallback: None,
         };
         plan.a = ltr::create_matrix_layout(bf16, ar, ac, key.lda as i64).map_err(status)?;
         plan.b = ltr::create_matrix_layout(bf16, br, bc, key.ldb as i64).map_err(status)?;
@@ -877,7 +882,9 @@ impl Lt {
                 };
                 if ok == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
                     && result.workspaceSize <= LT_WORKSPACE
+                    && algo.data != first.data
                 {
+                    plan.fallback = Some(*first);
                     plan.algo = algo;
                 }
             }
@@ -1285,23 +1292,51 @@ impl Device for CudaDevice {
         if timing {
             let candidates = std::mem::take(&mut plan.candidates);
             if let Some(best) = self.fastest(&key, &candidates, &run) {
+                if best.data != plan.algo.data {
+                    plan.fallback = Some(plan.algo);
+                }
                 plan.algo = best;
             }
         }
-        if let Err(status) = run(&plan.algo) {
+        use lt::cublasStatus_t as S;
+        // What a call may refuse an algorithm for (it then enqueued
+        // nothing); any other failure is no algorithm's fault.
+        let refusal = |status: S| {
+            matches!(
+                status,
+                S::CUBLAS_STATUS_NOT_SUPPORTED
+                    | S::CUBLAS_STATUS_INVALID_VALUE
+                    | S::CUBLAS_STATUS_ARCH_MISMATCH
+            )
+        };
+        let mut called = run(&plan.algo);
+        if let (Err(status), Some(first)) = (called, plan.fallback) {
+            if refusal(status) {
+                // The timed algorithm refused where the heuristic's own pick
+                // may not be: that, from now on, before unfused.
+                plan.fallback = None;
+                plan.algo = first;
+                called = run(&plan.algo);
+                if let Ok(mut t) = TUNING.lock() {
+                    t.push(format!(
+                        "cuBLASLt {}x{}x{}: the timed algorithm refused ({status:?}); the heuristic's \
+                         first {}",
+                        key.m,
+                        key.n,
+                        key.k,
+                        if called.is_ok() { "from now on" } else { "refused too" },
+                    ));
+                }
+            }
+        }
+        if let Err(status) = called {
             // The heuristic offered this plan but the call refused it (or
             // every timed candidate failed): this shape runs unfused from
             // now on, the bf16 bias's plan tried first, rather than the
             // encode failing. A refused call enqueued nothing, so D is as
             // the caller left it. Any other failure (a dead context after
             // a kernel's fault, say) is the error it is.
-            use lt::cublasStatus_t as S;
-            if !matches!(
-                status,
-                S::CUBLAS_STATUS_NOT_SUPPORTED
-                    | S::CUBLAS_STATUS_INVALID_VALUE
-                    | S::CUBLAS_STATUS_ARCH_MISMATCH
-            ) {
+            if !refusal(status) {
                 return Err(err("cublasLtMatmul", status));
             }
             plans.insert(key, None);
