@@ -73,10 +73,11 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> axum::extract::FromRequestParts
     }
 }
 
-/// Parses a UUID path segment with a useful message.
-pub fn parse_id(raw: &str) -> Result<uuid::Uuid, ApiError> {
+/// Parses a UUID path segment naming `what` ("a job", "an ROI", "a pipeline
+/// run", ...) with a message that says which.
+pub fn parse_id(raw: &str, what: &str) -> Result<uuid::Uuid, ApiError> {
     raw.parse()
-        .map_err(|_| ApiError::BadRequest(format!("`{raw}` is not a job id (a UUID)")))
+        .map_err(|_| ApiError::BadRequest(format!("`{raw}` is not {what} id (a UUID)")))
 }
 
 /// Parses JSON with an error that says where and what.

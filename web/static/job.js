@@ -1,5 +1,7 @@
 // A job page: appends new log lines as they arrive and reloads once the
-// job ended (its end event carries the final state).
+// job ended (its end event carries the final state) or its state or
+// attempt is no longer what the header shows (changed: queued -> running,
+// a retry, the next attempt).
 (function () {
   const log = document.getElementById("log");
   if (!log || !log.dataset.stream) return;
@@ -10,4 +12,5 @@
     if (stick) log.scrollTop = log.scrollHeight;
   });
   events.addEventListener("end", () => { events.close(); location.reload(); });
+  events.addEventListener("changed", () => { events.close(); location.reload(); });
 })();

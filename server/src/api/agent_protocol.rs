@@ -278,7 +278,7 @@ pub async fn heartbeat(
 /// the token in the body.
 fn lease_key(agent: &AgentProcess, id: &str, token: Uuid) -> ApiResult<LeaseKey> {
     Ok(LeaseKey {
-        job: parse_id(id)?,
+        job: parse_id(id, "a job")?,
         agent: agent.id,
         token,
     })

@@ -226,7 +226,7 @@ pub async fn show(
     ClientAuth(caller): ClientAuth,
     PathParams(id): PathParams<String>,
 ) -> ApiResult<Json<JobView>> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a job")?;
     check_owner(&state, &caller, id).await?;
     read::detail(&state.db, id)
         .await?
@@ -409,7 +409,7 @@ pub async fn retry(
     ClientAuth(caller): ClientAuth,
     PathParams(id): PathParams<String>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a job")?;
     let cap = state.waiting_cap(caller.role);
     submit::recalled_refusal(cap, &caller.submitter(), 1)?;
     check_owner(&state, &caller, id).await?;
@@ -497,7 +497,7 @@ pub async fn cancel(
     ClientAuth(caller): ClientAuth,
     PathParams(id): PathParams<String>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a job")?;
     check_owner(&state, &caller, id).await?;
     let (status, msg) = match cancel::cancel(&state.db, id).await? {
         Cancelled::Now => {

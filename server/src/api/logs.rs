@@ -43,7 +43,7 @@ pub async fn text(
     PathParams(id): PathParams<String>,
     QueryParams(q): QueryParams<LogQuery>,
 ) -> ApiResult<Response> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a job")?;
     super::jobs::check_owner(&state, &caller, id).await?;
     if !q.is_page() {
         return Ok(([(CONTENT_TYPE, TEXT)], Body::from_stream(whole(state, id))).into_response());

@@ -183,6 +183,7 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .with_state(state)
         .merge(agent_calls)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(dashboard::errors_as_pages))
         .layer(axum::middleware::map_response(dashboard::security_headers))
         // A handler that panics answers 500 instead of dropping the
         // connection, which an agent would take for an unreachable server

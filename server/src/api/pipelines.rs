@@ -160,7 +160,7 @@ pub async fn show(
     PathParams(id): PathParams<String>,
     QueryParams(q): QueryParams<ShowQuery>,
 ) -> ApiResult<Json<PipelineView>> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a pipeline run")?;
     check_owner(&state, &caller, id).await?;
     let limit = q.limit.unwrap_or(1000).clamp(1, 10_000);
     read::get(&state.db, id, q.after, limit)
@@ -186,7 +186,7 @@ pub async fn cancel(
     ClientAuth(caller): ClientAuth,
     PathParams(id): PathParams<String>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a pipeline run")?;
     check_owner(&state, &caller, id).await?;
     let done = pipelines::cancel(&state.db, id).await?;
     state.parents_signal.notify_one();
@@ -213,7 +213,7 @@ pub async fn cancel_item(
     ClientAuth(caller): ClientAuth,
     PathParams((id, item)): PathParams<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a pipeline run")?;
     check_owner(&state, &caller, id).await?;
     let done = pipelines::cancel_item(&state.db, id, &item).await?;
     state.parents_signal.notify_one();

@@ -110,7 +110,7 @@ pub async fn show(
     ClientAuth(_): ClientAuth,
     PathParams(id): PathParams<String>,
 ) -> ApiResult<Json<RunView>> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a revdeps run")?;
     revdeps::get(&state.db, id)
         .await?
         .map(Json)

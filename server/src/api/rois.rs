@@ -122,7 +122,7 @@ pub async fn show(
     ClientAuth(_): ClientAuth,
     PathParams(id): PathParams<String>,
 ) -> ApiResult<Json<RoiView>> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "an ROI")?;
     let no_roi = || ApiError::NotFound(format!("no ROI {id}"));
     let mut view = plan::get(&state.db, id).await?.ok_or_else(no_roi)?;
     let roi = progress::get(&state.db, id).await?.ok_or_else(no_roi)?;

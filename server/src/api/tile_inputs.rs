@@ -33,7 +33,7 @@ async fn held_tile(
     id: &str,
     token: Uuid,
 ) -> ApiResult<(flotilla_core::job::TileJob, datasets::Dataset)> {
-    let id = parse_id(id)?;
+    let id = parse_id(id, "a job")?;
     lease::current_attempt(
         &state.db,
         LeaseKey {
@@ -136,7 +136,7 @@ pub async fn moved(
     PathParams(id): PathParams<String>,
     LeaseHeader(lease): LeaseHeader,
 ) -> ApiResult<Response> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a job")?;
     lease::current_attempt(
         &state.db,
         LeaseKey {

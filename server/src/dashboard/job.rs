@@ -58,6 +58,8 @@ struct JobPage {
     final_state: bool,
     kind: String,
     attempt: String,
+    /// The attempt's number alone, for the live stream's `attempt`.
+    attempt_no: u32,
     agent: String,
     exit_code: String,
     submitter: String,
@@ -140,7 +142,7 @@ pub async fn page(
     let Some(who) = session::who(&state, &headers).await? else {
         return Ok(to_login());
     };
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a job")?;
     if let Err(refused) = visible(&state, &who, id).await? {
         return Ok(refused);
     }
@@ -167,6 +169,7 @@ pub async fn page(
         final_state: j.state.is_final(),
         kind: j.kind.to_string(),
         attempt: format!("{}/{}", j.attempt, j.max_attempts),
+        attempt_no: j.attempt,
         agent: j.agent.clone().unwrap_or_default(),
         exit_code: j.exit_code.map_or("-".into(), |c| c.to_string()),
         submitter: j.submitter.clone(),
@@ -221,9 +224,14 @@ pub async fn page(
 pub struct After {
     #[serde(default)]
     after: i64,
+    /// The state and attempt the page shows: a stream that sees the job
+    /// elsewhere says so (`changed`) and the page reloads.
+    state: Option<JobState>,
+    attempt: Option<i32>,
 }
 
-/// New log lines as they arrive; an `end` event once the job is final.
+/// New log lines as they arrive; an `end` event once the job is final, a
+/// `changed` one once its state or attempt is no longer the page's.
 pub async fn log_stream(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -233,7 +241,7 @@ pub async fn log_stream(
     let Some(who) = session::who(&state, &headers).await? else {
         return Ok(StatusCode::UNAUTHORIZED.into_response());
     };
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a job")?;
     if let Err(refused) = visible(&state, &who, id).await? {
         return Ok(refused);
     }
@@ -246,20 +254,23 @@ pub async fn log_stream(
         .and_then(|v| v.parse::<i64>().ok())
         .map_or(q.after, |seen| seen.max(q.after));
     let prev = logs::attempt_before(&state.db, id, after).await?;
-    let stream = log_events(state, viewer, id, after, prev);
+    let shown = q.state.zip(q.attempt);
+    let stream = log_events(state, viewer, id, after, prev, shown);
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
 }
 
 /// New log lines of job `id` after line `after`; ends once the job is
-/// final, or when the viewer's session does (within [`session::RECHECK`]).
+/// final, once its state or attempt is no longer `shown` (the page's
+/// header), or when the viewer's session does (within [`session::RECHECK`]).
 fn log_events(
     state: AppState,
     viewer: session::Viewer,
     id: uuid::Uuid,
     after: i64,
     prev: Option<i32>,
+    shown: Option<(JobState, i32)>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let checked = tokio::time::Instant::now();
     futures::stream::unfold(
@@ -289,6 +300,22 @@ fn log_events(
                     let Ok(tick) = tick else {
                         continue;
                     };
+                    // The header is out of date (queued -> running, a
+                    // retry, the next attempt): the page reloads, which
+                    // shows the log up to now too. A final state waits
+                    // for the last lines and `end`.
+                    if let (Some(seen), Some(now)) = (shown, tick.stage) {
+                        if seen != now && !now.0.is_final() {
+                            return Some((
+                                Ok(Event::default().event("changed").data(format!(
+                                    "{} {}",
+                                    now.0.as_str(),
+                                    now.1
+                                ))),
+                                (state, after, prev, true, checked),
+                            ));
+                        }
+                    }
                     let rows = &tick.rows;
                     if let Some(last) = rows.last().map(|r| r.seq) {
                         let mut text = String::new();
@@ -322,23 +349,23 @@ fn log_events(
 }
 
 /// What a job page's stream shows next after line `after`: the lines that
-/// follow it, or, when there are none yet, whether the job ended. Shared
-/// by every tab at that position ([`super::shared::LivePages::logs`]).
+/// follow it, the job's state and attempt, and, when there are no lines
+/// yet, whether the job ended. Shared by every tab at that position
+/// ([`super::shared::LivePages::logs`]). The state is read first: lines
+/// read after it include every line written before it ended.
 async fn next_tick(
     state: &AppState,
     id: uuid::Uuid,
     after: i64,
 ) -> Result<Arc<super::shared::LogTick>, sqlx::Error> {
+    let stage = read::stage(&state.db, id).await?;
     let rows = logs::page(&state.db, id, after, LOG_LINES_SHOWN).await?;
     let ended = if rows.is_empty() {
-        read::get(&state.db, id)
-            .await?
-            .map(|j| j.state)
-            .filter(|s| s.is_final())
+        stage.map(|(s, _)| s).filter(|s| s.is_final())
     } else {
         None
     };
-    Ok(Arc::new(super::shared::LogTick { rows, ended }))
+    Ok(Arc::new(super::shared::LogTick { rows, ended, stage }))
 }
 
 /// `POST /ui/jobs/{id}/cancel` (a form with the session's token): cancels
@@ -353,7 +380,7 @@ pub async fn cancel(
         Ok(who) => who,
         Err(answer) => return Ok(answer),
     };
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a job")?;
     if let Err(refused) = visible(&state, &who, id).await? {
         return Ok(refused);
     }
@@ -379,7 +406,7 @@ pub async fn retry(
         Ok(who) => who,
         Err(answer) => return Ok(answer),
     };
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a job")?;
     if let Err(refused) = visible(&state, &who, id).await? {
         return Ok(refused);
     }
@@ -402,7 +429,7 @@ pub async fn output(
     let Some(who) = session::who(&state, &headers).await? else {
         return Ok(to_login());
     };
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a job")?;
     if let Err(refused) = visible(&state, &who, id).await? {
         return Ok(refused);
     }

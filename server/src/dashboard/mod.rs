@@ -76,6 +76,70 @@ pub fn not_found_page() -> Response {
     }
 }
 
+#[derive(Template)]
+#[template(path = "error.html")]
+struct ErrorPage {
+    status: String,
+    message: String,
+    show_logout: bool,
+}
+
+/// Whether `path` is one of the dashboard's pages (or a form's target)
+/// rather than what its scripts read: `/ui/alerts.json` answers JSON to
+/// `alerts.js`, and the scripts themselves are no page.
+fn is_page(path: &str) -> bool {
+    (path == "/ui" || path.starts_with("/ui/"))
+        && !path.starts_with("/ui/static/")
+        && !path.ends_with(".json")
+}
+
+/// An error a dashboard handler returned in the API's JSON shape (a
+/// malformed id, no such job, a retry past the waiting cap, the database
+/// down) becomes a page saying the same, with the same status: a browser
+/// showed the raw JSON. Other headers (`Retry-After`) are kept; answers that
+/// are not JSON (the event streams' bare `401`, pages) pass as they are.
+pub async fn errors_as_pages(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let page = is_page(request.uri().path());
+    let response = next.run(request).await;
+    let status = response.status();
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !page || !json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // The API's error bodies are a message and a little detail; past this
+    // the message is not worth waiting for.
+    let message = match axum::body::to_bytes(body, 64 * 1024).await {
+        Ok(bytes) => serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_string)),
+        Err(_) => None,
+    };
+    let page = ErrorPage {
+        status: format!(
+            "{} {}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("error")
+        ),
+        message: message.unwrap_or_else(|| "The server could not answer this page.".into()),
+        show_logout: false,
+    };
+    match page.render() {
+        Ok(html) => {
+            parts.headers.remove(header::CONTENT_TYPE);
+            parts.headers.remove(header::CONTENT_LENGTH);
+            (parts, Html(html)).into_response()
+        }
+        Err(e) => ApiError::Internal(anyhow::anyhow!("rendering a page: {e}")).into_response(),
+    }
+}
+
 /// The pages' scripts, served from the binary: pages carry no inline
 /// script, so the Content-Security-Policy can forbid it.
 const SCRIPTS: [(&str, &str); 5] = [
@@ -116,7 +180,10 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
 
 /// Adds the security headers to a response: the CSP, no MIME sniffing,
 /// no framing (for browsers without frame-ancestors), no referrer to other
-/// sites. `same-origin` rather than `no-referrer`: under `no-referrer` a
+/// sites, and `Cache-Control: no-store` where the handler set none: every
+/// page and API answer here is one token's or session's view, which a
+/// browser's history (Back after logging out) or a shared cache must not
+/// keep (the scripts set their own `no-cache`). `same-origin` rather than `no-referrer`: under `no-referrer` a
 /// browser sends `Origin: null` even with a form posted to its own origin,
 /// and where it sends no `Sec-Fetch-Site` (plain HTTP to a host other than
 /// localhost, older Safari) the login's check against cross-site posts
@@ -128,6 +195,7 @@ pub async fn security_headers(mut response: Response) -> Response {
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::X_FRAME_OPTIONS, "DENY"),
         (header::REFERRER_POLICY, "same-origin"),
+        (header::CACHE_CONTROL, "no-store"),
     ] {
         if !h.contains_key(&name) {
             h.insert(name, axum::http::HeaderValue::from_static(value));

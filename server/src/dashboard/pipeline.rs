@@ -158,7 +158,7 @@ pub async fn page(
         return Ok(to_login());
     };
     // Another owner's run is as absent as an unknown one.
-    let Ok(id) = parse_id(&id) else {
+    let Ok(id) = parse_id(&id, "a pipeline run") else {
         return Ok(not_found_page());
     };
     if !read::owner(&state.db, id)
@@ -213,7 +213,7 @@ pub async fn events(
     let Some(who) = session::who(&state, &headers).await? else {
         return Ok(StatusCode::UNAUTHORIZED.into_response());
     };
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "a pipeline run")?;
     if !read::owner(&state.db, id)
         .await?
         .is_some_and(|owner| who.may_see(owner))

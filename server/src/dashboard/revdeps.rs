@@ -215,7 +215,7 @@ pub async fn page(
     if !allowed(&state, &headers).await {
         return Ok(to_login());
     }
-    let Ok(id) = parse_id(&id) else {
+    let Ok(id) = parse_id(&id, "a revdeps run") else {
         return Ok(not_found_page());
     };
     let Some(run) = revdeps::get(&state.db, id).await? else {
@@ -308,7 +308,7 @@ pub async fn answer(
     if !allowed(&state, &headers).await {
         return Ok(to_login());
     }
-    let Ok(id) = parse_id(&id) else {
+    let Ok(id) = parse_id(&id, "a revdeps run") else {
         return Ok(not_found_page());
     };
     let Some(RunView {

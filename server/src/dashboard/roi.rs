@@ -282,7 +282,7 @@ pub async fn page(
     if !allowed(&state, &headers).await {
         return Ok(to_login());
     }
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "an ROI")?;
     let Some(roi) = progress::get(&state.db, id).await? else {
         return Ok(not_found_page());
     };
@@ -340,7 +340,7 @@ pub async fn tile(
     if !allowed(&state, &headers).await {
         return Ok(to_login());
     }
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "an ROI")?;
     let Ok(tile) = tile.parse::<TileId>() else {
         return Ok(not_found_page());
     };
@@ -368,7 +368,7 @@ pub async fn events(
     let Some(viewer) = session::viewer(&state, &headers).await else {
         return Ok(StatusCode::UNAUTHORIZED.into_response());
     };
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "an ROI")?;
     if progress::get(&state.db, id).await?.is_none() {
         return Ok(not_found_page());
     }

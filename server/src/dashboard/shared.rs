@@ -119,6 +119,8 @@ pub type RoiPageState = Arc<(String, Option<String>)>;
 pub struct LogTick {
     pub rows: Vec<crate::queue::logs::LogRow>,
     pub ended: Option<flotilla_core::job::JobState>,
+    /// The job's state and attempt now (`None`: no such job any more).
+    pub stage: Option<(flotilla_core::job::JobState, i32)>,
 }
 
 /// What the dashboard's live streams share.

@@ -120,6 +120,22 @@ pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<JobView>, sqlx::Error> 
     }
 }
 
+/// Job `id`'s state and attempt number: what its page's header shows that
+/// moves while it runs, asked by the live page every half second (one
+/// primary-key probe; [`get`] also joins and reads the outputs).
+pub async fn stage(db: &PgPool, id: Uuid) -> Result<Option<(JobState, i32)>, sqlx::Error> {
+    let row: Option<(String, i32)> =
+        sqlx::query_as("SELECT state, attempt FROM jobs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(db)
+            .await?;
+    row.map(|(state, attempt)| {
+        let state: JobState = state.parse().map_err(|e| column_error("state", e))?;
+        Ok((state, attempt))
+    })
+    .transpose()
+}
+
 /// Job `id` with every attempt (`attempts` set): for one job's page and
 /// `GET /api/v1/jobs/{id}`; [`get`] leaves them out.
 pub async fn detail(db: &PgPool, id: Uuid) -> Result<Option<JobView>, sqlx::Error> {

@@ -350,6 +350,69 @@ async fn live_pages_end_and_errors_keep_their_shape() {
     assert!(!again.contains("event: lines"), "{again}");
     assert!(again.contains("event: end\ndata: succeeded\n"), "{again}");
 
+    // A page whose header is out of date (it showed the job queued, and
+    // the agent has taken it) hears so (`changed`, its state and attempt
+    // now) and its stream ends there, for the page to reload.
+    let sleeper = api
+        .submit(json!({"kind": "command", "command": "sleep 8"}))
+        .await;
+    let body = tokio::time::timeout(Duration::from_secs(20), async {
+        http.get(format!(
+            "{url}/ui/jobs/{sleeper}/log/stream?after=0&state=queued&attempt=0"
+        ))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+    })
+    .await
+    .expect("the stream of a page out of date ends")
+    .replace("\r\n", "\n");
+    assert!(
+        body.contains("event: changed\ndata: leased 1\n")
+            || body.contains("event: changed\ndata: running 1\n"),
+        "{body}"
+    );
+    assert!(!body.contains("event: end"), "{body}");
+    // The running job's page asks its stream against what it shows.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while api.job(&sleeper).await.state != JobState::Running {
+        assert!(tokio::time::Instant::now() < deadline, "never ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let page = http
+        .get(format!("{url}/ui/jobs/{sleeper}"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("log/stream?after=0&amp;state=running&amp;attempt=1\""),
+        "{page}"
+    );
+    // A page that is up to date hears no `changed` while nothing changes.
+    let quiet = tokio::time::timeout(
+        Duration::from_secs(2),
+        http.get(format!(
+            "{url}/ui/jobs/{sleeper}/log/stream?after=0&state=running&attempt=1"
+        ))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text(),
+    )
+    .await;
+    assert!(quiet.is_err(), "the stream ended: {quiet:?}");
+    api.post(&format!("/api/v1/jobs/{sleeper}/cancel"), json!({}))
+        .await;
+
     // Jobs of one minute are told apart on the overview: the link text is
     // the random tail of the id, not its time prefix.
     let other = api
@@ -590,7 +653,11 @@ async fn pages_carry_security_headers_and_no_inline_script() {
         (format!("/ui/jobs/{job}"), 200),
         ("/ui/pipelines".to_string(), 200),
         ("/ui/nowhere".to_string(), 404),
+        // A handler's errors are pages under /ui, JSON under the API.
+        ("/ui/jobs/not-an-id".to_string(), 400),
+        (format!("/ui/jobs/{}", uuid::Uuid::nil()), 404),
         ("/api/v1/jobs".to_string(), 200),
+        ("/api/v1/jobs/not-an-id".to_string(), 400),
     ] {
         let r = http
             .get(format!("{url}{path}"))
@@ -611,7 +678,28 @@ async fn pages_carry_security_headers_and_no_inline_script() {
         assert!(!script_src.contains("unsafe"), "{path}: {csp}");
         assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
         assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+        // Nothing a session or token saw is kept by the browser or a cache.
+        assert_eq!(h["cache-control"], "no-store", "{path}");
+        let kind = h["content-type"].to_str().unwrap().to_string();
+        let page = path.starts_with("/ui");
+        assert!(
+            kind.starts_with(if page {
+                "text/html"
+            } else {
+                "application/json"
+            }),
+            "{path}: {kind}"
+        );
         let body = r.text().await.unwrap();
+        if path.ends_with("not-an-id") {
+            assert!(body.contains("is not a job id (a UUID)"), "{path}: {body}");
+        }
+        if path.ends_with(&uuid::Uuid::nil().to_string()) {
+            assert!(
+                body.contains(&format!("no job {}", uuid::Uuid::nil())),
+                "{path}: {body}"
+            );
+        }
         for (i, _) in body.match_indices("<script") {
             let tag = &body[i..body[i..].find('>').map_or(body.len(), |e| i + e)];
             assert!(
