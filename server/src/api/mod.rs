@@ -71,7 +71,7 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         )
         .route("/api/agent/v1/jobs/{id}/fail", post(agent_protocol::fail))
         .with_state(agent_state);
-    Router::new()
+    let routes = Router::new()
         .route("/healthz", get(healthz))
         .route("/api/v1/jobs", post(jobs::submit).get(jobs::list))
         .route("/api/v1/jobs/{id}", get(jobs::show))
@@ -181,14 +181,29 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
-        .merge(agent_calls)
+        .merge(agent_calls);
+    answer_layers(routes, limit)
+}
+
+/// What every answer passes through, outermost last: the body limit, the
+/// panic catcher, a dashboard error as a page, the security headers, the
+/// latency metric and the trace.
+fn answer_layers(routes: Router, limit: usize) -> Router {
+    routes
         .layer(DefaultBodyLimit::max(limit))
-        .layer(axum::middleware::from_fn(dashboard::errors_as_pages))
-        .layer(axum::middleware::map_response(dashboard::security_headers))
         // A handler that panics answers 500 instead of dropping the
         // connection, which an agent would take for an unreachable server
-        // and retry forever.
-        .layer(tower_http::catch_panic::CatchPanicLayer::new())
+        // and retry forever: in the JSON error shape (a page under /ui),
+        // with the security headers, as every other answer.
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                axum::response::IntoResponse::into_response(ApiError::Internal(anyhow::anyhow!(
+                    "a request handler panicked"
+                )))
+            },
+        ))
+        .layer(axum::middleware::from_fn(dashboard::errors_as_pages))
+        .layer(axum::middleware::map_response(dashboard::security_headers))
         // Latency by route template (metrics::http), outside the panic
         // catcher so that a panic counts as the 500 it answers.
         .layer(axum::middleware::from_fn_with_state(
@@ -225,4 +240,66 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 
 pub(crate) fn created<T: serde::Serialize>(body: T) -> (StatusCode, axum::Json<T>) {
     (StatusCode::CREATED, axum::Json(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic is a 500 in the error shape every other answer has (a page
+    /// under /ui), with the security headers; a dashboard handler's error
+    /// is a page naming the problem, the API's stays JSON.
+    #[tokio::test]
+    async fn errors_and_panics_keep_the_answers_shape_and_headers() {
+        async fn boom() -> &'static str {
+            panic!("a handler's bug (this test's)")
+        }
+        async fn bad() -> ApiError {
+            ApiError::BadRequest("`x` is not a job id (a UUID)".into())
+        }
+        let routes = Router::new()
+            .route("/api/v1/boom", get(boom))
+            .route("/ui/boom", get(boom))
+            .route("/api/v1/bad", get(bad))
+            .route("/ui/bad", get(bad))
+            .route("/ui/alerts.json", get(bad));
+        let app = answer_layers(routes, 1024);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let http = reqwest::Client::new();
+        for (path, status, page, says) in [
+            (
+                "/api/v1/boom",
+                500,
+                false,
+                "internal error; see the server log",
+            ),
+            ("/ui/boom", 500, true, "500 Internal Server Error"),
+            ("/api/v1/bad", 400, false, "is not a job id (a UUID)"),
+            ("/ui/bad", 400, true, "is not a job id (a UUID)"),
+            // A script reads it: JSON, whatever its path.
+            ("/ui/alerts.json", 400, false, "is not a job id (a UUID)"),
+        ] {
+            let r = http
+                .get(format!("http://{addr}{path}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), status, "{path}");
+            let h = r.headers();
+            assert_eq!(h["cache-control"], "no-store", "{path}");
+            assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+            assert!(h.contains_key("content-security-policy"), "{path}");
+            let kind = h["content-type"].to_str().unwrap().to_string();
+            let want = if page {
+                "text/html"
+            } else {
+                "application/json"
+            };
+            assert!(kind.starts_with(want), "{path}: {kind}");
+            let body = r.text().await.unwrap();
+            assert!(body.contains(says), "{path}: {body}");
+        }
+    }
 }

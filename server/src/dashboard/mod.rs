@@ -90,7 +90,7 @@ struct ErrorPage {
 fn is_page(path: &str) -> bool {
     (path == "/ui" || path.starts_with("/ui/"))
         && !path.starts_with("/ui/static/")
-        && !path.ends_with(".json")
+        && path != "/ui/alerts.json"
 }
 
 /// An error a dashboard handler returned in the API's JSON shape (a

@@ -655,6 +655,7 @@ async fn pages_carry_security_headers_and_no_inline_script() {
         ("/ui/nowhere".to_string(), 404),
         // A handler's errors are pages under /ui, JSON under the API.
         ("/ui/jobs/not-an-id".to_string(), 400),
+        ("/ui/rois/not-an-id".to_string(), 400),
         (format!("/ui/jobs/{}", uuid::Uuid::nil()), 404),
         ("/api/v1/jobs".to_string(), 200),
         ("/api/v1/jobs/not-an-id".to_string(), 400),
@@ -692,7 +693,15 @@ async fn pages_carry_security_headers_and_no_inline_script() {
         );
         let body = r.text().await.unwrap();
         if path.ends_with("not-an-id") {
-            assert!(body.contains("is not a job id (a UUID)"), "{path}: {body}");
+            let what = if path.contains("/rois/") {
+                "an ROI"
+            } else {
+                "a job"
+            };
+            assert!(
+                body.contains(&format!("is not {what} id (a UUID)")),
+                "{path}: {body}"
+            );
         }
         if path.ends_with(&uuid::Uuid::nil().to_string()) {
             assert!(
