@@ -332,8 +332,9 @@ fn log_events(
                             (state, last, prev, false, checked),
                         ));
                     }
-                    let final_state = tick.ended;
-                    if let Some(st) = final_state {
+                    // No lines left: a final state read before them is
+                    // the end.
+                    if let Some((st, _)) = tick.stage.filter(|(s, _)| s.is_final()) {
                         // With data: browsers do not deliver an event
                         // whose data is empty, so the page never learnt
                         // that its job ended.
@@ -349,10 +350,9 @@ fn log_events(
 }
 
 /// What a job page's stream shows next after line `after`: the lines that
-/// follow it, the job's state and attempt, and, when there are no lines
-/// yet, whether the job ended. Shared by every tab at that position
-/// ([`super::shared::LivePages::logs`]). The state is read first: lines
-/// read after it include every line written before it ended.
+/// follow it and the job's state and attempt. Shared by every tab at that
+/// position ([`super::shared::LivePages::logs`]). The state is read first:
+/// lines read after it include every line written before it ended.
 async fn next_tick(
     state: &AppState,
     id: uuid::Uuid,
@@ -360,12 +360,7 @@ async fn next_tick(
 ) -> Result<Arc<super::shared::LogTick>, sqlx::Error> {
     let stage = read::stage(&state.db, id).await?;
     let rows = logs::page(&state.db, id, after, LOG_LINES_SHOWN).await?;
-    let ended = if rows.is_empty() {
-        stage.map(|(s, _)| s).filter(|s| s.is_final())
-    } else {
-        None
-    };
-    Ok(Arc::new(super::shared::LogTick { rows, ended, stage }))
+    Ok(Arc::new(super::shared::LogTick { rows, stage }))
 }
 
 /// `POST /ui/jobs/{id}/cancel` (a form with the session's token): cancels

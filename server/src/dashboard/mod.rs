@@ -130,13 +130,13 @@ pub async fn errors_as_pages(
         message: message.unwrap_or_else(|| "The server could not answer this page.".into()),
         show_logout: false,
     };
-    match page.render() {
+    match render(&page) {
         Ok(html) => {
             parts.headers.remove(header::CONTENT_TYPE);
             parts.headers.remove(header::CONTENT_LENGTH);
-            (parts, Html(html)).into_response()
+            (parts, html).into_response()
         }
-        Err(e) => ApiError::Internal(anyhow::anyhow!("rendering a page: {e}")).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 

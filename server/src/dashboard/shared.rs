@@ -113,13 +113,12 @@ pub type RunPageState = (bool, Arc<String>);
 pub type RoiPageState = Arc<(String, Option<String>)>;
 
 /// A job page's next look at its job: the log lines after a position (at
-/// most a page of them) and, when there are none, the job's final state if
-/// it has ended.
+/// most a page of them) and the job's state and attempt, read before them
+/// (`None`: no such job any more); with no lines and a final state, the
+/// job has ended.
 #[derive(Debug, Default)]
 pub struct LogTick {
     pub rows: Vec<crate::queue::logs::LogRow>,
-    pub ended: Option<flotilla_core::job::JobState>,
-    /// The job's state and attempt now (`None`: no such job any more).
     pub stage: Option<(flotilla_core::job::JobState, i32)>,
 }
 

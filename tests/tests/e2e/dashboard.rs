@@ -6,6 +6,7 @@ use std::time::Duration;
 use flotilla_core::job::JobState;
 use flotilla_e2e::procs::{opts_on_shared, server_on_shared, Agent, Server};
 use flotilla_e2e::scratch;
+use flotilla_e2e::ui::Dashboard;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,24 +354,18 @@ async fn live_pages_end_and_errors_keep_their_shape() {
     // A page whose header is out of date (it showed the job queued, and
     // the agent has taken it) hears so (`changed`, its state and attempt
     // now) and its stream ends there, for the page to reload.
+    let ui = Dashboard::login(&server).await;
     let sleeper = api
         .submit(json!({"kind": "command", "command": "sleep 8"}))
         .await;
-    let body = tokio::time::timeout(Duration::from_secs(20), async {
-        http.get(format!(
-            "{url}/ui/jobs/{sleeper}/log/stream?after=0&state=queued&attempt=0"
-        ))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-    })
+    let stream = |shown: &str| format!("/ui/jobs/{sleeper}/log/stream?after=0&{shown}");
+    let (_, body) = tokio::time::timeout(
+        Duration::from_secs(20),
+        ui.get(&stream("state=queued&attempt=0")),
+    )
     .await
-    .expect("the stream of a page out of date ends")
-    .replace("\r\n", "\n");
+    .expect("the stream of a page out of date ends");
+    let body = body.replace("\r\n", "\n");
     assert!(
         body.contains("event: changed\ndata: leased 1\n")
             || body.contains("event: changed\ndata: running 1\n"),
@@ -383,15 +378,7 @@ async fn live_pages_end_and_errors_keep_their_shape() {
         assert!(tokio::time::Instant::now() < deadline, "never ran");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let page = http
-        .get(format!("{url}/ui/jobs/{sleeper}"))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = ui.page(&format!("/ui/jobs/{sleeper}")).await;
     assert!(
         page.contains("log/stream?after=0&amp;state=running&amp;attempt=1\""),
         "{page}"
@@ -399,14 +386,7 @@ async fn live_pages_end_and_errors_keep_their_shape() {
     // A page that is up to date hears no `changed` while nothing changes.
     let quiet = tokio::time::timeout(
         Duration::from_secs(2),
-        http.get(format!(
-            "{url}/ui/jobs/{sleeper}/log/stream?after=0&state=running&attempt=1"
-        ))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text(),
+        ui.get(&stream("state=running&attempt=1")),
     )
     .await;
     assert!(quiet.is_err(), "the stream ended: {quiet:?}");
