@@ -138,10 +138,13 @@ pub struct ListQuery {
     /// ROIs per page, default 50; a value outside 1 to
     /// 200 is taken as the nearer end.
     limit: Option<u32>,
+    /// Only the ROIs of this name (names are not unique: a region
+    /// submitted again under its name is another ROI).
+    name: Option<String>,
 }
 
-/// ROIs newest first, with their tiles by state; `next` is the cursor of
-/// the following page.
+/// ROIs newest first (or those of one name), with their tiles by state;
+/// `next` is the cursor of the following page.
 #[utoipa::path(
     get,
     path = "/api/v1/rois",
@@ -155,5 +158,6 @@ pub async fn list(
     QueryParams(q): QueryParams<ListQuery>,
 ) -> ApiResult<Json<RoiPage>> {
     let limit = q.limit.unwrap_or(50).clamp(1, MAX_ROI_PAGE);
-    Ok(Json(progress::list(&state.db, q.before, limit).await?))
+    let name = q.name.as_deref();
+    Ok(Json(progress::list(&state.db, q.before, name, limit).await?))
 }

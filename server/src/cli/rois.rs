@@ -84,7 +84,9 @@ pub enum RoiCommand {
     },
     /// An ROI's progress as JSON.
     Show {
-        id: String,
+        /// The ROI's id, or its name: the newest ROI of that name (names
+        /// need not be unique; `roi list --name` lists them all).
+        roi: String,
         #[command(flatten)]
         conn: Conn,
     },
@@ -96,12 +98,50 @@ pub enum RoiCommand {
         before: Option<String>,
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Only the ROIs of this name.
+        #[arg(long)]
+        name: Option<String>,
         /// Print JSON (`rois` and the `next` cursor).
         #[arg(long)]
         json: bool,
         #[command(flatten)]
         conn: Conn,
     },
+}
+
+/// `GET /api/v1/rois` for a page, of one name where `name` is given.
+fn list_path(limit: u32, before: Option<&str>, name: Option<&str>) -> String {
+    let mut path = super::page_path("/api/v1/rois", limit, before);
+    if let Some(name) = name {
+        path.push('&');
+        path.push_str(
+            &url::form_urlencoded::Serializer::new(String::new())
+                .append_pair("name", name)
+                .finish(),
+        );
+    }
+    path
+}
+
+/// The id of the newest ROI called `name`; says so on stderr where there
+/// are several of that name.
+async fn newest_named(c: &super::http::Client, name: &str) -> anyhow::Result<uuid::Uuid> {
+    let page: RoiPage = c.get(&list_path(2, None, Some(name))).await?;
+    let Some(newest) = page.rois.first() else {
+        anyhow::bail!(
+            "no ROI is named {name:?}, and it is not an ROI id (a UUID); \
+             `flotilla roi list` shows the ROIs there are"
+        );
+    };
+    if page.rois.len() > 1 {
+        eprintln!(
+            "several ROIs are named {name:?}; this is the newest, {} (submitted {}); \
+             `flotilla roi list --name {name:?}` lists them all",
+            newest.id,
+            newest.created_at.format("%Y-%m-%d %H:%M:%S UTC")
+        );
+    }
+    Ok(newest.id)
 }
 
 pub async fn roi(cmd: RoiCommand) -> anyhow::Result<()> {
@@ -135,19 +175,25 @@ pub async fn roi(cmd: RoiCommand) -> anyhow::Result<()> {
                 }
             }
         }
-        RoiCommand::Show { id, conn } => {
-            let r: RoiView = conn.client()?.get(&format!("/api/v1/rois/{id}")).await?;
+        RoiCommand::Show { roi, conn } => {
+            let c = conn.client()?;
+            let id = match uuid::Uuid::parse_str(&roi) {
+                Ok(id) => id,
+                Err(_) => newest_named(&c, &roi).await?,
+            };
+            let r: RoiView = c.get(&format!("/api/v1/rois/{id}")).await?;
             print_json(&r)?;
         }
         RoiCommand::List {
             before,
             limit,
+            name,
             json,
             conn,
         } => {
             let page: RoiPage = conn
                 .client()?
-                .get(&super::page_path("/api/v1/rois", limit, before.as_deref()))
+                .get(&list_path(limit, before.as_deref(), name.as_deref()))
                 .await?;
             if json {
                 return print_json(&page);

@@ -107,7 +107,7 @@ pub async fn list(
     if !allowed(&state, &headers).await {
         return Ok(to_login());
     }
-    let page = progress::list(&state.db, q.before, ROIS_PER_PAGE).await?;
+    let page = progress::list(&state.db, q.before, None, ROIS_PER_PAGE).await?;
     let rois = page
         .rois
         .into_iter()

@@ -298,18 +298,26 @@ pub async fn tile_job(db: &PgPool, roi: &Roi, tile: TileId) -> Result<Option<Uui
 }
 
 /// ROIs newest first, `limit` of them after `before` (the last id of the
-/// previous page; an id that is no ROI gives an empty page), each with its
+/// previous page; an id that is no ROI gives an empty page), only those
+/// called `name` where one is given (names are not unique), each with its
 /// tiles counted.
-pub async fn list(db: &PgPool, before: Option<Uuid>, limit: u32) -> Result<RoiPage, sqlx::Error> {
+pub async fn list(
+    db: &PgPool,
+    before: Option<Uuid>,
+    name: Option<&str>,
+    limit: u32,
+) -> Result<RoiPage, sqlx::Error> {
     // One more than asked: whether there is a next page.
     let mut rows: Vec<RoiRow> = sqlx::query_as(&format!(
         "SELECT {ROI_COLUMNS} FROM rois
-         WHERE $1::uuid IS NULL
-            OR (created_at, id) < (SELECT created_at, id FROM rois WHERE id = $1)
+         WHERE ($1::uuid IS NULL
+                OR (created_at, id) < (SELECT created_at, id FROM rois WHERE id = $1))
+           AND ($3::text IS NULL OR name = $3)
          ORDER BY created_at DESC, id DESC LIMIT $2"
     ))
     .bind(before)
     .bind(i64::from(limit) + 1)
+    .bind(name)
     .fetch_all(db)
     .await?;
     let more = rows.len() > limit as usize;

@@ -450,4 +450,76 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
             .unwrap();
     assert_eq!(r.status(), 404);
     assert!(r.text().await.unwrap().contains("<html"), "an HTML 404");
+
+    // By name. The first region again under its name is another ROI (its
+    // tiles are done: nothing to submit); the list of one name has both,
+    // newest first, and `roi show NAME` shows the newest and says there are
+    // more. An id still works, and a name that is no ROI is an error that
+    // says what to run.
+    let again = api
+        .post("/api/v1/rois", roi("first", [0.01, 52.01, 0.19, 52.09]))
+        .await;
+    assert_eq!(again["submitted"], 0, "{again}");
+    let again_id = again["id"].as_str().unwrap().to_string();
+    let named = api.get("/api/v1/rois?name=first").await;
+    let ids: Vec<&str> = named["rois"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [again_id.as_str(), first_id.as_str()], "{named}");
+    let one = api.get("/api/v1/rois?name=first&limit=1").await;
+    assert_eq!(one["next"], again_id.as_str(), "{one}");
+    let rest = api
+        .get(&format!("/api/v1/rois?name=first&limit=1&before={again_id}"))
+        .await;
+    assert_eq!(rest["rois"][0]["id"], first_id.as_str(), "{rest}");
+    assert_eq!(rest["next"], Value::Null, "{rest}");
+    let none = api.get("/api/v1/rois?name=fir").await;
+    assert_eq!(none, json!({"rois": [], "next": null}));
+
+    let (out, err) = cli(&server, &["roi", "show", "second"]).await.unwrap();
+    let shown: Value = serde_json::from_str(&out).expect("roi show: JSON");
+    assert_eq!(shown["id"], second_id.as_str(), "{shown}");
+    assert_eq!(err, "", "one ROI of that name: nothing on stderr");
+    let (out, err) = cli(&server, &["roi", "show", "first"]).await.unwrap();
+    let shown: Value = serde_json::from_str(&out).expect("roi show: JSON");
+    assert_eq!(shown["id"], again_id.as_str(), "the newest: {shown}");
+    assert!(
+        err.contains("several ROIs are named \"first\"") && err.contains(&again_id),
+        "{err}"
+    );
+    let (out, _) = cli(&server, &["roi", "show", &first_id]).await.unwrap();
+    let shown: Value = serde_json::from_str(&out).expect("roi show: JSON");
+    assert_eq!(shown["id"], first_id.as_str(), "{shown}");
+    let (out, _) = cli(&server, &["roi", "list", "--name", "first"])
+        .await
+        .unwrap();
+    assert_eq!(out.lines().count(), 3, "a header and two ROIs: {out}");
+    let err = cli(&server, &["roi", "show", "nobody"]).await.unwrap_err();
+    assert!(
+        err.contains("no ROI is named \"nobody\"") && err.contains("flotilla roi list"),
+        "{err}"
+    );
+}
+
+/// Runs the CLI against `server` with the admin token: Ok((stdout,
+/// stderr)) where it succeeds, Err(stderr) where it fails.
+async fn cli(server: &Server, args: &[&str]) -> Result<(String, String), String> {
+    let out = tokio::process::Command::new(flotilla_e2e::binary("flotilla"))
+        .args(args)
+        .args(["--server", &server.url()])
+        .env("FLOTILLA_TOKEN", &server.admin_token)
+        .env("FLOTILLA_LOG", "warn")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.status.success() {
+        Ok((String::from_utf8_lossy(&out.stdout).into_owned(), stderr))
+    } else {
+        Err(stderr)
+    }
 }
