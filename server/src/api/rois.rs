@@ -158,6 +158,6 @@ pub async fn list(
     QueryParams(q): QueryParams<ListQuery>,
 ) -> ApiResult<Json<RoiPage>> {
     let limit = q.limit.unwrap_or(50).clamp(1, MAX_ROI_PAGE);
-    let name = q.name.as_deref();
-    Ok(Json(progress::list(&state.db, q.before, name, limit).await?))
+    let page = progress::list(&state.db, q.before, q.name.as_deref(), limit).await?;
+    Ok(Json(page))
 }

@@ -472,7 +472,9 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
     let one = api.get("/api/v1/rois?name=first&limit=1").await;
     assert_eq!(one["next"], again_id.as_str(), "{one}");
     let rest = api
-        .get(&format!("/api/v1/rois?name=first&limit=1&before={again_id}"))
+        .get(&format!(
+            "/api/v1/rois?name=first&limit=1&before={again_id}"
+        ))
         .await;
     assert_eq!(rest["rois"][0]["id"], first_id.as_str(), "{rest}");
     assert_eq!(rest["next"], Value::Null, "{rest}");
