@@ -307,6 +307,7 @@ struct AgentRow {
     capacity: i32,
     registered_at: DateTime<Utc>,
     last_seen_at: Option<DateTime<Utc>>,
+    version: String,
     health: Option<serde_json::Value>,
     devices: serde_json::Value,
     slots: i64,
@@ -330,7 +331,7 @@ pub async fn page(
 ) -> Result<Vec<AgentView>, sqlx::Error> {
     let rows: Vec<AgentRow> = sqlx::query_as(
         "SELECT a.name, a.state, a.labels, a.kinds, a.capacity, a.registered_at, a.last_seen_at,
-                a.health, a.devices,
+                a.version, a.health, a.devices,
                 COALESCE(sum(j.cost), 0)::bigint AS slots, count(j.id) AS running,
                 COALESCE(a.last_seen_at > now() - $1 * interval '1 millisecond', false) AS online,
                 a.disk_full_since
@@ -368,6 +369,7 @@ pub async fn page(
                 running_jobs: r.running as u32,
                 registered_at: r.registered_at,
                 last_seen_at: r.last_seen_at,
+                version: r.version,
                 health,
                 devices: serde_json::from_value(r.devices).unwrap_or_default(),
             }

@@ -105,6 +105,14 @@ fn tls_error(e: sqlx::Error) -> anyhow::Error {
     anyhow::anyhow!("connecting to PostgreSQL over TLS failed ({cause}). {advice}")
 }
 
+/// The database migrations this build knows (`migrations/`), in order.
+pub static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// The newest of [`MIGRATIONS`]: the schema this build expects.
+pub fn schema_version() -> i64 {
+    MIGRATIONS.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
 /// Applies the migrations under `migrations/` (an advisory lock keeps
 /// several servers starting at once from racing), on a connection without
 /// the statement timeout: an index built over a large table may rightly
@@ -115,7 +123,7 @@ pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
         .execute(&mut *conn)
         .await
         .context("lifting the statement timeout for the migrations")?;
-    let migrated = sqlx::migrate!("../migrations")
+    let migrated = MIGRATIONS
         .run(&mut *conn)
         .await
         .context("applying database migrations");

@@ -60,6 +60,10 @@ pub struct AgentView {
     pub running_jobs: u32,
     pub registered_at: DateTime<Utc>,
     pub last_seen_at: Option<DateTime<Utc>>,
+    /// The version of `flotilla-agent` it registered with (empty: one
+    /// from before agents said).
+    #[serde(default)]
+    pub version: String,
     pub health: Option<HostHealth>,
     /// The work-directory disk is over 90 % full.
     pub disk_nearly_full: bool,

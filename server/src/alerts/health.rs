@@ -134,6 +134,7 @@ mod tests {
             running_jobs: 0,
             registered_at: Utc::now(),
             last_seen_at: Some(Utc::now()),
+            version: String::new(),
             health: Some(HostHealth {
                 open_fds: open,
                 max_fds: max,

@@ -65,6 +65,7 @@ mod tests {
             running_jobs: running,
             registered_at: Utc::now(),
             last_seen_at: Some(Utc::now()),
+            version: String::new(),
             health: None,
             disk_nearly_full: false,
             lease_refused: None,

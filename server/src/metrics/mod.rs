@@ -190,6 +190,19 @@ fn single_gauge<V: EncodeGaugeValue>(
 
 impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> Fmt {
+        gauges(
+            &mut enc,
+            "flotilla_build_info",
+            "1, labelled with this server's version and the newest database migration it knows (schema).",
+            None,
+            [(
+                [
+                    ("version", env!("CARGO_PKG_VERSION").to_owned()),
+                    ("schema", crate::serve::schema_version().to_string()),
+                ],
+                1,
+            )],
+        )?;
         self.encode_jobs(&mut enc)?;
         self.encode_agents(&mut enc)?;
         crate::alerts::export::encode(&self.alerts, &mut enc)?;
@@ -303,6 +316,22 @@ impl Scrape {
             "1 if the agent has heartbeated within three intervals.",
             None,
             agents.iter().map(|a| (label(a), i64::from(a.online))),
+        )?;
+        gauges(
+            enc,
+            "flotilla_agent_info",
+            "1, labelled with the agent's version and its tile encoder's backend (empty: none).",
+            None,
+            agents.iter().map(|a| {
+                (
+                    [
+                        ("agent", a.name.clone()),
+                        ("version", a.version.clone()),
+                        ("encoder", a.encoder_backend().unwrap_or("").to_owned()),
+                    ],
+                    1,
+                )
+            }),
         )?;
         gauges(
             enc,

@@ -412,6 +412,43 @@ async fn prometheus_reads_what_the_api_says() {
         prometheus.until(q, |v| v > min && v < 1e12).await;
     }
 
+    // What runs where: the server's build and each agent's version and
+    // encoder, as info series (value 1, the facts in the labels).
+    let build = prometheus
+        .vector("flotilla_build_info{job=\"flotilla\"}")
+        .await;
+    assert_eq!(build.len(), 1, "{build:?}");
+    assert_eq!(
+        build[0].0["version"],
+        env!("CARGO_PKG_VERSION"),
+        "{build:?}"
+    );
+    assert_eq!(
+        build[0].0["schema"],
+        flotilla_server::serve::schema_version().to_string(),
+        "{build:?}"
+    );
+    assert_eq!(build[0].1, 1.0);
+    let info = prometheus
+        .vector("flotilla_agent_info{agent=\"prom-agent\"}")
+        .await;
+    assert_eq!(info.len(), 1, "{info:?}");
+    assert_eq!(info[0].0["version"], env!("CARGO_PKG_VERSION"), "{info:?}");
+    let listed = api.get("/api/v1/agents").await;
+    let listed = listed["agents"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["name"] == "prom-agent"))
+        .cloned()
+        .unwrap_or_else(|| panic!("prom-agent in {listed}"));
+    assert_eq!(listed["version"], env!("CARGO_PKG_VERSION"), "{listed}");
+    assert_eq!(
+        info[0].0["encoder"],
+        listed["devices"]["encoder"]["backend"]
+            .as_str()
+            .unwrap_or(""),
+        "{info:?} {listed}"
+    );
+
     // Pausing the agent changes its state gauge, not its series.
     api.post("/api/v1/agents/prom-agent/pause", json!({})).await;
     prometheus
