@@ -17,6 +17,7 @@ mod browser;
 mod core_queue;
 mod crash;
 mod dashboard;
+mod deploy;
 mod hostile_clients;
 mod job_credentials;
 mod job_logs;
