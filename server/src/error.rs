@@ -119,6 +119,20 @@ impl From<crate::queue::submit::WaitingCapExceeded> for ApiError {
     }
 }
 
+impl From<crate::queue::retry::RetryError> for ApiError {
+    fn from(e: crate::queue::retry::RetryError) -> Self {
+        use crate::queue::retry::RetryError;
+        match e {
+            RetryError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            RetryError::NotEnded { .. } => ApiError::Conflict(e.to_string()),
+            RetryError::NotCommand { .. } => FieldError::new("kind", e.to_string()).into(),
+            RetryError::Invalid(field) => field.into(),
+            RetryError::Capped(over) => over.into(),
+            RetryError::Db(db) => db.into(),
+        }
+    }
+}
+
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> Self {
         ApiError::Internal(e)

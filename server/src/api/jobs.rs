@@ -6,12 +6,8 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 use chrono::{DateTime, Utc};
-use flotilla_core::api::{
-    CancelReply, Created, FieldError, JobList, JobView, SubmitJob, TokenRole,
-};
-use flotilla_core::job::{
-    check_env, check_labels, check_name, check_output_path, limits, JobKind, JobSpec, JobState,
-};
+use flotilla_core::api::{CancelReply, Created, JobList, JobView, SubmitJob, TokenRole};
+use flotilla_core::job::{check_name, JobKind, JobState};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -23,7 +19,8 @@ use crate::extract::{parse_id, JsonBody, PathParams, QueryParams};
 use crate::queue::cancel::{self, Cancelled};
 use crate::queue::read::{JobFilter, JobPage, JobText};
 use crate::queue::submit::NewJob;
-use crate::queue::{classes, read, submit};
+use crate::queue::valid::ValidJob;
+use crate::queue::{classes, read, retry, submit};
 use crate::state::AppState;
 
 /// Queues a command job (tile, revdeps and step jobs are made by the
@@ -44,7 +41,7 @@ pub async fn submit(
     ClientAuth(caller): ClientAuth,
     JsonBody(body): JsonBody<SubmitJob>,
 ) -> ApiResult<impl IntoResponse> {
-    let job = ValidJob::try_from(body)?.into_new_job(&caller)?;
+    let job = new_job(ValidJob::try_from(body)?, &caller)?;
     // Before any database work: a client submitting past its cap, while
     // its last refusal is remembered, takes no pool connection.
     let cap = state.waiting_cap(caller.role);
@@ -56,147 +53,27 @@ pub async fn submit(
     Ok(created(Created { id: ids[0] }))
 }
 
-/// A submission whose fields have been checked; the submitter still
-/// defaults to the caller.
-pub struct ValidJob {
-    job: NewJob,
-    submitter: Option<String>,
-}
-
-impl ValidJob {
-    /// The job to insert, owned by the caller and accounted to the
-    /// caller's submitter name. Only an admin may account it to another
-    /// (fair share is per submitter: a client naming itself anew for each
-    /// job would get ahead of everyone).
-    pub fn into_new_job(self, caller: &Caller) -> Result<NewJob, ApiError> {
-        let submitter = match self.submitter {
-            Some(s) if caller.role == TokenRole::Admin => s,
-            Some(_) => {
-                return Err(ApiError::Forbidden(
-                    "only an admin token may set `submitter`; leave it out and the job is \
-                     accounted to this token"
-                        .into(),
-                ))
-            }
-            None => caller.submitter(),
-        };
-        Ok(NewJob {
-            submitter,
-            owner: Some(caller.token_id),
-            ..self.job
-        })
-    }
-}
-
-impl TryFrom<SubmitJob> for ValidJob {
-    type Error = FieldError;
-
-    /// Checks every field of a submission, naming the first that is wrong.
-    fn try_from(body: SubmitJob) -> Result<Self, FieldError> {
-        match &body.spec {
-            JobSpec::Revdeps(_) => {
-                return Err(FieldError::new(
-                    "kind",
-                    "revdeps jobs are made by the server: submit a run with POST /api/v1/revdeps",
-                ))
-            }
-            JobSpec::Tile(_) => {
-                return Err(FieldError::new(
-                    "kind",
-                    "tile jobs are made by the server: submit a region with POST /api/v1/rois",
-                ))
-            }
-            JobSpec::Step(_) => {
-                return Err(FieldError::new(
-                    "kind",
-                    "step jobs are made by the server: run a pipeline with POST /api/v1/pipelines",
-                ))
-            }
-            JobSpec::Command(c) => {
-                if c.command.trim().is_empty() {
-                    return Err(FieldError::at("command", "is empty"));
-                }
-                if c.command.len() > limits::MAX_COMMAND_BYTES {
-                    return Err(FieldError::at(
-                        "command",
-                        format_args!("is longer than {} bytes", limits::MAX_COMMAND_BYTES),
-                    ));
-                }
-                if c.command.contains('\0') {
-                    return Err(FieldError::at("command", "contains a NUL byte"));
-                }
-                if let Some(w) = &c.workdir {
-                    if w.len() > limits::MAX_PATH_BYTES {
-                        return Err(FieldError::at(
-                            "workdir",
-                            format_args!("is longer than {} bytes", limits::MAX_PATH_BYTES),
-                        ));
-                    }
-                    if w.contains('\0') {
-                        return Err(FieldError::at("workdir", "contains a NUL byte"));
-                    }
-                }
-                if let Some(t) = c.timeout_s {
-                    if t == 0 || t > limits::MAX_TIMEOUT_S {
-                        return Err(FieldError::at(
-                            "timeout_s",
-                            format_args!("must be between 1 and {}", limits::MAX_TIMEOUT_S),
-                        ));
-                    }
-                }
-                if c.outputs.len() > limits::MAX_OUTPUTS {
-                    return Err(FieldError::at(
-                        "outputs",
-                        format_args!("lists more than {} files", limits::MAX_OUTPUTS),
-                    ));
-                }
-                for (i, o) in c.outputs.iter().enumerate() {
-                    check_output_path(o)
-                        .map_err(|why| FieldError::at(format!("outputs[{i}]"), why))?;
-                }
-                check_env(&c.env)?;
-                if let Some(name) = c.secret_env.iter().find(|n| !c.env.contains_key(*n)) {
-                    return Err(FieldError::at(
-                        "secret_env",
-                        format_args!("names `{name}`, which is not in `env`"),
-                    ));
-                }
-            }
+/// The job to insert, owned by the caller and accounted to the caller's
+/// submitter name. Only an admin may account it to another (fair share is
+/// per submitter: a client naming itself anew for each job would get ahead
+/// of everyone).
+fn new_job(valid: ValidJob, caller: &Caller) -> Result<NewJob, ApiError> {
+    let submitter = match valid.submitter {
+        Some(s) if caller.role == TokenRole::Admin => s,
+        Some(_) => {
+            return Err(ApiError::Forbidden(
+                "only an admin token may set `submitter`; leave it out and the job is \
+                 accounted to this token"
+                    .into(),
+            ))
         }
-        if !(1..=limits::MAX_ATTEMPTS).contains(&body.max_attempts) {
-            return Err(FieldError::at(
-                "max_attempts",
-                format_args!("must be between 1 and {}", limits::MAX_ATTEMPTS),
-            ));
-        }
-        if !limits::PRIORITY_RANGE.contains(&body.priority) {
-            return Err(FieldError::at("priority", "must be between -1000 and 1000"));
-        }
-        if body.cost == 0 || body.cost > limits::MAX_COST {
-            return Err(FieldError::at(
-                "cost",
-                format_args!("must be between 1 and {} slots", limits::MAX_COST),
-            ));
-        }
-        check_labels(&body.labels)?;
-        if let Some(s) = &body.submitter {
-            check_name("submitter", s)?;
-        }
-        Ok(ValidJob {
-            submitter: body.submitter,
-            job: NewJob {
-                spec: body.spec,
-                labels: body.labels,
-                priority: body.priority,
-                max_attempts: body.max_attempts,
-                cost: body.cost,
-                submitter: String::new(),
-                parent_id: None,
-                child_index: None,
-                owner: None,
-            },
-        })
-    }
+        None => caller.submitter(),
+    };
+    Ok(NewJob {
+        submitter,
+        owner: Some(caller.token_id),
+        ..valid.job
+    })
 }
 
 /// Refuses unless `caller` may read and cancel job `id`: an admin, or the
@@ -413,69 +290,15 @@ pub async fn retry(
     let cap = state.waiting_cap(caller.role);
     submit::recalled_refusal(cap, &caller.submitter(), 1)?;
     check_owner(&state, &caller, id).await?;
-    let new = requeue(&state, id, Some(caller.token_id), caller.submitter(), cap).await?;
+    let new = retry::requeue(
+        &state.db,
+        id,
+        Some(caller.token_id),
+        caller.submitter(),
+        cap,
+    )
+    .await?;
     Ok(created(Created { id: new }))
-}
-
-/// The new job a retry of job `id` makes, owned by `owner` and accounted
-/// to `submitter` (the caller has been checked), within `cap` waiting jobs
-/// of that submitter. Only command jobs: a
-/// tile, revdeps or pipeline job belongs to the region, run or pipeline
-/// that made it, which would not see a copy made beside it.
-pub(crate) async fn requeue(
-    state: &AppState,
-    id: Uuid,
-    owner: Option<Uuid>,
-    submitter: String,
-    cap: Option<submit::WaitingCap<'_>>,
-) -> ApiResult<Uuid> {
-    let src = read::retry_source(&state.db, id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
-    if !matches!(src.state, JobState::Failed | JobState::Cancelled) {
-        return Err(ApiError::Conflict(format!(
-            "job {id} is {}: only a failed or cancelled job is retried",
-            src.state
-        )));
-    }
-    let again = match &src.spec {
-        JobSpec::Command(_) => None,
-        JobSpec::Tile(_) => {
-            Some("submit its region again (POST /api/v1/rois): only missing tiles are redone")
-        }
-        JobSpec::Revdeps(_) => Some("submit the run again (POST /api/v1/revdeps)"),
-        JobSpec::Step(_) => Some("run the pipeline again: it resumes after the outputs that exist"),
-    };
-    if let Some(how) = again {
-        return Err(FieldError::new(
-            "kind",
-            format!(
-                "only command jobs are retried one by one; for a {} job, {how}",
-                src.spec.kind()
-            ),
-        )
-        .into());
-    }
-    // Checked again: the limits may have changed since it was submitted.
-    let valid = ValidJob::try_from(SubmitJob {
-        spec: src.spec,
-        labels: src.labels,
-        priority: src.priority,
-        max_attempts: src.max_attempts,
-        cost: src.cost,
-        submitter: None,
-    })?;
-    let job = NewJob {
-        submitter,
-        owner,
-        ..valid.job
-    };
-    if let Some(refused) = classes::refusal(&state.db, &job).await? {
-        return Err(refused.into());
-    }
-    let ids = submit::submit_within(&state.db, &[job], cap).await??;
-    tracing::info!(job = %id, retry = %ids[0], "job retried");
-    Ok(ids[0])
 }
 
 /// Cancels a job: at once if no agent holds it, else at its agent's next

@@ -410,7 +410,7 @@ pub async fn retry(
         Some(c) => (Some(c.token_id), c.submitter(), state.waiting_cap(c.role)),
         None => (None, "dashboard".to_string(), None),
     };
-    let new = crate::api::jobs::requeue(&state, id, owner, submitter, cap).await?;
+    let new = crate::queue::retry::requeue(&state.db, id, owner, submitter, cap).await?;
     Ok(Redirect::to(&format!("/ui/jobs/{new}")).into_response())
 }
 

@@ -7,7 +7,9 @@
 //! a state the next start continues from, and a call from a stale attempt
 //! changes nothing.
 //!
+//! - [`valid`]: a submitted command job checked field by field.
 //! - [`submit`]: insert jobs in one transaction, with fair-share tags.
+//! - [`retry`]: a failed or cancelled command job queued again as a new job.
 //! - [`classes`]: the (kind, labels, cost) classes the claim reads by, and
 //!   whether any registered agent could take each.
 //! - [`wakeup`]: NOTIFY on submit, and the LISTEN that wakes long-polling
@@ -31,5 +33,7 @@ pub mod logs;
 pub mod read;
 pub mod reaper;
 pub mod retention;
+pub mod retry;
 pub mod submit;
+pub mod valid;
 pub mod wakeup;
