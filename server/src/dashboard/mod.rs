@@ -68,12 +68,17 @@ struct NotFoundPage {
     show_logout: bool,
 }
 
-/// `404` for an unknown page under `/ui`: a page, not the API's JSON.
+/// Marks the dashboard's `404`, which [`errors_as_pages`] renders: it sees
+/// the request, so it knows whether to offer "Log out".
+#[derive(Clone, Copy)]
+struct NotFound;
+
+/// `404` for an unknown page under `/ui`: a page, not the API's JSON
+/// (rendered on its way out by [`errors_as_pages`]).
 pub fn not_found_page() -> Response {
-    match (NotFoundPage { show_logout: false }).render() {
-        Ok(html) => (axum::http::StatusCode::NOT_FOUND, Html(html)).into_response(),
-        Err(e) => ApiError::Internal(anyhow::anyhow!("rendering a page: {e}")).into_response(),
-    }
+    let mut response = axum::http::StatusCode::NOT_FOUND.into_response();
+    response.extensions_mut().insert(NotFound);
+    response
 }
 
 #[derive(Template)]
@@ -98,12 +103,24 @@ fn is_page(path: &str) -> bool {
 /// down) becomes a page saying the same, with the same status: a browser
 /// showed the raw JSON. Other headers (`Retry-After`) are kept; answers that
 /// are not JSON (the event streams' bare `401`, pages) pass as they are.
+/// The dashboard's own `404` ([`not_found_page`]) is rendered here too.
+/// Either page offers "Log out" where the browser sent a session cookie.
 pub async fn errors_as_pages(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let page = is_page(request.uri().path());
+    let logged_in = session::carries_session(request.headers());
     let response = next.run(request).await;
+    if response.extensions().get::<NotFound>().is_some() {
+        let (parts, _) = response.into_parts();
+        return match render(&NotFoundPage {
+            show_logout: logged_in,
+        }) {
+            Ok(html) => (parts, html).into_response(),
+            Err(e) => e.into_response(),
+        };
+    }
     let status = response.status();
     let json = response
         .headers()
@@ -128,7 +145,7 @@ pub async fn errors_as_pages(
             status.canonical_reason().unwrap_or("error")
         ),
         message: message.unwrap_or_else(|| "The server could not answer this page.".into()),
-        show_logout: false,
+        show_logout: logged_in,
     };
     match render(&page) {
         Ok(html) => {

@@ -196,6 +196,13 @@ async fn open(db: &PgPool, token_id: Uuid) -> Result<String, sqlx::Error> {
     Ok(id)
 }
 
+/// Whether the request carries a session cookie at all (not whether the
+/// session is valid: that takes the database). Enough to offer "Log out",
+/// which only ends a session where there is one.
+pub fn carries_session(headers: &HeaderMap) -> bool {
+    cookie(headers, COOKIE).is_some_and(|v| !v.is_empty())
+}
+
 fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)

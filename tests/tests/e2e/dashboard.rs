@@ -683,6 +683,13 @@ async fn pages_carry_security_headers_and_no_inline_script() {
                 "{path}: {body}"
             );
         }
+        // An error page seen in a session can end it, as every page can.
+        if page && status >= 400 {
+            assert!(
+                body.contains("<form method=\"post\" action=\"/ui/logout\">"),
+                "{path}: no Log out on the error page: {body}"
+            );
+        }
         if path.ends_with(&uuid::Uuid::nil().to_string()) {
             assert!(
                 body.contains(&format!("no job {}", uuid::Uuid::nil())),
@@ -697,6 +704,12 @@ async fn pages_carry_security_headers_and_no_inline_script() {
             );
         }
     }
+    // Without a session there is nothing to log out of.
+    let r = http.get(format!("{url}/ui/nowhere")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("<html"), "{body}");
+    assert!(!body.contains("/ui/logout"), "{body}");
     // The job page loads its script, which is served.
     let page = http
         .get(format!("{url}/ui/jobs/{job}"))
