@@ -7,6 +7,8 @@
   if (!log || !log.dataset.stream) return;
   const events = new EventSource(log.dataset.stream);
   events.addEventListener("lines", (e) => {
+    const empty = document.getElementById("log-empty");
+    if (empty) empty.remove();
     const stick = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
     log.textContent += e.data + "\n";
     if (stick) log.scrollTop = log.scrollHeight;

@@ -80,7 +80,60 @@ struct JobPage {
     csrf: String,
     log: String,
     last_seq: i64,
+    /// What made the job, to link: (what, href). `None` for a command job.
+    part_of: Option<(String, String)>,
+    /// A tile job's phases, from its result: "fetch 2.1 s · encode …".
+    phases: String,
     show_logout: bool,
+}
+
+/// The run, region or pipeline a job was made for, as (text, link).
+async fn part_of(
+    state: &AppState,
+    id: Uuid,
+    spec: &JobSpec,
+) -> ApiResult<Option<(String, String)>> {
+    Ok(match spec {
+        JobSpec::Command(_) => None,
+        JobSpec::Tile(t) => crate::tiles::progress::roi_of_job(&state.db, id)
+            .await?
+            .map(|(roi, name)| {
+                (
+                    format!("ROI {name} (tile {})", t.tile),
+                    format!("/ui/rois/{roi}"),
+                )
+            }),
+        JobSpec::Step(_) => read::parent(&state.db, id).await?.map(|run| {
+            (
+                format!("pipeline run {run}"),
+                format!("/ui/pipelines/{run}"),
+            )
+        }),
+        JobSpec::Revdeps(_) => {
+            let run = match read::parent(&state.db, id).await? {
+                Some(run) => Some(run),
+                None => crate::revdeps::read::run_of_plan_job(&state.db, id).await?,
+            };
+            run.map(|run| (format!("revdeps run {run}"), format!("/ui/revdeps/{run}")))
+        }
+    })
+}
+
+/// A tile job's phases as its agent reported them in the result.
+fn phases(result: Option<&serde_json::Value>) -> String {
+    let Some(result) = result else {
+        return String::new();
+    };
+    [
+        ("checkpoint", "checkpoint_s"),
+        ("fetch", "fetch_s"),
+        ("encode", "encode_s"),
+        ("upload", "upload_s"),
+    ]
+    .iter()
+    .filter_map(|(what, key)| result[key].as_f64().map(|s| format!("{what} {s:.1} s")))
+    .collect::<Vec<_>>()
+    .join(" · ")
 }
 
 const TIME: &str = "%Y-%m-%d %H:%M:%S";
@@ -163,6 +216,11 @@ pub async fn page(
     };
     logs::render(&rows, prev, &mut log);
     let last_seq = rows.last().map_or(0, |r| r.seq);
+    let part_of = part_of(&state, id, &j.spec).await?;
+    let phases = match j.spec {
+        JobSpec::Tile(_) => phases(j.result.as_ref()),
+        _ => String::new(),
+    };
     Ok(render(&JobPage {
         id: id.to_string(),
         state: j.state.as_str(),
@@ -215,6 +273,8 @@ pub async fn page(
         csrf: who.csrf,
         log,
         last_seq,
+        part_of,
+        phases,
         show_logout: !state.settings.dashboard_open,
     })?
     .into_response())

@@ -451,6 +451,17 @@ pub async fn retry_source(db: &PgPool, id: Uuid) -> Result<Option<RetrySource>, 
     }))
 }
 
+/// The run job `id` is part of (`jobs.parent_id`: a pipeline run for a
+/// step job, a revdeps run for a shard), if any.
+pub async fn parent(db: &PgPool, id: Uuid) -> Result<Option<Uuid>, sqlx::Error> {
+    let parent: Option<Option<Uuid>> =
+        sqlx::query_scalar("SELECT parent_id FROM jobs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(db)
+            .await?;
+    Ok(parent.flatten())
+}
+
 /// Who job `id` belongs to: `None` if there is no such job, `Some(None)`
 /// if it belongs to no token (admins only).
 pub async fn owner(db: &PgPool, id: Uuid) -> Result<Option<Option<Uuid>>, sqlx::Error> {

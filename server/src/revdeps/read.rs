@@ -112,6 +112,16 @@ pub struct StepLine {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
+/// The run whose plan job (phase 1) is `job`, if any. The shards name
+/// their run as their parent; the plan job does not. Runs are few: no
+/// index on `plan_job`.
+pub async fn run_of_plan_job(db: &PgPool, job: Uuid) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM revdeps_runs WHERE plan_job = $1")
+        .bind(job)
+        .fetch_optional(db)
+        .await
+}
+
 /// The run's plan job then its shards in order.
 pub async fn steps(db: &PgPool, run: Uuid, plan_job: Uuid) -> Result<Vec<StepLine>, sqlx::Error> {
     sqlx::query_as(

@@ -279,6 +279,18 @@ pub async fn pace(db: &PgPool, roi: &Roi) -> Result<Pace, sqlx::Error> {
     })
 }
 
+/// The ROI whose submission made tile job `job` (id and name), while the
+/// job is still its tile's (a failed job replaced by a newer one is not).
+pub async fn roi_of_job(db: &PgPool, job: Uuid) -> Result<Option<(Uuid, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT r.id, r.name FROM tile_jobs t JOIN rois r ON r.id = t.roi_id
+         WHERE t.job_id = $1",
+    )
+    .bind(job)
+    .fetch_optional(db)
+    .await
+}
+
 /// The job to open for one tile of the ROI: the one that made it, or the
 /// one making it.
 pub async fn tile_job(db: &PgPool, roi: &Roi, tile: TileId) -> Result<Option<Uuid>, sqlx::Error> {

@@ -383,6 +383,12 @@ async fn live_pages_end_and_errors_keep_their_shape() {
         page.contains("log/stream?after=0&amp;state=running&amp;attempt=1\""),
         "{page}"
     );
+    // `sleep` writes nothing: the page says so rather than showing an
+    // empty box (job.js removes the note with the first line).
+    assert!(
+        page.contains("<p class=\"muted\" id=\"log-empty\">No output yet"),
+        "{page}"
+    );
     // A page that is up to date hears no `changed` while nothing changes.
     let quiet = tokio::time::timeout(
         Duration::from_secs(2),

@@ -489,6 +489,14 @@ stage three on a jobs 2 out {d}/three/{{id}}: echo x >> {d}/marks/three.{{id}}; 
         "{matrix}"
     );
     assert!(!matrix.contains("<script>"), "inline script on the page");
+    // The step job's page links back to its run.
+    let step = page(format!("{url}/ui/jobs/{job}")).await;
+    assert!(
+        step.contains(&format!(
+            "<a href=\"/ui/pipelines/{second}\">pipeline run {second}</a>"
+        )),
+        "{step}"
+    );
     let events = page(format!("{url}/ui/pipelines/{second}/events")).await;
     let state = events.find("event: state").expect("a state event");
     let end = events.find("event: end").expect("an end event");

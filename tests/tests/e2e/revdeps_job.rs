@@ -177,6 +177,22 @@ async fn dashboard_pages(server: &Server, id: &str, answer: &[String], shards: i
     assert_eq!(steps.matches(">shard ").count() as i64, shards, "{steps}");
     assert_eq!(steps.matches(">plan<").count(), 1, "{steps}");
     assert_eq!(steps.matches("s-succeeded").count() as i64, shards + 1);
+    // The plan job's page and a shard's link back to the run.
+    let step_jobs: Vec<&str> = steps
+        .split("href=\"/ui/jobs/")
+        .skip(1)
+        .filter_map(|s| s.split('"').next())
+        .collect();
+    assert_eq!(step_jobs.len() as i64, shards + 1, "{steps}");
+    for job in [step_jobs[0], step_jobs[step_jobs.len() - 1]] {
+        let job_page = ui.page(&format!("/ui/jobs/{job}")).await;
+        assert!(
+            job_page.contains(&format!(
+                "<a href=\"/ui/revdeps/{id}\">revdeps run {id}</a>"
+            )),
+            "{job}: {job_page}"
+        );
+    }
     assert!(
         page.contains("No earlier run of dune.3.20.2"),
         "nothing to compare yet"

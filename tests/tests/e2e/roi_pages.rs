@@ -421,6 +421,29 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
         .unwrap();
     assert_eq!(r.status(), 404, "a tile outside the ROI");
 
+    // A tile job's page says which ROI made it, and the phases its agent
+    // reported. The failed one made by the second ROI links that ROI.
+    let done_job = &jobs["grid_0.05_52.05"].0;
+    let html = page(&server, &ui, &format!("/ui/jobs/{done_job}")).await;
+    let part_of = between(&html, "<td colspan=\"3\" id=\"part-of\">", "</td>")
+        .unwrap_or_else(|| panic!("no Part of: {html}"));
+    assert_eq!(
+        part_of,
+        format!("<a href=\"/ui/rois/{first_id}\">ROI first (tile grid_0.05_52.05)</a>")
+    );
+    let phases = between(&html, "<td colspan=\"3\" id=\"phases\">", "</td>")
+        .unwrap_or_else(|| panic!("no phases: {html}"));
+    for phase in ["fetch ", "encode ", "upload "] {
+        assert!(phases.contains(phase), "{phases}");
+    }
+    let html = page(&server, &ui, &format!("/ui/jobs/{}", jobs[no_inputs].0)).await;
+    assert!(
+        html.contains(&format!(
+            "<a href=\"/ui/rois/{second_id}\">ROI second (tile {no_inputs})</a>"
+        )),
+        "{html}"
+    );
+
     // The live stream's first state: the counts and every tile's letter in
     // map order.
     let ev = States::open(&server, &ui, &second_id).await.next().await;
