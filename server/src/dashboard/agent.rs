@@ -120,7 +120,7 @@ struct AgentPage {
 
 fn when(t: DateTime<Utc>) -> String {
     let ago = super::agents::ago((Utc::now() - t).num_seconds());
-    format!("{} ({ago})", t.format("%Y-%m-%d %H:%M:%S UTC"))
+    format!("{} ({ago})", super::utc(t))
 }
 
 fn seconds(s: f64) -> String {

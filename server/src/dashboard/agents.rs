@@ -59,11 +59,7 @@ pub(super) fn ago(secs: i64) -> String {
 fn line(a: AgentView) -> AgentLine {
     let now = Utc::now();
     let seen = a.last_seen_at.map_or("never".to_string(), |t| {
-        format!(
-            "{} ({})",
-            t.format("%Y-%m-%d %H:%M:%S UTC"),
-            ago((now - t).num_seconds())
-        )
+        format!("{} ({})", super::utc(t), ago((now - t).num_seconds()))
     });
     let silence = if a.online {
         String::new()

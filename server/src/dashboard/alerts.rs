@@ -41,9 +41,7 @@ pub async fn page(State(state): State<AppState>, headers: HeaderMap) -> ApiResul
             severity: a.severity.as_str(),
             subject: a.subject.clone(),
             message: a.message.clone(),
-            since: a.since.map_or(String::new(), |t| {
-                t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
-            }),
+            since: a.since.map_or(String::new(), super::utc),
         })
         .collect();
     Ok(render(&AlertsPage {

@@ -136,18 +136,12 @@ fn phases(result: Option<&serde_json::Value>) -> String {
     .join(" · ")
 }
 
-const TIME: &str = "%Y-%m-%d %H:%M:%S";
-
 fn attempt_row(a: AttemptView) -> AttemptRow {
     AttemptRow {
         attempt: a.attempt,
         agent: a.agent.unwrap_or_default(),
-        started: a
-            .started_at
-            .map_or("-".into(), |t| t.format(TIME).to_string()),
-        finished: a
-            .finished_at
-            .map_or("-".into(), |t| t.format(TIME).to_string()),
+        started: a.started_at.map_or("-".into(), super::utc),
+        finished: a.finished_at.map_or("-".into(), super::utc),
         duration: a
             .duration_s
             .map_or("running".into(), |d| format!("{d:.1} s")),
@@ -238,13 +232,9 @@ pub async fn page(
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(", "),
-        created: j.created_at.format(TIME).to_string(),
-        started: j
-            .started_at
-            .map_or("-".into(), |t| t.format(TIME).to_string()),
-        finished: j
-            .finished_at
-            .map_or("-".into(), |t| t.format(TIME).to_string()),
+        created: super::utc(j.created_at),
+        started: j.started_at.map_or("-".into(), super::utc),
+        finished: j.finished_at.map_or("-".into(), super::utc),
         error: j.error.clone().unwrap_or_default(),
         cancel_requested: j.cancel_requested,
         // Secret values are for the submitter and admins, through the API.

@@ -55,23 +55,16 @@ struct JobsPage {
     show_logout: bool,
 }
 
-/// The last 8 hex digits of a job id, as the overview shows them (the
-/// first digits of a UUIDv7 are its creation time, alike for a minute).
-pub(super) fn short_id(id: uuid::Uuid) -> String {
-    let hex = id.simple().to_string();
-    hex[hex.len() - 8..].to_string()
-}
-
 fn row(j: JobView) -> Row {
     Row {
-        tail: short_id(j.id),
+        tail: super::short_id(j.id),
         id: j.id.to_string(),
         state: j.state.as_str(),
         kind: j.kind.as_str(),
         what: j.summary(100),
         agent: j.agent.unwrap_or_default(),
         submitter: j.submitter,
-        created: j.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+        created: super::utc(j.created_at),
         attempt: format!("{}/{}", j.attempt, j.max_attempts),
     }
 }

@@ -58,6 +58,18 @@ fn render<T: Template>(t: &T) -> ApiResult<Html<String>> {
         .map_err(|e| ApiError::Internal(anyhow::anyhow!("rendering a page: {e}")))
 }
 
+/// The last 8 hex digits of a job id: its random tail, which tells apart
+/// jobs made in the same minute (the front of a UUIDv7 is its time).
+pub(crate) fn short_id(id: uuid::Uuid) -> String {
+    let hex = id.simple().to_string();
+    hex[hex.len() - 8..].to_string()
+}
+
+/// A moment as every page shows it: to the second, in UTC, saying so.
+pub(crate) fn utc(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
 fn to_login() -> Response {
     Redirect::to("/ui/login").into_response()
 }

@@ -114,21 +114,16 @@ fn agent_row(a: AgentView) -> AgentRow {
 
 /// The last 8 hex digits of a job id: ids are UUIDv7, whose first digits
 /// are the creation time, so every job of one minute shared its prefix.
-fn short_id(id: uuid::Uuid) -> String {
-    let hex = id.simple().to_string();
-    hex[hex.len() - 8..].to_string()
-}
-
 fn job_row(j: JobView) -> JobRow {
     let what = j.summary(120);
     JobRow {
-        short_id: short_id(j.id),
+        short_id: super::short_id(j.id),
         id: j.id.to_string(),
         state: j.state.as_str(),
         attempt: format!("{}/{}", j.attempt, j.max_attempts),
         agent: j.agent.unwrap_or_default(),
         submitter: j.submitter,
-        created: j.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+        created: super::utc(j.created_at),
         progress: j
             .progress
             .filter(|p| p.total > 0)

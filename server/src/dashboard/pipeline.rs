@@ -60,7 +60,7 @@ fn run_row(s: PipelineSummary) -> RunRow {
         failed: s.counts.failed + s.counts.cancelled,
         items: s.items.map_or("?".into(), |n| n.to_string()),
         percent: (s.counts.done * 100).checked_div(total).unwrap_or(0),
-        created: s.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+        created: super::utc(s.created_at),
     }
 }
 

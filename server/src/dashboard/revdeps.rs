@@ -27,7 +27,7 @@ const EARLIER_RUNS: u32 = 20;
 const ANSWER_LINES: usize = 2_000;
 
 fn when(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+    super::utc(t)
 }
 
 /// "1.2 s", "3 min 4 s": a duration in milliseconds, for people.

@@ -78,7 +78,7 @@ fn roi_row(
         done: counts.done,
         total: counts.total(),
         percent: percent(counts),
-        created: created.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        created: super::utc(created),
     }
 }
 

@@ -464,6 +464,15 @@ async fn jobs_are_filtered_paged_retried_and_acted_on_from_the_dashboard() {
         html.contains(&twice[twice.len() - 8..]),
         "the id's tail shown"
     );
+    // Times say their zone, as on every page.
+    let created = admin.job(&twice).await.created_at;
+    assert!(
+        html.contains(&format!(
+            "<td>{} UTC</td>",
+            created.format("%Y-%m-%d %H:%M:%S")
+        )),
+        "{html}"
+    );
     let (_, html) = ui.page("/ui/jobs?kind=tile").await;
     assert_eq!(
         linked_jobs(&html).into_iter().collect::<BTreeSet<_>>(),
