@@ -124,7 +124,7 @@ pub async fn show(
 ) -> ApiResult<Json<RoiView>> {
     let id = parse_id(&id, "an ROI")?;
     let no_roi = || ApiError::NotFound(format!("no ROI {id}"));
-    let mut view = plan::get(&state.db, id).await?.ok_or_else(no_roi)?;
+    let mut view = progress::view(&state.db, id).await?.ok_or_else(no_roi)?;
     let roi = progress::get(&state.db, id).await?.ok_or_else(no_roi)?;
     view.tiles = progress::counts(&state.db, &roi).await?;
     Ok(Json(view))

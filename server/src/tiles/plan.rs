@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use flotilla_core::api::rois::{PlanCounts, RoiCreated, RoiRequest, RoiView, MAX_ROI_TILES};
+use flotilla_core::api::rois::{PlanCounts, RoiCreated, RoiRequest, MAX_ROI_TILES};
 use flotilla_core::api::FieldError;
 use flotilla_core::grid::TileId;
 use flotilla_core::job::{JobSpec, TileJob};
@@ -290,59 +290,5 @@ pub async fn submit(
         submitted: plan.counts.missing,
         plan_ms,
         insert_ms: inserting.elapsed().as_millis() as u64,
-    }))
-}
-
-/// An ROI with its progress.
-pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<RoiView>, sqlx::Error> {
-    #[derive(sqlx::FromRow)]
-    struct Row {
-        id: Uuid,
-        name: String,
-        dataset: String,
-        year: i32,
-        total: i64,
-        present: i64,
-        in_flight: i64,
-        submitted: i64,
-        created_at: chrono::DateTime<chrono::Utc>,
-    }
-    let row: Option<Row> = sqlx::query_as(
-        "SELECT id, name, dataset, year, total, present, in_flight, submitted, created_at
-         FROM rois WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_optional(db)
-    .await?;
-    let Some(roi) = row else {
-        return Ok(None);
-    };
-    let states: Vec<(String, i64, i64, i64)> = sqlx::query_as(
-        "SELECT state, count(*), COALESCE(sum(progress_done), 0)::bigint,
-                COALESCE(sum(progress_total), 0)::bigint
-         FROM jobs WHERE parent_id = $1 GROUP BY state",
-    )
-    .bind(roi.id)
-    .fetch_all(db)
-    .await?;
-    let finished = states
-        .iter()
-        .all(|(s, ..)| matches!(s.as_str(), "succeeded" | "failed" | "cancelled"));
-    Ok(Some(RoiView {
-        id: roi.id,
-        name: roi.name,
-        dataset: roi.dataset,
-        year: roi.year,
-        total: roi.total,
-        present: roi.present,
-        in_flight: roi.in_flight,
-        submitted: roi.submitted,
-        created_at: roi.created_at,
-        pixels_done: states.iter().map(|s| s.2).sum(),
-        pixels_total: states.iter().map(|s| s.3).sum(),
-        jobs: states.into_iter().map(|(s, n, _, _)| (s, n)).collect(),
-        finished,
-        // Counted from the region's tiles by `progress::counts`.
-        tiles: Default::default(),
     }))
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use flotilla_core::api::rois::{RoiPage, RoiSummary, TileCounts, TileState};
+use flotilla_core::api::rois::{RoiPage, RoiSummary, RoiView, TileCounts, TileState};
 use flotilla_core::grid::TileId;
 use flotilla_core::job::JobState;
 use flotilla_core::roi::{Region, TileSet};
@@ -127,6 +127,61 @@ pub async fn get(db: &PgPool, id: Uuid) -> Result<Option<Roi>, sqlx::Error> {
             .fetch_optional(db)
             .await?;
     row.map(Roi::try_from).transpose()
+}
+
+/// An ROI with its submission's counts and its jobs by state (the tiles
+/// by state are [`counts`]'s).
+pub async fn view(db: &PgPool, id: Uuid) -> Result<Option<RoiView>, sqlx::Error> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        id: Uuid,
+        name: String,
+        dataset: String,
+        year: i32,
+        total: i64,
+        present: i64,
+        in_flight: i64,
+        submitted: i64,
+        created_at: chrono::DateTime<chrono::Utc>,
+    }
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT id, name, dataset, year, total, present, in_flight, submitted, created_at
+         FROM rois WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    let Some(roi) = row else {
+        return Ok(None);
+    };
+    let states: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT state, count(*), COALESCE(sum(progress_done), 0)::bigint,
+                COALESCE(sum(progress_total), 0)::bigint
+         FROM jobs WHERE parent_id = $1 GROUP BY state",
+    )
+    .bind(roi.id)
+    .fetch_all(db)
+    .await?;
+    let finished = states
+        .iter()
+        .all(|(s, ..)| matches!(s.as_str(), "succeeded" | "failed" | "cancelled"));
+    Ok(Some(RoiView {
+        id: roi.id,
+        name: roi.name,
+        dataset: roi.dataset,
+        year: roi.year,
+        total: roi.total,
+        present: roi.present,
+        in_flight: roi.in_flight,
+        submitted: roi.submitted,
+        created_at: roi.created_at,
+        pixels_done: states.iter().map(|s| s.2).sum(),
+        pixels_total: states.iter().map(|s| s.3).sum(),
+        jobs: states.into_iter().map(|(s, n, _, _)| (s, n)).collect(),
+        finished,
+        // Counted from the region's tiles by `progress::counts`.
+        tiles: Default::default(),
+    }))
 }
 
 /// The tiles as three arrays (row, first column, column past the last),
@@ -279,12 +334,12 @@ pub async fn pace(db: &PgPool, roi: &Roi) -> Result<Pace, sqlx::Error> {
     })
 }
 
-/// The ROI whose submission made tile job `job` (id and name), while the
-/// job is still its tile's (a failed job replaced by a newer one is not).
+/// The ROI whose submission made tile job `job` (id and name): a tile
+/// job's parent is its ROI.
 pub async fn roi_of_job(db: &PgPool, job: Uuid) -> Result<Option<(Uuid, String)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT r.id, r.name FROM tile_jobs t JOIN rois r ON r.id = t.roi_id
-         WHERE t.job_id = $1",
+        "SELECT r.id, r.name FROM jobs j JOIN rois r ON r.id = j.parent_id
+         WHERE j.id = $1",
     )
     .bind(job)
     .fetch_optional(db)
