@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use crate::procs::Server;
 
+/// A clone is the same session (the same cookie and HTTP client), for
+/// tasks that send requests of their own, such as a tab's background poll.
+#[derive(Clone)]
 pub struct Dashboard {
     http: reqwest::Client,
     cookie: String,

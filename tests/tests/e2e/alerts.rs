@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_e2e::driven::{heartbeat_loop, Driven};
 use flotilla_e2e::procs::{opts_on_shared, write_private, Agent, Server};
+use flotilla_e2e::ui::Dashboard;
 use flotilla_e2e::{binary, eventually, scratch};
 use serde_json::{json, Value};
 
@@ -46,8 +47,9 @@ const SETTINGS: [(&str, &str); 5] = [
 /// Where the test looks, and every (alert, subject) it saw there.
 struct Views {
     server: Server,
+    /// Requests without a session (a bearer token or none).
     http: reqwest::Client,
-    cookie: String,
+    ui: Dashboard,
     seen: Mutex<BTreeSet<(String, String)>>,
 }
 
@@ -58,24 +60,11 @@ impl Views {
             .timeout(Duration::from_secs(30))
             .build()
             .expect("an HTTP client");
-        let r = http
-            .post(format!("{}/ui/login", server.url()))
-            .form(&[("token", server.admin_token.as_str())])
-            .send()
-            .await
-            .expect("login");
-        assert_eq!(r.status(), 303, "the admin token logs in");
-        let cookie = r.headers()["set-cookie"]
-            .to_str()
-            .expect("a cookie")
-            .split(';')
-            .next()
-            .expect("name=value")
-            .to_string();
+        let ui = Dashboard::login(&server).await;
         Views {
             server,
             http,
-            cookie,
+            ui,
             seen: Mutex::new(BTreeSet::new()),
         }
     }
@@ -101,9 +90,8 @@ impl Views {
     /// `GET /ui/alerts.json` with the session.
     async fn ui(&self) -> Vec<Value> {
         let r = self
-            .http
-            .get(format!("{}/ui/alerts.json", self.server.url()))
-            .header("cookie", &self.cookie)
+            .ui
+            .request(reqwest::Method::GET, "/ui/alerts.json")
             .send()
             .await
             .expect("alerts.json");
@@ -115,11 +103,12 @@ impl Views {
     }
 
     async fn text(&self, path: &str, cookie: bool) -> String {
-        let mut req = self.http.get(format!("{}{path}", self.server.url()));
-        req = if cookie {
-            req.header("cookie", &self.cookie)
+        let req = if cookie {
+            self.ui.request(reqwest::Method::GET, path)
         } else {
-            req.bearer_auth(&self.server.admin_token)
+            self.http
+                .get(format!("{}{path}", self.server.url()))
+                .bearer_auth(&self.server.admin_token)
         };
         let r = req.send().await.expect("a page");
         assert_eq!(r.status(), 200, "{path}");

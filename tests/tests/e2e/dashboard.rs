@@ -303,30 +303,13 @@ async fn live_pages_end_and_errors_keep_their_shape() {
         api.wait_final(&id, Duration::from_secs(30)).await.state,
         JobState::Succeeded
     );
-    let url = server.url();
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let r = http
-        .post(format!("{url}/ui/login"))
-        .form(&[("token", server.admin_token.as_str())])
-        .send()
-        .await
-        .unwrap();
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let ui = Dashboard::login(&server).await;
     let stream = |last_event_id: Option<String>| {
-        let (http, url, cookie, id) = (http.clone(), url.clone(), cookie.clone(), id.clone());
+        let mut req = ui.request(
+            reqwest::Method::GET,
+            &format!("/ui/jobs/{id}/log/stream?after=0"),
+        );
         async move {
-            let mut req = http
-                .get(format!("{url}/ui/jobs/{id}/log/stream?after=0"))
-                .header("cookie", cookie);
             if let Some(seen) = last_event_id {
                 req = req.header("last-event-id", seen);
             }
@@ -354,7 +337,6 @@ async fn live_pages_end_and_errors_keep_their_shape() {
     // A page whose header is out of date (it showed the job queued, and
     // the agent has taken it) hears so (`changed`, its state and attempt
     // now) and its stream ends there, for the page to reload.
-    let ui = Dashboard::login(&server).await;
     let sleeper = api
         .submit(json!({"kind": "command", "command": "sleep 8"}))
         .await;
@@ -404,15 +386,7 @@ async fn live_pages_end_and_errors_keep_their_shape() {
     let other = api
         .submit(json!({"kind": "command", "command": "true"}))
         .await;
-    let overview = http
-        .get(format!("{url}/ui"))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, overview) = ui.get("/ui").await;
     for job in [&id, &other] {
         let tail = &job.replace('-', "")[24..];
         assert!(
@@ -421,9 +395,8 @@ async fn live_pages_end_and_errors_keep_their_shape() {
         );
     }
 
-    let r = http
-        .get(format!("{url}/ui/no/such/page"))
-        .header("cookie", &cookie)
+    let r = ui
+        .request(reqwest::Method::GET, "/ui/no/such/page")
         .send()
         .await
         .unwrap();
@@ -475,20 +448,15 @@ async fn transactions(db: &sqlx::PgPool) -> i64 {
     .unwrap()
 }
 
-/// Opens the event stream at `url` as a tab would and drains it in the
+/// Opens the event stream at `path` as a tab would and drains it in the
 /// background.
-async fn open_stream(
-    http: &reqwest::Client,
-    url: String,
-    cookie: &str,
-) -> tokio::task::JoinHandle<()> {
-    let r = http
-        .get(&url)
-        .header("cookie", cookie)
+async fn open_stream(ui: &Dashboard, path: String) -> tokio::task::JoinHandle<()> {
+    let r = ui
+        .request(reqwest::Method::GET, &path)
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200, "{url}");
+    assert_eq!(r.status(), 200, "{path}");
     tokio::spawn(async move {
         let mut r = r;
         while let Ok(Some(_)) = r.chunk().await {}
@@ -501,29 +469,24 @@ async fn open_stream(
 /// `/ui/alerts.json` every 5 s (as `web/static/alerts.js` does), and, when
 /// `job` is given, that job page's log stream.
 async fn rate_with_tabs(
-    url: &str,
-    cookie: &str,
+    ui: &Dashboard,
     db: &sqlx::PgPool,
     tabs: usize,
     job: Option<&str>,
     window: Duration,
 ) -> f64 {
-    let http = reqwest::Client::new();
     let mut tasks = Vec::new();
     for _ in 0..tabs {
-        tasks.push(open_stream(&http, format!("{url}/ui/events"), cookie).await);
+        tasks.push(open_stream(ui, "/ui/events".to_string()).await);
         if let Some(job) = job {
-            let path = format!("{url}/ui/jobs/{job}/log/stream?after=0");
-            tasks.push(open_stream(&http, path, cookie).await);
+            let path = format!("/ui/jobs/{job}/log/stream?after=0");
+            tasks.push(open_stream(ui, path).await);
         }
-        let http = http.clone();
-        let cookie = cookie.to_string();
-        let alerts = format!("{url}/ui/alerts.json");
+        let ui = ui.clone();
         tasks.push(tokio::spawn(async move {
             loop {
-                let r = http
-                    .get(&alerts)
-                    .header("cookie", &cookie)
+                let r = ui
+                    .request(reqwest::Method::GET, "/ui/alerts.json")
                     .send()
                     .await
                     .unwrap();
@@ -554,32 +517,15 @@ async fn rate_with_tabs(
 async fn two_hundred_tabs_cost_the_database_what_one_does() {
     let dir = scratch("e2e-ui-tabs-");
     let server = server_on_shared(dir.path(), 10_000).await;
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let url = server.url();
-    let r = http
-        .post(format!("{url}/ui/login"))
-        .form(&[("token", server.admin_token.as_str())])
-        .send()
-        .await
-        .unwrap();
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let ui = Dashboard::login(&server).await;
     let db = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect(&server.opts.database_url)
         .await
         .unwrap();
     let window = Duration::from_secs(10);
-    let one = rate_with_tabs(&url, &cookie, &db, 1, None, window).await;
-    let many = rate_with_tabs(&url, &cookie, &db, 200, None, window).await;
+    let one = rate_with_tabs(&ui, &db, 1, None, window).await;
+    let many = rate_with_tabs(&ui, &db, 200, None, window).await;
     println!("database transactions per second, overview tabs: 1 tab {one:.1}, 200 tabs {many:.1}");
     // The background (reaper, coordinator, this test's own reads) is a few
     // per second either way; unshared, 200 tabs add about 400 (the
@@ -595,8 +541,8 @@ async fn two_hundred_tabs_cost_the_database_what_one_does() {
         .api()
         .submit(json!({"kind": "command", "command": "true"}))
         .await;
-    let one = rate_with_tabs(&url, &cookie, &db, 1, Some(&job), window).await;
-    let many = rate_with_tabs(&url, &cookie, &db, 200, Some(&job), window).await;
+    let one = rate_with_tabs(&ui, &db, 1, Some(&job), window).await;
+    let many = rate_with_tabs(&ui, &db, 200, Some(&job), window).await;
     println!("database transactions per second, overview and job tabs: 1 tab {one:.1}, 200 tabs {many:.1}");
     assert!(
         many <= one * 1.5 + 3.0,
@@ -620,19 +566,7 @@ async fn pages_carry_security_headers_and_no_inline_script() {
         .build()
         .unwrap();
     let url = server.url();
-    let r = http
-        .post(format!("{url}/ui/login"))
-        .form(&[("token", server.admin_token.as_str())])
-        .send()
-        .await
-        .unwrap();
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let ui = Dashboard::login(&server).await;
     for (path, status) in [
         ("/ui/login".to_string(), 200),
         ("/ui".to_string(), 200),
@@ -646,9 +580,8 @@ async fn pages_carry_security_headers_and_no_inline_script() {
         ("/api/v1/jobs".to_string(), 200),
         ("/api/v1/jobs/not-an-id".to_string(), 400),
     ] {
-        let r = http
-            .get(format!("{url}{path}"))
-            .header("cookie", &cookie)
+        let r = ui
+            .request(reqwest::Method::GET, &path)
             .bearer_auth(&server.admin_token)
             .send()
             .await
@@ -717,15 +650,7 @@ async fn pages_carry_security_headers_and_no_inline_script() {
     assert!(body.contains("<html"), "{body}");
     assert!(!body.contains("/ui/logout"), "{body}");
     // The job page loads its script, which is served.
-    let page = http
-        .get(format!("{url}/ui/jobs/{job}"))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, page) = ui.get(&format!("/ui/jobs/{job}")).await;
     assert!(page.contains("/ui/static/job.js"), "{page}");
     for script in ["job.js", "overview.js", "pipeline.js"] {
         let r = http

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_e2e::driven::{beats_between, heartbeat_loop, percentiles, Driven};
 use flotilla_e2e::procs::{Server, ServerOpts};
+use flotilla_e2e::ui::Dashboard;
 use flotilla_e2e::{fds, pg, scratch, tiles};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -284,32 +285,17 @@ async fn hold_two_leases(server: &Server, agent: &Driven, dir: &Path) -> Held {
 /// A dashboard session's cookie (`name=value`), checked on `job`'s log
 /// stream.
 async fn dashboard_session(server: &Server, job: &str) -> String {
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("an HTTP client");
-    let r = http
-        .post(format!("{}/ui/login", server.url()))
-        .form(&[("token", &server.admin_token)])
-        .send()
-        .await
-        .expect("logging in");
-    assert_eq!(r.status(), 303, "the admin token logs in");
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .expect("an ASCII cookie")
-        .split(';')
-        .next()
-        .expect("a cookie")
-        .to_string();
-    let stream = http
-        .get(format!("{}/ui/jobs/{job}/log/stream?after=0", server.url()))
-        .header("cookie", &cookie)
+    let ui = Dashboard::login(server).await;
+    let stream = ui
+        .request(
+            reqwest::Method::GET,
+            &format!("/ui/jobs/{job}/log/stream?after=0"),
+        )
         .send()
         .await
         .expect("opening the log stream");
     assert_eq!(stream.status(), 200, "the session opens the log stream");
-    cookie
+    ui.cookie().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -77,13 +77,11 @@ async fn clients_see_their_own_jobs_and_secrets_stay_with_their_owner() {
         let ui = Dashboard::login_with(&server, &who.token).await;
         let page = ui.page("/ui").await;
         assert_eq!(page.contains(short), sees, "{}: {page}", who.token);
-        let event = first_overview_event(&server, ui.cookie()).await;
+        let event = first_overview_event(&ui).await;
         assert_eq!(event.contains(short), sees, "{event}");
     }
     assert!(ui.page("/ui").await.contains(short));
-    assert!(first_overview_event(&server, ui.cookie())
-        .await
-        .contains(short));
+    assert!(first_overview_event(&ui).await.contains(short));
 
     // Pipeline runs too: alice's is on her dashboard, not on bob's, whose
     // session gets the 404 page for it.
@@ -101,9 +99,8 @@ async fn clients_see_their_own_jobs_and_secrets_stay_with_their_owner() {
         assert_eq!(list.contains(&run), sees, "{list}");
         let (status, page) = ui.get(&format!("/ui/pipelines/{run}")).await;
         assert_eq!(status, if sees { 200 } else { 404 }, "{page}");
-        let events = reqwest::Client::new()
-            .get(format!("{}/ui/pipelines/{run}/events", server.url()))
-            .header("cookie", ui.cookie())
+        let events = ui
+            .request(reqwest::Method::GET, &format!("/ui/pipelines/{run}/events"))
             .send()
             .await
             .unwrap();
@@ -181,12 +178,10 @@ async fn clients_see_their_own_jobs_and_secrets_stay_with_their_owner() {
     assert_eq!(status, 200, "{v}");
 }
 
-/// The first overview the dashboard's stream pushes to the session of
-/// `cookie`.
-async fn first_overview_event(server: &flotilla_e2e::procs::Server, cookie: &str) -> String {
-    let mut r = reqwest::Client::new()
-        .get(format!("{}/ui/events", server.url()))
-        .header("cookie", cookie)
+/// The first overview the dashboard's stream pushes to `ui`'s session.
+async fn first_overview_event(ui: &Dashboard) -> String {
+    let mut r = ui
+        .request(reqwest::Method::GET, "/ui/events")
         .send()
         .await
         .unwrap();

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use flotilla_e2e::procs::{server_on_shared, Agent};
 use flotilla_e2e::scratch;
+use flotilla_e2e::ui::Dashboard;
 use serde_json::{json, Value};
 
 /// Reads every marker file under `marks`: (step, item) → runs recorded.
@@ -447,40 +448,10 @@ stage three on a jobs 2 out {d}/three/{{id}}: echo x >> {d}/marks/three.{{id}}; 
 
     // The dashboard's pages: the run in the list, its matrix with each cell
     // linked to its job, and its event stream (state, then end).
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let url = server.url();
-    let r = http
-        .post(format!("{url}/ui/login"))
-        .form(&[("token", server.admin_token.as_str())])
-        .send()
-        .await
-        .unwrap();
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
-    let page = |path: String| {
-        let (http, cookie) = (http.clone(), cookie.clone());
-        async move {
-            let r = http
-                .get(path)
-                .header("cookie", cookie)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
-            r.text().await.unwrap()
-        }
-    };
-    let list = page(format!("{url}/ui/pipelines")).await;
+    let ui = Dashboard::login(&server).await;
+    let list = ui.page("/ui/pipelines").await;
     assert!(list.contains(&format!("/ui/pipelines/{second}")), "{list}");
-    let matrix = page(format!("{url}/ui/pipelines/{second}")).await;
+    let matrix = ui.page(&format!("/ui/pipelines/{second}")).await;
     let job = rows[0]["cells"][2]["job_id"].as_str().unwrap();
     assert!(
         matrix.contains(&format!(
@@ -490,14 +461,14 @@ stage three on a jobs 2 out {d}/three/{{id}}: echo x >> {d}/marks/three.{{id}}; 
     );
     assert!(!matrix.contains("<script>"), "inline script on the page");
     // The step job's page links back to its run.
-    let step = page(format!("{url}/ui/jobs/{job}")).await;
+    let step = ui.page(&format!("/ui/jobs/{job}")).await;
     assert!(
         step.contains(&format!(
             "<a href=\"/ui/pipelines/{second}\">pipeline run {second}</a>"
         )),
         "{step}"
     );
-    let events = page(format!("{url}/ui/pipelines/{second}/events")).await;
+    let events = ui.page(&format!("/ui/pipelines/{second}/events")).await;
     let state = events.find("event: state").expect("a state event");
     let end = events.find("event: end").expect("an end event");
     assert!(state < end, "{events}");

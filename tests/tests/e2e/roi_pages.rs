@@ -9,6 +9,7 @@ use std::time::Duration;
 use flotilla_e2e::procs::{server_on_shared, Agent, Server};
 use flotilla_e2e::scratch;
 use flotilla_e2e::tiles;
+use flotilla_e2e::ui::Dashboard;
 use serde_json::{json, Value};
 
 const YEAR: i32 = 2024;
@@ -16,40 +17,6 @@ const DATASET: &str = "synth";
 
 fn roi(name: &str, bbox: [f64; 4]) -> Value {
     json!({ "name": name, "year": YEAR, "dataset": DATASET, "bbox": bbox })
-}
-
-/// A logged-in dashboard client: (client without redirects, cookie).
-async fn login(server: &Server) -> (reqwest::Client, String) {
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
-    let r = http
-        .post(format!("{}/ui/login", server.url()))
-        .form(&[("token", server.admin_token.as_str())])
-        .send()
-        .await
-        .unwrap();
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
-    (http, cookie)
-}
-
-async fn page(server: &Server, ui: &(reqwest::Client, String), path: &str) -> String {
-    let r =
-        ui.0.get(format!("{}{path}", server.url()))
-            .header("cookie", &ui.1)
-            .send()
-            .await
-            .unwrap();
-    assert_eq!(r.status(), 200, "{path}");
-    r.text().await.unwrap()
 }
 
 /// One `<a>…<rect>…</a>` of the tile map.
@@ -106,13 +73,12 @@ struct States {
 }
 
 impl States {
-    async fn open(server: &Server, ui: &(reqwest::Client, String), id: &str) -> States {
-        let resp =
-            ui.0.get(format!("{}/ui/rois/{id}/events", server.url()))
-                .header("cookie", &ui.1)
-                .send()
-                .await
-                .unwrap();
+    async fn open(ui: &Dashboard, id: &str) -> States {
+        let resp = ui
+            .request(reqwest::Method::GET, &format!("/ui/rois/{id}/events"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), 200);
         States {
             resp,
@@ -207,7 +173,7 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
     let dir = scratch("e2e-roi-pages-");
     let server = server_on_shared(dir.path(), 5_000).await;
     let api = server.api();
-    let ui = login(&server).await;
+    let ui = Dashboard::login(&server).await;
     let ckpt = tiles::synth_ckpt(dir.path(), tiles::TINY, 7);
     tiles::register_dataset(&server, DATASET, &ckpt).await;
     // A 3 × 2 block at 0–0.3°E, 52.0–52.2°N; every tile has inputs but one.
@@ -233,12 +199,12 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
     let first_id = first["id"].as_str().unwrap().to_string();
     let view = api.get(&format!("/api/v1/rois/{first_id}")).await;
     assert_eq!(view["tiles"]["queued"], 2, "{view}");
-    let html = page(&server, &ui, &format!("/ui/rois/{first_id}")).await;
+    let html = ui.page(&format!("/ui/rois/{first_id}")).await;
     let queued = check_map(&html, &view, &jobs_by_tile(&server).await);
     assert_eq!(queued.len(), 2);
     // Its stream: every tile at first, then what changes once an agent
     // takes them, until both are done.
-    let mut live = States::open(&server, &ui, &first_id).await;
+    let mut live = States::open(&ui, &first_id).await;
     let ev = live.next().await;
     assert_eq!(ev["tiles"]["all"], "qq", "{ev}");
     assert_eq!(ev["head"]["state"], "queued", "{ev}");
@@ -321,7 +287,7 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
     assert_eq!(status, 400);
 
     // The list page links both, with their progress.
-    let list = page(&server, &ui, "/ui/rois").await;
+    let list = ui.page("/ui/rois").await;
     assert!(
         list.contains(&format!("<a href=\"/ui/rois/{second_id}\">second</a>")),
         "{list}"
@@ -338,7 +304,7 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
     );
 
     // The second ROI's page: the map agrees with the API and the jobs.
-    let html = page(&server, &ui, &format!("/ui/rois/{second_id}")).await;
+    let html = ui.page(&format!("/ui/rois/{second_id}")).await;
     let jobs = jobs_by_tile(&server).await;
     assert_eq!(jobs[no_inputs].1, "failed", "{jobs:?}");
     let map = check_map(&html, &view, &jobs);
@@ -388,20 +354,24 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
     for piece in html.split("<script").skip(1) {
         assert!(piece.starts_with(" src="), "inline script: <script{piece}");
     }
-    let js =
-        ui.0.get(format!("{}/ui/static/roi.js", server.url()))
-            .send()
-            .await
-            .unwrap();
+    // Requests without a session.
+    let anon = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let js = anon
+        .get(format!("{}/ui/static/roi.js", server.url()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(js.status(), 200);
 
     // A tile's link that the live map uses leads to its job.
-    let r =
-        ui.0.get(format!(
-            "{}/ui/rois/{second_id}/tiles/{no_inputs}",
-            server.url()
-        ))
-        .header("cookie", &ui.1)
+    let r = ui
+        .request(
+            reqwest::Method::GET,
+            &format!("/ui/rois/{second_id}/tiles/{no_inputs}"),
+        )
         .send()
         .await
         .unwrap();
@@ -410,12 +380,11 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
         r.headers()["location"],
         format!("/ui/jobs/{}", jobs[no_inputs].0)
     );
-    let r =
-        ui.0.get(format!(
-            "{}/ui/rois/{second_id}/tiles/grid_5.05_5.05",
-            server.url()
-        ))
-        .header("cookie", &ui.1)
+    let r = ui
+        .request(
+            reqwest::Method::GET,
+            &format!("/ui/rois/{second_id}/tiles/grid_5.05_5.05"),
+        )
         .send()
         .await
         .unwrap();
@@ -424,7 +393,7 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
     // A tile job's page says which ROI made it, and the phases its agent
     // reported. The failed one made by the second ROI links that ROI.
     let done_job = &jobs["grid_0.05_52.05"].0;
-    let html = page(&server, &ui, &format!("/ui/jobs/{done_job}")).await;
+    let html = ui.page(&format!("/ui/jobs/{done_job}")).await;
     let part_of = between(&html, "<td colspan=\"3\" id=\"part-of\">", "</td>")
         .unwrap_or_else(|| panic!("no Part of: {html}"));
     assert_eq!(
@@ -436,7 +405,7 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
     for phase in ["fetch ", "encode ", "upload "] {
         assert!(phases.contains(phase), "{phases}");
     }
-    let html = page(&server, &ui, &format!("/ui/jobs/{}", jobs[no_inputs].0)).await;
+    let html = ui.page(&format!("/ui/jobs/{}", jobs[no_inputs].0)).await;
     assert!(
         html.contains(&format!(
             "<a href=\"/ui/rois/{second_id}\">ROI second (tile {no_inputs})</a>"
@@ -446,31 +415,33 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
 
     // The live stream's first state: the counts and every tile's letter in
     // map order.
-    let ev = States::open(&server, &ui, &second_id).await.next().await;
+    let ev = States::open(&ui, &second_id).await.next().await;
     assert_eq!(ev["head"]["counts"], view["tiles"], "{ev}");
     assert_eq!(ev["head"]["state"], "failed", "{ev}");
     assert_eq!(ev["tiles"]["all"], "dddddf", "{ev}");
 
     // Without a session: the login page, and no stream.
-    let r =
-        ui.0.get(format!("{}/ui/rois/{second_id}", server.url()))
-            .send()
-            .await
-            .unwrap();
+    let r = anon
+        .get(format!("{}/ui/rois/{second_id}", server.url()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 303);
-    let r =
-        ui.0.get(format!("{}/ui/rois/{second_id}/events", server.url()))
-            .send()
-            .await
-            .unwrap();
+    let r = anon
+        .get(format!("{}/ui/rois/{second_id}/events", server.url()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
     // An unknown ROI is a page, not JSON.
-    let r =
-        ui.0.get(format!("{}/ui/rois/{}", server.url(), uuid::Uuid::new_v4()))
-            .header("cookie", &ui.1)
-            .send()
-            .await
-            .unwrap();
+    let r = ui
+        .request(
+            reqwest::Method::GET,
+            &format!("/ui/rois/{}", uuid::Uuid::new_v4()),
+        )
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
     assert!(r.text().await.unwrap().contains("<html"), "an HTML 404");
 
