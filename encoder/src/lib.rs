@@ -32,10 +32,13 @@
 //!   thread-per-block pass (`block.rs`) over `pure_rust.rs` (the `cpu`
 //!   backend, the `gemm` crate) or `onednn.rs` (pre-packed oneDNN matmuls;
 //!   the `onednn` feature, Linux only); the GPU path in `backend/gpu/`
-//!   (`mod.rs` the forward pass, `device.rs` the device interface,
-//!   `kernels.cu`, `cuda.rs` behind the `cuda` feature, the tests' `emulator.rs`).
-//! - `encode` — `Encoder`: windows read ahead on their own thread, grouping
-//!   pixels by bin, chunking, cancellation, progress.
+//!   (`mod.rs` the weights on the device, `forward.rs` and `ops.rs` the
+//!   forward pass, `device.rs` the device interface, `kernels.cu`, `cuda/`
+//!   behind the `cuda` feature, the tests' `emulator.rs`).
+//! - `encode` — `Encoder` (`encode/mod.rs`): windows read ahead on their own
+//!   thread (`pipeline.rs`), cut as the tile is counted (`cutter.rs`),
+//!   grouped by bin and chunked (`gather.rs`), fed to the backend
+//!   (`feed.rs`); cancellation, progress.
 //! - `output` — `TileEmbedding`, int8 quantisation, truncation; `OutputWriter`,
 //!   the output files written atomically as an encode's windows finish
 //!   (`EmbeddingSink`, where an encode puts each window).

@@ -3,7 +3,7 @@
 //! A backend runs the two pieces of the model that carry the FLOPs: a
 //! backbone over a batch of pixels that share one sequence length, and the
 //! head over pooled features. Grouping, gathering and output are shared
-//! (`encode.rs`), so a new backend only implements [`Backend`] and adds
+//! (`encode/`), so a new backend only implements [`Backend`] and adds
 //! itself to [`create`]. Here too: which backends run on this machine
 //! ([`unavailable_reason`]), the device name profiles are keyed by
 //! ([`device_name`]), and the profile constructors that need it.
@@ -14,7 +14,7 @@
 //!   `pure_rust.rs` (the `cpu` backend: the `gemm` crate) and `onednn.rs`
 //!   (pre-packed oneDNN matmuls; the `onednn` feature, Linux only).
 //! - `gpu/`: the GPU path written once over a device interface (`device.rs`,
-//!   kernels in `kernels.cu`); `cuda.rs` is its real device (the `cuda`
+//!   kernels in `kernels.cu`); `cuda/` is its real device (the `cuda`
 //!   feature), the tests' `emulator.rs` runs it on the CPU.
 
 mod block;

@@ -1,6 +1,6 @@
 //! What the GPU path needs from a device: SGEMM, kernel launches and the kernels' source.
 //!
-//! [`Device`] is the interface `gpu/mod.rs` runs the model over; `cuda.rs`
+//! [`Device`] is the interface `gpu/` runs the model over; `cuda/`
 //! implements it on a GPU and, in tests, `emulator.rs` on the CPU. Both
 //! compile the same [`KERNELS`] (`kernels.cu`).
 

@@ -1,9 +1,9 @@
 //! A stand-in GPU for tests on machines without one: the GPU path run on the CPU.
 //!
-//! This crate's CI has no GPU. The emulator runs `gpu/mod.rs` — the same
+//! This crate's CI has no GPU. The emulator runs the GPU path (`gpu/`) — the same
 //! layouts, SGEMM calls, launches and kernel source as the CUDA device — on
 //! the CPU, so the GPU path is checked against the fixtures everywhere. It is a mock of the GPU, and says so:
-//! it cannot find a bug in `cuda.rs`'s binding to cudarc, in NVRTC itself or
+//! it cannot find a bug in `cuda/`'s binding to cudarc, in NVRTC itself or
 //! in a real GPU's timing; those need a GPU run.
 //!
 //! - **SGEMM** follows cuBLAS's column-major `cublasSgemmStridedBatched`
@@ -1264,7 +1264,7 @@ mod tests {
     }
 
     /// `bias_epilogue` on `y` (no bias, no residual), launched as
-    /// `gpu/mod.rs` launches it.
+    /// `gpu/ops.rs` launches it.
     fn epilogue(
         y: &mut EmuBuf,
         rows: i32,

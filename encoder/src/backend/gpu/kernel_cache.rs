@@ -36,7 +36,7 @@ pub enum Origin {
         stored: std::result::Result<PathBuf, String>,
     },
     /// Compiled to machine code instead, uncached, and why (the driver
-    /// refused the PTX: `cuda.rs`'s `compile_cubin`).
+    /// refused the PTX: `cuda/nvrtc.rs`'s `compile_cubin`).
     MachineCode(String),
 }
 
