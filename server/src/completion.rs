@@ -24,12 +24,30 @@ impl From<FinishError> for ApiError {
 }
 
 /// Records a success, with the kind's own finishing in the same
-/// transaction: nothing of it counts unless all of it does.
+/// transaction: nothing of it counts unless all of it does. A tile's
+/// outputs are copied to their final keys first, on no connection
+/// ([`finish`]'s module documentation).
 pub async fn complete(state: &AppState, key: LeaseKey, c: &Complete) -> ApiResult<AttemptEnd> {
+    let published = match lease::held_attempt(&state.db, key).await? {
+        Some((attempt, Some(tile))) => {
+            finish::publish(&state.db, state.store.as_ref(), key.job, attempt, &tile).await?
+        }
+        _ => None,
+    };
     let mut tx = state.db.begin().await?;
     let ended = lease::complete_in(&mut tx, key, c).await?;
     if let Some(tile) = &ended.tile {
-        finish::finish_in(&mut tx, state.store.as_ref(), key.job, ended.attempt, tile).await?;
+        match published {
+            Some(p) if p.attempt == ended.attempt => {
+                finish::record_in(&mut tx, key.job, tile, p).await?
+            }
+            // Not published ahead (an output came after the read, say):
+            // the copies in the transaction, as they always were.
+            _ => {
+                finish::finish_in(&mut tx, state.store.as_ref(), key.job, ended.attempt, tile)
+                    .await?
+            }
+        }
     }
     tx.commit().await?;
     after_end(state, &ended);

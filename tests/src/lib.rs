@@ -16,6 +16,8 @@
 //! - [`tiles`]: random models, tiles and datasets for the tile tests.
 //! - [`driven`]: an agent process driven by the test, timing heartbeats.
 //! - [`fds`]: a process's open descriptors, from /proc.
+//! - [`s3`]: a real S3-compatible server (moto), and a proxy that holds
+//!   its copies.
 //! - [`ui`]: a logged-in dashboard client.
 //! - [`up`]: `flotilla up` as a child process, and the CLI against it.
 
@@ -24,6 +26,7 @@ pub mod driven;
 pub mod fds;
 pub mod pg;
 pub mod procs;
+pub mod s3;
 pub mod sshd;
 pub mod tiles;
 pub mod ui;

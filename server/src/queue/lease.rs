@@ -217,6 +217,34 @@ pub async fn current_attempt(db: &PgPool, key: LeaseKey) -> Result<i32, LeaseRef
 }
 
 /// [`current_attempt`] on the caller's connection (or transaction).
+/// The attempt `key` holds and, for a tile job, its spec, if the lease is
+/// current: read without a lock, ahead of completing, so that a tile's
+/// outputs can be published before the completing transaction takes the
+/// row (`crate::completion`). `None`: not current (the completion itself
+/// says why).
+pub async fn held_attempt(
+    db: &PgPool,
+    key: LeaseKey,
+) -> Result<Option<(i32, Option<TileJob>)>, sqlx::Error> {
+    let row: Option<EndRow> = sqlx::query_as(
+        "SELECT attempt, state, kind, CASE WHEN kind = 'tile' THEN spec END AS tile_spec
+         FROM jobs WHERE id = $1 AND lease_token = $2 AND agent_id = $3
+           AND state IN ('leased', 'running')",
+    )
+    .bind(key.job)
+    .bind(key.token)
+    .bind(key.agent)
+    .fetch_optional(db)
+    .await?;
+    Ok(match row {
+        Some(row) => {
+            let held = attempt_end(row)?;
+            Some((held.attempt, held.tile))
+        }
+        None => None,
+    })
+}
+
 async fn current_attempt_on(conn: &mut PgConnection, key: LeaseKey) -> Result<i32, LeaseRefused> {
     let attempt: Option<i32> = sqlx::query_scalar(
         "SELECT attempt FROM jobs WHERE id = $1 AND lease_token = $2 AND agent_id = $3

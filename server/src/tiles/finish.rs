@@ -1,20 +1,28 @@
-//! A tile job's completion, inside the transaction that marks it succeeded.
+//! A tile job's completion: its two outputs are copied to
+//! `{dataset}/{year}/grid_X_Y/` and its coverage is recorded.
 //!
-//! Its two outputs are copied to `{dataset}/{year}/grid_X_Y/` and its
-//! coverage is recorded.
-//!
-//! Order: the job row is updated (locked) first, then the objects are copied
-//! from the attempt's own keys, then coverage is written, then the
-//! transaction commits. An attempt's objects are complete before they are
-//! recorded (multipart upload), a copy is atomic in the store, and nothing
-//! says a tile is done until the commit. If the server dies after a copy and
-//! before the commit, the job is still running; its retry copies again over
-//! the same keys.
+//! Order: while the lease is current, the objects are copied from the
+//! attempt's own keys ([`publish`]) with no database connection held (a
+//! copy of a large object takes seconds on S3, and the agents' calls share
+//! a small pool); then one transaction marks the job succeeded (checking
+//! the lease again, under the row's lock), writes coverage ([`record_in`])
+//! and commits. An attempt's objects are complete before they are recorded
+//! (multipart upload), a copy is atomic in the store, and nothing says a
+//! tile is done until the commit. If the server dies after a copy and
+//! before the commit, the job is still running; the agent's retried report
+//! or the job's next attempt copies again over the same keys. A lease that
+//! lapses between the copy and the commit is refused there, and the
+//! attempt that does commit copies its own outputs before it records
+//! anything; only a copy that outlasts the whole lease (which the agent's
+//! heartbeats renew meanwhile) could land after it, and then its bytes are
+//! the same tile encoded from the same inputs and model.
+//! [`finish_in`] does it all inside the transaction, for an attempt not
+//! published ahead.
 
 use flotilla_core::job::TileJob;
 use object_store::path::Path as StorePath;
 use object_store::ObjectStore;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 /// Why a tile job's success could not be recorded; the caller rolls back.
@@ -34,9 +42,61 @@ pub enum FinishError {
     Db(#[from] sqlx::Error),
 }
 
+/// An attempt's two outputs, copied to their final keys: their sizes, in
+/// [`TileJob`]'s output order, for [`record_in`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    pub attempt: i32,
+    pub sizes: [i64; 2],
+}
+
+/// Copies tile job `job`'s outputs of `attempt` to the tile's final keys.
+/// Reads which were uploaded on a connection it gives back at once, then
+/// copies with none held: a copy of a large object takes seconds on S3.
+/// `Ok(None)` if an output is not uploaded (the completion then refuses,
+/// naming it).
+pub async fn publish(
+    db: &PgPool,
+    store: &dyn ObjectStore,
+    job: Uuid,
+    attempt: i32,
+    tile: &TileJob,
+) -> Result<Option<Published>, FinishError> {
+    let stored = uploaded(db, job, attempt).await?;
+    let Ok(found) = outputs_of(tile, attempt, &stored) else {
+        return Ok(None);
+    };
+    copy_all(store, tile, &found).await?;
+    Ok(Some(Published {
+        attempt,
+        sizes: [found[0].2, found[1].2],
+    }))
+}
+
+/// Records the coverage of tile job `job`, its outputs of `attempt`
+/// published, in `tx` (the transaction that marks it succeeded).
+pub async fn record_in(
+    tx: &mut PgConnection,
+    job: Uuid,
+    tile: &TileJob,
+    published: Published,
+) -> Result<(), FinishError> {
+    super::coverage::record_fleet(
+        tx,
+        &tile.dataset,
+        tile.year,
+        tile.tile,
+        published.sizes[0],
+        published.sizes[1],
+        job,
+    )
+    .await?;
+    Ok(())
+}
+
 /// Publishes tile job `job`'s outputs of `attempt` (just marked succeeded
-/// in `tx`) and records its coverage, in `tx` (see the module
-/// documentation).
+/// in `tx`) and records its coverage, all in `tx`: for an attempt not
+/// published ahead of the transaction (see the module documentation).
 pub async fn finish_in(
     tx: &mut PgConnection,
     store: &dyn ObjectStore,
@@ -44,24 +104,60 @@ pub async fn finish_in(
     attempt: i32,
     tile: &TileJob,
 ) -> Result<(), FinishError> {
+    let stored = uploaded(&mut *tx, job, attempt).await?;
+    let found = outputs_of(tile, attempt, &stored)?;
+    copy_all(store, tile, &found).await?;
+    let published = Published {
+        attempt,
+        sizes: [found[0].2, found[1].2],
+    };
+    record_in(tx, job, tile, published).await
+}
+
+/// (name, key, size) of each output attempt `attempt` of `job` uploaded.
+async fn uploaded<'c, E>(
+    db: E,
+    job: Uuid,
+    attempt: i32,
+) -> Result<Vec<(String, String, i64)>, sqlx::Error>
+where
+    E: sqlx::PgExecutor<'c>,
+{
+    sqlx::query_as("SELECT name, key, size FROM job_outputs WHERE job_id = $1 AND attempt = $2")
+        .bind(job)
+        .bind(attempt)
+        .fetch_all(db)
+        .await
+}
+
+/// The tile's two outputs among `stored`, in [`TileJob`]'s order.
+fn outputs_of(
+    tile: &TileJob,
+    attempt: i32,
+    stored: &[(String, String, i64)],
+) -> Result<[(String, String, i64); 2], FinishError> {
     let names = tile.tile.output_names();
-    let stored: Vec<(String, String, i64)> = sqlx::query_as(
-        "SELECT name, key, size FROM job_outputs WHERE job_id = $1 AND attempt = $2",
-    )
-    .bind(job)
-    .bind(attempt)
-    .fetch_all(&mut *tx)
-    .await?;
-    let prefix = super::final_prefix(&tile.dataset, tile.year, &tile.tile);
-    let mut sizes = [0i64; 2];
-    for (i, name) in names.iter().enumerate() {
-        let Some((_, key, size)) = stored.iter().find(|(n, _, _)| n == name) else {
-            return Err(FinishError::MissingOutput {
+    let find = |name: &String| {
+        stored
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .cloned()
+            .ok_or_else(|| FinishError::MissingOutput {
                 name: name.clone(),
                 attempt,
-            });
-        };
-        sizes[i] = *size;
+            })
+    };
+    Ok([find(&names[0])?, find(&names[1])?])
+}
+
+/// Copies each output from its attempt's key to the tile's final key.
+async fn copy_all(
+    store: &dyn ObjectStore,
+    tile: &TileJob,
+    found: &[(String, String, i64); 2],
+) -> Result<(), FinishError> {
+    let prefix = super::final_prefix(&tile.dataset, tile.year, &tile.tile);
+    for (name, key, _) in found {
         let to = format!("{prefix}/{name}");
         store
             .copy(
@@ -75,15 +171,5 @@ pub async fn finish_in(
                 source,
             })?;
     }
-    super::coverage::record_fleet(
-        tx,
-        &tile.dataset,
-        tile.year,
-        tile.tile,
-        sizes[0],
-        sizes[1],
-        job,
-    )
-    .await?;
     Ok(())
 }

@@ -37,6 +37,7 @@ mod revdeps_job;
 mod roi_pages;
 mod s3_store;
 mod submissions;
+mod tile_publish;
 mod tiles_bench;
 mod tiles_e2e;
 mod tiles_geometry;

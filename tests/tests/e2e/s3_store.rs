@@ -3,24 +3,15 @@
 //! the server signs, the server recording them only once the store holds
 //! what was declared; tile inputs come back by redirects to presigned URLs.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use flotilla_core::job::JobState;
 use flotilla_e2e::driven::Driven;
-use flotilla_e2e::procs::{free_addr, Agent, Server, ServerOpts};
-use flotilla_e2e::{eventually, pg, scratch, tiles};
+use flotilla_e2e::procs::{Agent, Server, ServerOpts};
+use flotilla_e2e::s3::Moto;
+use flotilla_e2e::{pg, scratch, tiles};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-
-fn moto_available() -> bool {
-    std::process::Command::new("python3")
-        .args(["-c", "import moto.server"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
 
 /// How many `method` requests to the route template `route` the server has
 /// answered, from its own latency histograms on /metrics. (Not the bytes
@@ -49,39 +40,12 @@ async fn route_calls(server: &Server, method: &str, route: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outputs_go_to_s3_directly_with_size_and_sha256() {
-    if !moto_available() {
-        // CI installs moto (scripts/setup-debian.sh --test); there its
-        // absence is a failure, not a skip.
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "moto[server] is not installed; scripts/setup-debian.sh --test installs it"
-        );
-        eprintln!("SKIPPED: moto[server] is not installed (run scripts/setup-debian.sh --test)");
+    let Some(moto) = Moto::start("results").await else {
         return;
-    }
+    };
     let dir = scratch("e2e-s3-");
-    let s3_addr = free_addr();
-    let mut moto = tokio::process::Command::new("python3")
-        .args([
-            "-m",
-            "moto.server",
-            "-H",
-            "127.0.0.1",
-            "-p",
-            &s3_addr.port().to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting moto");
-    let endpoint = format!("http://{s3_addr}");
+    let endpoint = moto.endpoint.clone();
     let http = reqwest::Client::new();
-    eventually("moto to answer", Duration::from_secs(60), || {
-        let req = http.put(format!("{endpoint}/results")).send();
-        async move { matches!(req.await, Ok(r) if r.status().is_success()) }
-    })
-    .await;
 
     let cluster = pg::shared().await;
     let db = pg::fresh_database(cluster).await;
@@ -93,15 +57,11 @@ async fn outputs_go_to_s3_directly_with_size_and_sha256() {
             listen: "127.0.0.1:0".parse().unwrap(),
             lease_ttl_ms: 5_000,
             backoff_base_ms: 200,
-            env: vec![
-                ("AWS_ACCESS_KEY_ID".into(), "test".into()),
-                ("AWS_SECRET_ACCESS_KEY".into(), "test".into()),
-                ("AWS_REGION".into(), "us-east-1".into()),
-                ("AWS_ENDPOINT_URL".into(), endpoint.clone()),
-                ("AWS_ALLOW_HTTP".into(), "true".into()),
+            env: Moto::server_env(&endpoint)
+                .into_iter()
                 // S3's smallest parts, so that 12 MB is three of them.
-                ("FLOTILLA_OUTPUT_PART_MIB".into(), "5".into()),
-            ],
+                .chain([("FLOTILLA_OUTPUT_PART_MIB".into(), "5".into())])
+                .collect(),
         },
     )
     .await;
@@ -286,7 +246,7 @@ async fn outputs_go_to_s3_directly_with_size_and_sha256() {
     direct_uploads_record_only_what_the_store_holds(&server, &endpoint, &http).await;
 
     drop(server);
-    let _ = moto.kill().await;
+    drop(moto);
 }
 
 /// `POST /api/agent/v1/jobs/{job}/output-uploads{what}` as `agent`.
