@@ -37,17 +37,16 @@ pub async fn complete(state: &AppState, key: LeaseKey, c: &Complete) -> ApiResul
     let mut tx = state.db.begin().await?;
     let ended = lease::complete_in(&mut tx, key, c).await?;
     if let Some(tile) = &ended.tile {
-        match published {
-            Some(p) if p.attempt == ended.attempt => {
-                finish::record_in(&mut tx, key.job, tile, p).await?
-            }
-            // Not published ahead (an output came after the read, say):
-            // the copies in the transaction, as they always were.
-            _ => {
-                finish::finish_in(&mut tx, state.store.as_ref(), key.job, ended.attempt, tile)
-                    .await?
-            }
-        }
+        let store = state.store.as_ref();
+        finish::record_in(
+            &mut tx,
+            store,
+            key.job,
+            ended.attempt,
+            tile,
+            published.as_ref(),
+        )
+        .await?;
     }
     tx.commit().await?;
     after_end(state, &ended);

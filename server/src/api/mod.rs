@@ -55,6 +55,7 @@ use crate::state::AppState;
 /// main pool with everything else.
 pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
     let limit = state.settings.max_body_bytes;
+    let dashboard_open = state.settings.dashboard_open;
     let agent_state = AppState {
         db: agent_db,
         ..state.clone()
@@ -182,13 +183,13 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .merge(agent_calls);
-    answer_layers(routes, limit)
+    answer_layers(routes, limit, dashboard_open)
 }
 
 /// What every answer passes through, outermost last: the body limit, the
 /// panic catcher, a dashboard error as a page, the security headers, the
 /// latency metric and the trace.
-fn answer_layers(routes: Router, limit: usize) -> Router {
+fn answer_layers(routes: Router, limit: usize, dashboard_open: bool) -> Router {
     routes
         .layer(DefaultBodyLimit::max(limit))
         // A handler that panics answers 500 instead of dropping the
@@ -202,7 +203,10 @@ fn answer_layers(routes: Router, limit: usize) -> Router {
                 )))
             },
         ))
-        .layer(axum::middleware::from_fn(dashboard::errors_as_pages))
+        .layer(axum::middleware::from_fn_with_state(
+            dashboard_open,
+            dashboard::errors_as_pages,
+        ))
         .layer(axum::middleware::map_response(dashboard::security_headers))
         // Latency by route template (metrics::http), outside the panic
         // catcher so that a panic counts as the 500 it answers.
@@ -263,7 +267,7 @@ mod tests {
             .route("/api/v1/bad", get(bad))
             .route("/ui/bad", get(bad))
             .route("/ui/alerts.json", get(bad));
-        let app = answer_layers(routes, 1024);
+        let app = answer_layers(routes, 1024, false);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -300,6 +304,37 @@ mod tests {
             assert!(kind.starts_with(want), "{path}: {kind}");
             let body = r.text().await.unwrap();
             assert!(body.contains(says), "{path}: {body}");
+        }
+    }
+
+    /// An error page offers "Log out" to a browser with a session cookie,
+    /// unless the dashboard is open to all (it has no sessions to end).
+    #[tokio::test]
+    async fn error_pages_offer_log_out_only_where_there_is_a_session() {
+        async fn bad() -> ApiError {
+            ApiError::NotFound("no job 0".into())
+        }
+        for (open, cookie, offered) in [
+            (false, true, true),
+            (false, false, false),
+            (true, true, false),
+        ] {
+            let routes = Router::new().route("/ui/bad", get(bad));
+            let app = answer_layers(routes, 1024, open);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            let mut request = reqwest::Client::new().get(format!("http://{addr}/ui/bad"));
+            if cookie {
+                request = request.header("cookie", "flotilla_session=abc");
+            }
+            let body = request.send().await.unwrap().text().await.unwrap();
+            assert!(body.contains("no job 0"), "{body}");
+            assert_eq!(
+                body.contains("action=\"/ui/logout\""),
+                offered,
+                "open {open}, cookie {cookie}: {body}"
+            );
         }
     }
 }

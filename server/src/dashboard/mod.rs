@@ -116,13 +116,17 @@ fn is_page(path: &str) -> bool {
 /// showed the raw JSON. Other headers (`Retry-After`) are kept; answers that
 /// are not JSON (the event streams' bare `401`, pages) pass as they are.
 /// The dashboard's own `404` ([`not_found_page`]) is rendered here too.
-/// Either page offers "Log out" where the browser sent a session cookie.
+/// Either page offers "Log out" where the browser sent a session cookie
+/// (and the dashboard is not open to all).
 pub async fn errors_as_pages(
+    axum::extract::State(dashboard_open): axum::extract::State<bool>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let page = is_page(request.uri().path());
-    let logged_in = session::carries_session(request.headers());
+    // An open dashboard has no sessions to end (a cookie left from before
+    // it was opened ends nothing either).
+    let logged_in = !dashboard_open && session::carries_session(request.headers());
     let response = next.run(request).await;
     if response.extensions().get::<NotFound>().is_some() {
         let (parts, _) = response.into_parts();

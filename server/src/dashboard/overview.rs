@@ -112,8 +112,6 @@ fn agent_row(a: AgentView) -> AgentRow {
     }
 }
 
-/// The last 8 hex digits of a job id: ids are UUIDv7, whose first digits
-/// are the creation time, so every job of one minute shared its prefix.
 fn job_row(j: JobView) -> JobRow {
     let what = j.summary(120);
     JobRow {

@@ -216,7 +216,6 @@ pub async fn current_attempt(db: &PgPool, key: LeaseKey) -> Result<i32, LeaseRef
     current_attempt_on(&mut conn, key).await
 }
 
-/// [`current_attempt`] on the caller's connection (or transaction).
 /// The attempt `key` holds and, for a tile job, its spec, if the lease is
 /// current: read without a lock, ahead of completing, so that a tile's
 /// outputs can be published before the completing transaction takes the
@@ -245,6 +244,7 @@ pub async fn held_attempt(
     })
 }
 
+/// [`current_attempt`] on the caller's connection (or transaction).
 async fn current_attempt_on(conn: &mut PgConnection, key: LeaseKey) -> Result<i32, LeaseRefused> {
     let attempt: Option<i32> = sqlx::query_scalar(
         "SELECT attempt FROM jobs WHERE id = $1 AND lease_token = $2 AND agent_id = $3

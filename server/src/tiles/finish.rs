@@ -6,7 +6,8 @@
 //! copy of a large object takes seconds on S3, and the agents' calls share
 //! a small pool); then one transaction marks the job succeeded (checking
 //! the lease again, under the row's lock), writes coverage ([`record_in`])
-//! and commits. An attempt's objects are complete before they are recorded
+//! and commits, copying there only what was not published ahead. An
+//! attempt's objects are complete before they are recorded
 //! (multipart upload), a copy is atomic in the store, and nothing says a
 //! tile is done until the commit. If the server dies after a copy and
 //! before the commit, the job is still running; the agent's retried report
@@ -16,8 +17,6 @@
 //! anything; only a copy that outlasts the whole lease (which the agent's
 //! heartbeats renew meanwhile) could land after it, and then its bytes are
 //! the same tile encoded from the same inputs and model.
-//! [`finish_in`] does it all inside the transaction, for an attempt not
-//! published ahead.
 
 use flotilla_core::job::TileJob;
 use object_store::path::Path as StorePath;
@@ -42,12 +41,12 @@ pub enum FinishError {
     Db(#[from] sqlx::Error),
 }
 
-/// An attempt's two outputs, copied to their final keys: their sizes, in
-/// [`TileJob`]'s output order, for [`record_in`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// An attempt's two outputs as they were copied to their final keys
+/// ((name, key, size), in [`TileJob`]'s output order), for [`record_in`].
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Published {
     pub attempt: i32,
-    pub sizes: [i64; 2],
+    outputs: [(String, String, i64); 2],
 }
 
 /// Copies tile job `job`'s outputs of `attempt` to the tile's final keys.
@@ -55,6 +54,10 @@ pub struct Published {
 /// copies with none held: a copy of a large object takes seconds on S3.
 /// `Ok(None)` if an output is not uploaded (the completion then refuses,
 /// naming it).
+///
+/// An agent's report retried while the first is still copying (its call
+/// timed out) copies again: the same bytes to the same keys, and only one
+/// of the two completions commits.
 pub async fn publish(
     db: &PgPool,
     store: &dyn ObjectStore,
@@ -63,55 +66,43 @@ pub async fn publish(
     tile: &TileJob,
 ) -> Result<Option<Published>, FinishError> {
     let stored = uploaded(db, job, attempt).await?;
-    let Ok(found) = outputs_of(tile, attempt, &stored) else {
+    let Ok(outputs) = outputs_of(tile, attempt, &stored) else {
         return Ok(None);
     };
-    copy_all(store, tile, &found).await?;
-    Ok(Some(Published {
-        attempt,
-        sizes: [found[0].2, found[1].2],
-    }))
+    copy_all(store, tile, &outputs).await?;
+    Ok(Some(Published { attempt, outputs }))
 }
 
-/// Records the coverage of tile job `job`, its outputs of `attempt`
-/// published, in `tx` (the transaction that marks it succeeded).
+/// Records the coverage of tile job `job` (its `attempt` just marked
+/// succeeded in `tx`) from the outputs the attempt holds, read again in
+/// `tx`. Those already copied by [`publish`] (`ahead`) are not copied
+/// again; any others (none published ahead, or the attempt's uploads
+/// changed since) are copied here, in the transaction.
 pub async fn record_in(
-    tx: &mut PgConnection,
-    job: Uuid,
-    tile: &TileJob,
-    published: Published,
-) -> Result<(), FinishError> {
-    super::coverage::record_fleet(
-        tx,
-        &tile.dataset,
-        tile.year,
-        tile.tile,
-        published.sizes[0],
-        published.sizes[1],
-        job,
-    )
-    .await?;
-    Ok(())
-}
-
-/// Publishes tile job `job`'s outputs of `attempt` (just marked succeeded
-/// in `tx`) and records its coverage, all in `tx`: for an attempt not
-/// published ahead of the transaction (see the module documentation).
-pub async fn finish_in(
     tx: &mut PgConnection,
     store: &dyn ObjectStore,
     job: Uuid,
     attempt: i32,
     tile: &TileJob,
+    ahead: Option<&Published>,
 ) -> Result<(), FinishError> {
     let stored = uploaded(&mut *tx, job, attempt).await?;
-    let found = outputs_of(tile, attempt, &stored)?;
-    copy_all(store, tile, &found).await?;
-    let published = Published {
-        attempt,
-        sizes: [found[0].2, found[1].2],
-    };
-    record_in(tx, job, tile, published).await
+    let outputs = outputs_of(tile, attempt, &stored)?;
+    let copied = ahead.is_some_and(|p| p.attempt == attempt && p.outputs == outputs);
+    if !copied {
+        copy_all(store, tile, &outputs).await?;
+    }
+    super::coverage::record_fleet(
+        tx,
+        &tile.dataset,
+        tile.year,
+        tile.tile,
+        outputs[0].2,
+        outputs[1].2,
+        job,
+    )
+    .await?;
+    Ok(())
 }
 
 /// (name, key, size) of each output attempt `attempt` of `job` uploaded.

@@ -374,19 +374,24 @@ pub async fn list(
     name: Option<&str>,
     limit: u32,
 ) -> Result<RoiPage, sqlx::Error> {
+    // Two statements, not `$3 IS NULL OR name = $3`: a prepared statement's
+    // generic plan could not use `rois_by_name` for the latter.
+    let of_name = if name.is_some() { "AND name = $3" } else { "" };
     // One more than asked: whether there is a next page.
-    let mut rows: Vec<RoiRow> = sqlx::query_as(&format!(
+    let sql = format!(
         "SELECT {ROI_COLUMNS} FROM rois
          WHERE ($1::uuid IS NULL
                 OR (created_at, id) < (SELECT created_at, id FROM rois WHERE id = $1))
-           AND ($3::text IS NULL OR name = $3)
+           {of_name}
          ORDER BY created_at DESC, id DESC LIMIT $2"
-    ))
-    .bind(before)
-    .bind(i64::from(limit) + 1)
-    .bind(name)
-    .fetch_all(db)
-    .await?;
+    );
+    let mut query = sqlx::query_as::<_, RoiRow>(&sql)
+        .bind(before)
+        .bind(i64::from(limit) + 1);
+    if let Some(name) = name {
+        query = query.bind(name);
+    }
+    let mut rows = query.fetch_all(db).await?;
     let more = rows.len() > limit as usize;
     rows.truncate(limit as usize);
     let mut rois = Vec::with_capacity(rows.len());

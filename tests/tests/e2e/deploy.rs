@@ -120,7 +120,10 @@ fn the_launchd_daemon_is_a_property_list_that_starts_the_agent() {
 
 /// The FreeBSD rc.d script run by `sh` against a stand-in for rc.subr that
 /// prints the command `run_rc_command` would start (after the script's
-/// precmd): (status, stdout, stderr).
+/// precmd): (status, stdout, stderr). Like rc.subr, it takes a set
+/// `${name}_user` as the account to start the command as (with `su -m`):
+/// daemon(8) must start as root to write its pid file and drop to the
+/// agent's account itself, so the stand-in refuses one.
 fn rc_d(env: &[(&str, &str)]) -> (bool, Vec<String>, String) {
     let dir = flotilla_e2e::scratch("e2e-rcd-");
     let subr = dir.path().join("rc.subr");
@@ -130,6 +133,11 @@ fn rc_d(env: &[(&str, &str)]) -> (bool, Vec<String>, String) {
          err() { shift; echo \"$*\" >&2; exit 1; }\n\
          run_rc_command() {\n\
              [ \"$1\" = start ] || exit 2\n\
+             eval _user=\\${${name}_user}\n\
+             if [ -n \"$_user\" ]; then\n\
+                 echo \"rc.subr would start the command as $_user (su -m), not as root\" >&2\n\
+                 exit 3\n\
+             fi\n\
              $start_precmd || exit 1\n\
              printf '%s\\n' $command $command_args\n\
          }\n",
@@ -204,13 +212,17 @@ fn the_freebsd_rc_script_starts_the_agent_under_daemon_with_flags_it_takes() {
     }
     accepts("freebsd/flotilla_agent", agent);
 
-    // No CA file: no --ca-file at all, not one without its value.
+    // No CA file: no --ca-file at all, not one without its value. Another
+    // account: daemon drops to it.
     let (ok, words, err) = rc_d(&[
         ("flotilla_agent_server", "https://flotilla.example:8470"),
         ("flotilla_agent_token_file", token),
+        ("flotilla_agent_account", "worker"),
     ]);
     assert!(ok, "{err}");
     assert!(!words.contains(&"--ca-file".to_owned()), "{words:?}");
+    let user = words.iter().position(|w| w == "-u").map(|i| &words[i + 1]);
+    assert_eq!(user.map(String::as_str), Some("worker"), "{words:?}");
     let at = words
         .iter()
         .position(|w| w.ends_with("/flotilla-agent"))

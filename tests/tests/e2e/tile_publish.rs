@@ -75,8 +75,9 @@ async fn a_tile_is_published_while_the_agents_pool_serves_others() {
         .expect("the tile's outputs to be copied to their final keys");
 
     // The copy is held. Another agent's heartbeat is answered, on the one
-    // connection of the agents' pool, and no server connection sits in a
-    // transaction.
+    // connection of the agents' pool, and no server connection has sat in
+    // a transaction for a second (the completing one would have since the
+    // copy began).
     bystander
         .heartbeat()
         .await
@@ -87,7 +88,8 @@ async fn a_tile_is_published_while_the_agents_pool_serves_others() {
     let waiting: Vec<String> = sqlx::query_scalar(
         "SELECT query FROM pg_stat_activity
          WHERE datname = current_database() AND pid <> pg_backend_pid()
-           AND state LIKE 'idle in transaction%'",
+           AND state LIKE 'idle in transaction%'
+           AND xact_start < now() - interval '1 second'",
     )
     .fetch_all(&db)
     .await
