@@ -34,7 +34,7 @@
 //!   the `onednn` feature, Linux only); the GPU path in `backend/gpu/`
 //!   (`mod.rs` the weights on the device, `forward.rs` and `ops.rs` the
 //!   forward pass, `device.rs` the device interface, `kernels.cu`, `cuda/`
-//!   behind the `cuda` feature, the tests' `emulator.rs`).
+//!   behind the `cuda` feature, the tests' `emulator/`).
 //! - `encode` — `Encoder` (`encode/mod.rs`): windows read ahead on their own
 //!   thread (`pipeline.rs`), cut as the tile is counted (`cutter.rs`),
 //!   grouped by bin and chunked (`gather.rs`), fed to the backend

@@ -15,7 +15,7 @@
 //!   (pre-packed oneDNN matmuls; the `onednn` feature, Linux only).
 //! - `gpu/`: the GPU path written once over a device interface (`device.rs`,
 //!   kernels in `kernels.cu`); `cuda/` is its real device (the `cuda`
-//!   feature), the tests' `emulator.rs` runs it on the CPU.
+//!   feature), the tests' `emulator/` runs it on the CPU.
 
 mod block;
 pub(crate) mod choice;

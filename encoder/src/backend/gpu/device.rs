@@ -1,7 +1,7 @@
 //! What the GPU path needs from a device: SGEMM, kernel launches and the kernels' source.
 //!
 //! [`Device`] is the interface `gpu/` runs the model over; `cuda/`
-//! implements it on a GPU and, in tests, `emulator.rs` on the CPU. Both
+//! implements it on a GPU and, in tests, `emulator/` on the CPU. Both
 //! compile the same [`KERNELS`] (`kernels.cu`).
 
 use crate::error::{EncodeError, Result};

@@ -15,7 +15,7 @@
 //!
 //! Two devices implement [`Device`] (`device.rs`): `cuda/` (cuBLAS and
 //! NVRTC through cudarc, the real thing) and, in this crate's tests,
-//! `emulator.rs`, which runs the same kernel source on the CPU and emulates
+//! `emulator/`, which runs the same kernel source on the CPU and emulates
 //! cuBLAS's column-major SGEMM, so this module's layouts, launches and kernels
 //! are checked against the fixtures on machines without a GPU.
 //!

@@ -7,7 +7,7 @@
 //!
 //! Status: the model code above this device (layouts, launches, kernels)
 //! is checked on the CPU against the fixtures by the emulated device in
-//! `emulator.rs`; this module, the thin binding to the driver, cuBLAS and
+//! `emulator/`; this module, the thin binding to the driver, cuBLAS and
 //! NVRTC, is checked only on a GPU (`scripts/gpu-check.sh`: it ran on an
 //! H200, 2026-12-04; the page-locked staging and its events, added since,
 //! have not). The fixture tests (`tests/fixtures.rs`) include this backend
