@@ -42,6 +42,27 @@ pub struct Server {
 }
 
 impl Server {
+    /// Runs the CLI against this server with the admin token: Ok((stdout,
+    /// stderr)) where it succeeds, Err(its stdout and stderr) where not.
+    pub async fn cli(&self, args: &[&str]) -> Result<(String, String), String> {
+        let out = tokio::process::Command::new(crate::binary("flotilla"))
+            .args(args)
+            .args(["--server", &self.url()])
+            .env("FLOTILLA_TOKEN", &self.admin_token)
+            .env("FLOTILLA_LOG", "warn")
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("running the flotilla CLI");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        if out.status.success() {
+            Ok((stdout, stderr))
+        } else {
+            Err(format!("{stdout}{stderr}"))
+        }
+    }
+
     /// Starts `flotilla serve` and waits until it is healthy.
     pub async fn start(dir: &Path, opts: ServerOpts) -> Server {
         Server::start_with(dir, opts, None).await

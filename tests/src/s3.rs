@@ -71,6 +71,24 @@ impl Moto {
         })
     }
 
+    /// Puts every file of `dir` into the store at `prefix` (`bucket/key
+    /// prefix`), named as it is there.
+    pub async fn put_files(&self, prefix: &str, dir: &std::path::Path) {
+        let http = reqwest::Client::new();
+        for f in std::fs::read_dir(dir).expect("reading the directory") {
+            let f = f.expect("a directory entry");
+            let name = f.file_name().to_string_lossy().into_owned();
+            let url = format!("{}/{prefix}/{name}", self.endpoint);
+            let r = http
+                .put(&url)
+                .body(std::fs::read(f.path()).expect("reading a file"))
+                .send()
+                .await
+                .expect("a PUT to moto");
+            assert!(r.status().is_success(), "PUT {url}: {}", r.status());
+        }
+    }
+
     /// A server's environment for a store at `endpoint` (moto's own, or a
     /// proxy in front of it).
     pub fn server_env(endpoint: &str) -> Vec<(String, String)> {

@@ -6,7 +6,6 @@ use askama::Template;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Utc};
 use flotilla_core::api::revdeps::{RunState, RunView};
 use serde::Deserialize;
 use uuid::Uuid;
@@ -25,10 +24,6 @@ const EARLIER_RUNS: u32 = 20;
 
 /// Packages of an answer listed on the page; the download has them all.
 const ANSWER_LINES: usize = 2_000;
-
-fn when(t: DateTime<Utc>) -> String {
-    super::utc(t)
-}
 
 /// "1.2 s", "3 min 4 s": a duration in milliseconds, for people.
 fn took(ms: u64) -> String {
@@ -74,7 +69,7 @@ fn run_row(r: read::RunLine) -> RunRow {
             (None, None) => "—".into(),
         },
         submitter: r.submitter,
-        created: when(r.created_at),
+        created: super::utc(r.created_at),
         took: r
             .finished_at
             .map(|f| took((f - r.created_at).num_milliseconds().max(0) as u64))
@@ -246,7 +241,7 @@ pub async fn page(
                 let (added, removed) = read::diff(old, answer);
                 Comparison {
                     against: o.id.to_string(),
-                    against_created: when(o.created_at),
+                    against_created: super::utc(o.created_at),
                     added,
                     removed,
                 }
@@ -283,15 +278,15 @@ pub async fn page(
         percent,
         timings: timing_lines(&run),
         error: run.error.clone(),
-        created: when(run.created_at),
-        finished: run.finished_at.map(when).unwrap_or_default(),
+        created: super::utc(run.created_at),
+        finished: run.finished_at.map(super::utc).unwrap_or_default(),
         steps,
         answer_cut: answer_len.is_some_and(|n| n > answer.len()),
         answer_len,
         answer,
         earlier: earlier
             .into_iter()
-            .map(|(id, at)| (id.to_string(), when(at)))
+            .map(|(id, at)| (id.to_string(), super::utc(at)))
             .collect(),
         comparison,
         show_logout: !state.settings.dashboard_open,

@@ -34,17 +34,6 @@ pub enum RetryError {
     Db(#[from] sqlx::Error),
 }
 
-impl RetryError {
-    /// The field a refusal is about, where it is about one.
-    pub fn field(&self) -> Option<&str> {
-        match self {
-            RetryError::NotCommand { .. } => Some("kind"),
-            RetryError::Invalid(e) => Some(&e.field),
-            _ => None,
-        }
-    }
-}
-
 /// Queues job `id` again as a new job owned by `owner` and accounted to
 /// `submitter`, within `cap` waiting jobs of that submitter; the new id.
 pub async fn requeue(

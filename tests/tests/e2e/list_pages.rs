@@ -45,23 +45,13 @@ async fn walk(api: &Api, path: &str, key: &str, cursor: &str, field: &str) -> Ve
     panic!("{path}: more than 100 pages");
 }
 
-/// Runs the CLI against `server` with the admin token: (stdout, stderr).
+/// Runs the CLI against `server` with the admin token: (stdout, stderr);
+/// it must succeed.
 async fn cli(server: &Server, args: &[&str]) -> (String, String) {
-    let out = tokio::process::Command::new(flotilla_e2e::binary("flotilla"))
-        .args(args)
-        .args(["--server", &server.url()])
-        .env("FLOTILLA_TOKEN", &server.admin_token)
-        .env("FLOTILLA_LOG", "warn")
-        .kill_on_drop(true)
-        .output()
+    server
+        .cli(args)
         .await
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert!(out.status.success(), "flotilla {args:?}: {stdout}{stderr}");
-    (stdout, stderr)
+        .unwrap_or_else(|e| panic!("flotilla {args:?}: {e}"))
 }
 
 /// The cursor the CLI printed on stderr after `flag`.

@@ -475,47 +475,28 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
     let none = api.get("/api/v1/rois?name=fir").await;
     assert_eq!(none, json!({"rois": [], "next": null}));
 
-    let (out, err) = cli(&server, &["roi", "show", "second"]).await.unwrap();
+    let (out, err) = server.cli(&["roi", "show", "second"]).await.unwrap();
     let shown: Value = serde_json::from_str(&out).expect("roi show: JSON");
     assert_eq!(shown["id"], second_id.as_str(), "{shown}");
     assert_eq!(err, "", "one ROI of that name: nothing on stderr");
-    let (out, err) = cli(&server, &["roi", "show", "first"]).await.unwrap();
+    let (out, err) = server.cli(&["roi", "show", "first"]).await.unwrap();
     let shown: Value = serde_json::from_str(&out).expect("roi show: JSON");
     assert_eq!(shown["id"], again_id.as_str(), "the newest: {shown}");
     assert!(
         err.contains("several ROIs are named \"first\"") && err.contains(&again_id),
         "{err}"
     );
-    let (out, _) = cli(&server, &["roi", "show", &first_id]).await.unwrap();
+    let (out, _) = server.cli(&["roi", "show", &first_id]).await.unwrap();
     let shown: Value = serde_json::from_str(&out).expect("roi show: JSON");
     assert_eq!(shown["id"], first_id.as_str(), "{shown}");
-    let (out, _) = cli(&server, &["roi", "list", "--name", "first"])
+    let (out, _) = server
+        .cli(&["roi", "list", "--name", "first"])
         .await
         .unwrap();
     assert_eq!(out.lines().count(), 3, "a header and two ROIs: {out}");
-    let err = cli(&server, &["roi", "show", "nobody"]).await.unwrap_err();
+    let err = server.cli(&["roi", "show", "nobody"]).await.unwrap_err();
     assert!(
         err.contains("no ROI is named \"nobody\"") && err.contains("flotilla roi list"),
         "{err}"
     );
-}
-
-/// Runs the CLI against `server` with the admin token: Ok((stdout,
-/// stderr)) where it succeeds, Err(stderr) where it fails.
-async fn cli(server: &Server, args: &[&str]) -> Result<(String, String), String> {
-    let out = tokio::process::Command::new(flotilla_e2e::binary("flotilla"))
-        .args(args)
-        .args(["--server", &server.url()])
-        .env("FLOTILLA_TOKEN", &server.admin_token)
-        .env("FLOTILLA_LOG", "warn")
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    if out.status.success() {
-        Ok((String::from_utf8_lossy(&out.stdout).into_owned(), stderr))
-    } else {
-        Err(stderr)
-    }
 }

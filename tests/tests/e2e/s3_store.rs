@@ -127,22 +127,11 @@ async fn outputs_go_to_s3_directly_with_size_and_sha256() {
     let ckpt = tiles::synth_ckpt(dir.path(), tiles::TINY, 7);
     tiles::register_dataset(&server, "synth", &ckpt).await;
     let put_inputs = |tile: &'static str, seed: u64| {
-        let (http, endpoint, server_dir) = (http.clone(), endpoint.clone(), &server);
+        let (moto, server_dir) = (&moto, &server);
         async move {
             let local = tiles::synth_inputs(server_dir, tile, 16, seed, &[]);
-            for f in std::fs::read_dir(&local).unwrap() {
-                let f = f.unwrap();
-                let name = f.file_name().to_string_lossy().into_owned();
-                let r = http
-                    .put(format!(
-                        "{endpoint}/results/fleet-a/inputs/2024/{tile}/{name}"
-                    ))
-                    .body(std::fs::read(f.path()).unwrap())
-                    .send()
-                    .await
-                    .unwrap();
-                assert!(r.status().is_success(), "PUT {name}: {}", r.status());
-            }
+            let prefix = format!("results/fleet-a/inputs/2024/{tile}");
+            moto.put_files(&prefix, &local).await;
             local
         }
     };

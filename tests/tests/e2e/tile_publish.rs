@@ -43,19 +43,9 @@ async fn a_tile_is_published_while_the_agents_pool_serves_others() {
     tiles::register_dataset(&server, "synth", &ckpt).await;
     let tile = "grid_0.05_52.05";
     let local = tiles::synth_inputs(&server, tile, 16, 3, &[]);
+    moto.put_files(&format!("results/fleet/inputs/2024/{tile}"), &local)
+        .await;
     let http = reqwest::Client::new();
-    for f in std::fs::read_dir(&local).unwrap() {
-        let f = f.unwrap();
-        let name = f.file_name().to_string_lossy().into_owned();
-        let url = format!("{}/results/fleet/inputs/2024/{tile}/{name}", moto.endpoint);
-        let r = http
-            .put(&url)
-            .body(std::fs::read(f.path()).unwrap())
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "PUT {url}: {}", r.status());
-    }
     let bystander =
         Driven::register(&server, "bystander", &["command"], Duration::from_secs(15)).await;
 
