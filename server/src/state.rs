@@ -101,6 +101,8 @@ pub struct Settings {
     /// retrying) when it submits more; admins are not limited. `None`: no
     /// limit.
     pub max_waiting_per_submitter: Option<u64>,
+    /// The caps on the dashboard's live streams.
+    pub live_streams: crate::dashboard::streams::StreamLimits,
 }
 
 /// How much of agents' health history is kept.
@@ -187,6 +189,7 @@ impl Default for Settings {
             // far past a day of the fleet's work, far short of the millions
             // of rows that would slow every count.
             max_waiting_per_submitter: Some(1_000_000),
+            live_streams: crate::dashboard::streams::StreamLimits::default(),
         }
     }
 }

@@ -5,7 +5,7 @@
 (function () {
   const log = document.getElementById("log");
   if (!log || !log.dataset.stream) return;
-  const events = new EventSource(log.dataset.stream);
+  const events = flotillaLive(log.dataset.stream);
   events.addEventListener("lines", (e) => {
     const empty = document.getElementById("log-empty");
     if (empty) empty.remove();

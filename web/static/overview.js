@@ -55,7 +55,7 @@
     }
   };
 
-  const events = new EventSource("/ui/events");
+  const events = flotillaLive("/ui/events");
   events.addEventListener("overview", (e) => {
     const fresh = document.createElement("template");
     fresh.innerHTML = e.data;

@@ -5,7 +5,7 @@
   if (!root || root.dataset.final === "true") return;
   const url = "/ui/pipelines/" + root.dataset.id + "/events" +
     (root.dataset.after ? "?after=" + root.dataset.after : "");
-  const events = new EventSource(url);
+  const events = flotillaLive(url);
   const set = (id, text) => {
     const el = document.getElementById(id);
     if (el && el.textContent !== String(text)) el.textContent = text;

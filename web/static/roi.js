@@ -30,7 +30,7 @@
       a.setAttribute("href", "/ui/rois/" + id + "/tiles/" + name);
     }
   };
-  const events = new EventSource("/ui/rois/" + id + "/events");
+  const events = flotillaLive("/ui/rois/" + id + "/events");
   events.addEventListener("state", (e) => {
     const s = JSON.parse(e.data);
     const h = s.head;

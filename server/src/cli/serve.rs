@@ -9,6 +9,7 @@ use anyhow::Context;
 use flotilla_core::api::TokenRole;
 use sqlx::postgres::PgConnectOptions;
 
+use crate::dashboard::streams::StreamLimits;
 use crate::state::{HealthSampling, HttpLimits, Settings};
 use crate::transport::{ExposureError, Transport};
 
@@ -125,6 +126,16 @@ pub struct ServeArgs {
         default_value_t = 1_000_000
     )]
     pub max_waiting_per_submitter: u64,
+    /// Most live dashboard views (the event streams of open pages) one
+    /// signed-in session may hold at once; one more is refused with 429
+    /// until a tab closes. 0: no limit.
+    #[arg(long, env = "FLOTILLA_MAX_STREAMS_PER_SESSION", default_value_t = cap(StreamLimits::default().per_session))]
+    pub max_streams_per_session: usize,
+    /// Most live dashboard views open at once in this server, so that
+    /// dashboards cannot take the connections agents need (a quarter of
+    /// the default --max-connections). 0: no limit.
+    #[arg(long, env = "FLOTILLA_MAX_STREAMS", default_value_t = cap(StreamLimits::default().total))]
+    pub max_streams: usize,
     #[command(flatten)]
     pub alerts: crate::alerts::AlertArgs,
 }
@@ -157,6 +168,11 @@ pub fn parse_sweep_after(s: &str) -> Result<Duration, String> {
 /// A timeout in milliseconds as the flags take it (0: none).
 fn ms(d: Option<Duration>) -> u64 {
     d.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A cap as the flags take it (0: none).
+fn cap(c: Option<usize>) -> usize {
+    c.unwrap_or(0)
 }
 
 /// The flags' milliseconds as a timeout (0: none).
@@ -196,6 +212,10 @@ impl ServeArgs {
         };
         s.max_waiting_per_submitter =
             (self.max_waiting_per_submitter > 0).then_some(self.max_waiting_per_submitter);
+        s.live_streams = StreamLimits {
+            per_session: (self.max_streams_per_session > 0).then_some(self.max_streams_per_session),
+            total: (self.max_streams > 0).then_some(self.max_streams),
+        };
         s.sweep = crate::store::sweep::Sweep {
             local_root: crate::store::local_dir(&self.store),
             grace: self.sweep_after,

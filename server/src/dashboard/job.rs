@@ -10,7 +10,7 @@ use askama::Template;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Redirect, Response};
 use flotilla_core::api::AttemptView;
 use flotilla_core::job::{JobSpec, JobState};
@@ -19,7 +19,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::session::Who;
-use super::{csrf, render, session, to_login};
+use super::{csrf, render, session, streams, to_login};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::parse_id;
 use crate::queue::cancel::{self, Cancelled};
@@ -305,10 +305,9 @@ pub async fn log_stream(
         .map_or(q.after, |seen| seen.max(q.after));
     let prev = logs::attempt_before(&state.db, id, after).await?;
     let shown = q.state.zip(q.attempt);
-    let stream = log_events(state, viewer, id, after, prev, shown);
-    Ok(Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response())
+    Ok(streams::answer(state, viewer, move |state, viewer| {
+        log_events(state, viewer, id, after, prev, shown)
+    }))
 }
 
 /// New log lines of job `id` after line `after`; ends once the job is

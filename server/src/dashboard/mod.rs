@@ -24,6 +24,8 @@
 //!   polls.
 //! - [`shared`]: live page data computed once per interval, whatever the
 //!   number of open tabs.
+//! - [`streams`]: the caps on live streams open at once, per session and
+//!   in all.
 //! - here: what every page shares (rendering, the login check).
 
 pub mod agent;
@@ -39,6 +41,7 @@ pub mod revdeps;
 pub mod roi;
 pub mod session;
 pub mod shared;
+pub mod streams;
 
 use askama::Template;
 use axum::http::{header, HeaderMap};
@@ -175,7 +178,7 @@ pub async fn errors_as_pages(
 
 /// The pages' scripts, served from the binary: pages carry no inline
 /// script, so the Content-Security-Policy can forbid it.
-const SCRIPTS: [(&str, &str); 5] = [
+const SCRIPTS: &[(&str, &str)] = &[
     ("alerts.js", include_str!("../../../web/static/alerts.js")),
     ("job.js", include_str!("../../../web/static/job.js")),
     (
@@ -187,6 +190,7 @@ const SCRIPTS: [(&str, &str); 5] = [
         include_str!("../../../web/static/pipeline.js"),
     ),
     ("roi.js", include_str!("../../../web/static/roi.js")),
+    ("live.js", include_str!("../../../web/static/live.js")),
 ];
 
 /// `GET /ui/static/{file}`: one of [`SCRIPTS`].

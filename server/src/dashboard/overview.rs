@@ -10,12 +10,13 @@ use std::time::Duration;
 use askama::Template;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use flotilla_core::api::{AgentView, JobView};
 use flotilla_core::job::JobState;
+use futures::Stream;
 
-use super::{render, session, to_login};
+use super::{render, session, streams, to_login};
 use crate::error::ApiResult;
 use crate::queue::read;
 use crate::state::AppState;
@@ -196,10 +197,20 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap) -> Respon
         Err(e) => return e.into_response(),
     };
     let owner = who.own_only();
-    let viewer = who.viewer;
+    streams::answer(state, who.viewer, move |state, viewer| {
+        overview_events(state, viewer, owner)
+    })
+}
+
+/// The overview's events for `viewer`, whose lists are `owner`'s.
+fn overview_events(
+    state: AppState,
+    viewer: session::Viewer,
+    owner: Option<uuid::Uuid>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     let checked = tokio::time::Instant::now();
     let sent: Option<Arc<String>> = None;
-    let stream = futures::stream::unfold(
+    futures::stream::unfold(
         (state, viewer, checked, sent),
         move |(state, viewer, mut checked, mut sent)| async move {
             loop {
@@ -239,8 +250,5 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap) -> Respon
                 return Some((Ok::<_, Infallible>(event), (state, viewer, checked, sent)));
             }
         },
-    );
-    Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    )
 }

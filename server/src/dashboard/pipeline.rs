@@ -9,14 +9,14 @@ use std::time::Duration;
 use askama::Template;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use flotilla_core::api::pipelines::{PipelineSummary, PipelineView};
 use futures::Stream;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{not_found_page, render, session, to_login};
+use super::{not_found_page, render, session, streams, to_login};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::parse_id;
 use crate::pipelines::read;
@@ -220,10 +220,9 @@ pub async fn events(
     {
         return Err(ApiError::NotFound(format!("no pipeline run {id}")));
     }
-    let viewer = who.viewer;
-    Ok(Sse::new(run_events(state, viewer, id, q.after))
-        .keep_alive(KeepAlive::default())
-        .into_response())
+    Ok(streams::answer(state, who.viewer, move |state, viewer| {
+        run_events(state, viewer, id, q.after)
+    }))
 }
 
 /// A run page's live state as JSON (counts, columns, this page's cells)

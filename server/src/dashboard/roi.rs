@@ -12,7 +12,7 @@ use std::time::Duration;
 use askama::Template;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Redirect, Response};
 use flotilla_core::api::rois::{RoiState, TileCounts, TileState};
 use flotilla_core::api::tiles::AgentTileRate;
@@ -22,7 +22,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::shared::RoiPageState;
-use super::{allowed, not_found_page, render, session, to_login};
+use super::{allowed, not_found_page, render, session, streams, to_login};
 use crate::error::ApiResult;
 use crate::extract::parse_id;
 use crate::state::AppState;
@@ -372,9 +372,9 @@ pub async fn events(
     if progress::get(&state.db, id).await?.is_none() {
         return Ok(not_found_page());
     }
-    Ok(Sse::new(roi_events(state, viewer, id))
-        .keep_alive(KeepAlive::default())
-        .into_response())
+    Ok(streams::answer(state, viewer, move |state, viewer| {
+        roi_events(state, viewer, id)
+    }))
 }
 
 /// An ROI page's live state, computed once per interval for all its tabs;

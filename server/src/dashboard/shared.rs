@@ -139,6 +139,9 @@ pub struct LivePages {
     /// The active alerts, for every page's banner, the API and `/metrics`
     /// (evaluated once per `--alert-interval-ms`).
     pub alerts: crate::alerts::Latest,
+    /// The live streams open now, under `--max-streams` and
+    /// `--max-streams-per-session` ([`super::streams`]).
+    pub streams: Arc<super::streams::OpenStreams>,
 }
 
 impl LivePages {
@@ -152,6 +155,7 @@ impl LivePages {
             rois: Shared::new(Duration::from_millis(1900)),
             logs: Shared::new(Duration::from_millis(450)),
             alerts: crate::alerts::Latest::default(),
+            streams: Arc::default(),
         }
     }
 }

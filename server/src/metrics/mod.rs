@@ -79,6 +79,7 @@ pub async fn metrics(
             .collect(),
         process: process::Process::read(),
         alerts: crate::alerts::current(&state).await?,
+        streams: state.live_pages.streams.counts(),
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(scrape));
@@ -107,6 +108,9 @@ struct Scrape {
     tiles: BTreeMap<String, AgentTileRate>,
     process: process::Process,
     alerts: std::sync::Arc<flotilla_core::api::alerts::AlertList>,
+    /// The dashboard's live streams open in this process, and how many
+    /// were refused by its caps since it started.
+    streams: (usize, u64),
 }
 
 /// A gauge read from an agent's latest health report: name, help, unit and
@@ -206,6 +210,21 @@ impl Collector for Scrape {
         self.encode_jobs(&mut enc)?;
         self.encode_agents(&mut enc)?;
         crate::alerts::export::encode(&self.alerts, &mut enc)?;
+        let (open, refused) = self.streams;
+        single_gauge(
+            &mut enc,
+            "flotilla_dashboard_streams",
+            "Live dashboard views (event streams) open in this server process.",
+            None,
+            Some(open as i64),
+        )?;
+        counters(
+            &mut enc,
+            "flotilla_dashboard_streams_refused",
+            "Live dashboard views this server process refused (--max-streams, --max-streams-per-session) since it started.",
+            None,
+            [(NO_LABELS, refused)],
+        )?;
         self.encode_process(&mut enc)
     }
 }

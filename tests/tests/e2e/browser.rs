@@ -4,8 +4,9 @@
 //! browser serve every case, in order: log in through the form, the
 //! overview updating without a reload, a job page that turns `succeeded` by
 //! itself, cancel and drain from the pages, the ROI map's cells per state
-//! against the API, no horizontal overflow at 390 px, keyboard reach, and
-//! no console error or CSP violation on any page. Every page is
+//! against the API, no horizontal overflow at 390 px, keyboard reach, no
+//! console error or CSP violation on any page, and a page whose live stream
+//! the server refuses saying so. Every page is
 //! screenshotted under `target/browser-screenshots/`.
 //!
 //! `readme_screenshots` (ignored; run it with `cargo test -p flotilla-e2e
@@ -426,6 +427,80 @@ async fn keyboard_reaches_the_controls(f: &Fleet, waiting_job: &str) {
     b.assert_clean_console("keyboard").await;
 }
 
+/// Case 10: a page whose live stream the server refuses (this session
+/// already holds `--max-streams-per-session` streams, here opened by a
+/// script with the browser's cookie) keeps what it shows and says its live
+/// updates stopped; once those streams close, pages are live again.
+async fn a_refused_stream_says_so(f: &Fleet, job: &str) {
+    let b = &f.browser;
+    let cookie = b
+        .client
+        .get_named_cookie("flotilla_session")
+        .await
+        .expect("the browser's session cookie");
+    let cookie = format!("flotilla_session={}", cookie.value());
+    let http = reqwest::Client::new();
+    let url = format!("{}/ui/events", f.server.url());
+    let mut held = Vec::new();
+    loop {
+        let r = http
+            .get(&url)
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .expect("the stream answers");
+        if r.status() == 429 {
+            break;
+        }
+        assert_eq!(r.status(), 200, "opening a stream");
+        held.push(r);
+        assert!(
+            held.len() <= 32,
+            "the session's 33rd stream was not refused"
+        );
+    }
+    b.open(&format!("/ui/jobs/{job}")).await;
+    b.wait_js(
+        "the note that live updates stopped",
+        "const p = document.getElementById('live-stopped'); \
+         return !!p && p.textContent.startsWith('Live updates stopped')",
+    )
+    .await;
+    assert!(
+        !b.text("h1, h2").await.is_empty(),
+        "the refused page still shows the job"
+    );
+    b.shot("live-stopped").await;
+    let errors = b.console_errors("refused stream").await;
+    assert!(
+        !errors.is_empty() && errors.iter().all(|e| e.contains("429")),
+        "console errors: {errors:#?}"
+    );
+    drop(held);
+    let (http, url, cookie) = (&http, &url, &cookie);
+    eventually(
+        "the closed streams' slots given back",
+        Duration::from_secs(30),
+        move || async move {
+            http.get(url)
+                .header("cookie", cookie)
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        },
+    )
+    .await;
+    b.open(&format!("/ui/jobs/{job}")).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        b.js("return !!document.getElementById('live-stopped')")
+            .await,
+        false,
+        "a page opened under the cap says its updates stopped"
+    );
+    b.assert_clean_console("live again").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_works_in_chromium() {
     let started = Instant::now();
@@ -512,6 +587,8 @@ async fn the_dashboard_works_in_chromium() {
         .await;
     keyboard_reaches_the_controls(&f, &waiting).await;
     step("8 keyboard, 9 console");
+    a_refused_stream_says_so(&f, &waiting).await;
+    step("10 a refused stream says so");
     println!(
         "browser: screenshots in {} ({:.1} s in all)",
         f.browser.shots.display(),

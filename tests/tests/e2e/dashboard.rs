@@ -516,7 +516,14 @@ async fn rate_with_tabs(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_tabs_cost_the_database_what_one_does() {
     let dir = scratch("e2e-ui-tabs-");
-    let server = server_on_shared(dir.path(), 10_000).await;
+    let mut opts = opts_on_shared(dir.path(), 10_000).await;
+    // 400 streams in one session: past the default caps, which are what
+    // `live_streams_are_capped_per_session_and_in_all` tests.
+    opts.env = vec![
+        ("FLOTILLA_MAX_STREAMS_PER_SESSION".into(), "0".into()),
+        ("FLOTILLA_MAX_STREAMS".into(), "0".into()),
+    ];
+    let server = Server::start(dir.path(), opts).await;
     let ui = Dashboard::login(&server).await;
     let db = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
@@ -548,6 +555,123 @@ async fn two_hundred_tabs_cost_the_database_what_one_does() {
         many <= one * 1.5 + 3.0,
         "200 job tabs: {many:.1} transactions/s, 1 tab: {one:.1}"
     );
+}
+
+/// The dashboard's live streams are capped per session and in all
+/// (`--max-streams-per-session`, `--max-streams`): past a cap a stream is
+/// refused with 429, Retry-After and the flag to change; a stream that
+/// ends, or whose client goes, gives its slot back; `/metrics` counts the
+/// open and the refused. Before the caps any number opened (reliability
+/// review M5), and each held a connection the agents share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_streams_are_capped_per_session_and_in_all() {
+    let dir = scratch("e2e-ui-caps-");
+    let mut opts = opts_on_shared(dir.path(), 10_000).await;
+    opts.env = vec![
+        ("FLOTILLA_MAX_STREAMS_PER_SESSION".into(), "3".into()),
+        ("FLOTILLA_MAX_STREAMS".into(), "5".into()),
+    ];
+    let server = Server::start(dir.path(), opts).await;
+    let api = server.api();
+    let _agent = Agent::start(&server, "caps", 1, &[]).await;
+    let done = api
+        .submit(json!({"kind": "command", "command": "echo hi"}))
+        .await;
+    assert_eq!(
+        api.wait_final(&done, Duration::from_secs(30)).await.state,
+        JobState::Succeeded
+    );
+    let a = Dashboard::login(&server).await;
+    let b = Dashboard::login(&server).await;
+    let refused = |ui: &Dashboard, path: &str| {
+        let req = ui.request(reqwest::Method::GET, path);
+        async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            let retry = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_string());
+            (status, retry, r.text().await.unwrap())
+        }
+    };
+
+    // A finished job's log stream ends at once and gives its slot back.
+    let (status, body) = a.get(&format!("/ui/jobs/{done}/log/stream?after=0")).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("event: end"), "{body}");
+
+    let mut a_tabs = Vec::new();
+    for _ in 0..3 {
+        a_tabs.push(open_stream(&a, "/ui/events".to_string()).await);
+    }
+    let (status, retry, body) = refused(&a, "/ui/events").await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(retry.as_deref(), Some("30"));
+    assert!(
+        body.contains("this session already has 3 live views open")
+            && body.contains("--max-streams-per-session"),
+        "{body}"
+    );
+    // Every kind of stream counts: a job page's too.
+    let (status, _, body) = refused(&a, &format!("/ui/jobs/{done}/log/stream?after=0")).await;
+    assert_eq!(status, 429, "{body}");
+
+    // Another session is not held by the first one's tabs, only by the total.
+    let mut b_tabs = Vec::new();
+    for _ in 0..2 {
+        b_tabs.push(open_stream(&b, "/ui/events".to_string()).await);
+    }
+    let (status, _, body) = refused(&b, "/ui/events").await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body.contains("the server already has 5 live views open") && body.contains("--max-streams"),
+        "{body}"
+    );
+
+    let metrics = || async {
+        reqwest::Client::new()
+            .get(format!("{}/metrics", server.url()))
+            .bearer_auth(&server.admin_token)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let text = metrics().await;
+    assert!(text.contains("\nflotilla_dashboard_streams 5\n"), "{text}");
+    assert!(
+        text.contains("\nflotilla_dashboard_streams_refused_total 3\n"),
+        "{text}"
+    );
+
+    // A tab closed: its slot is given back once the server notices (at the
+    // next write, a keep-alive within 15 s).
+    a_tabs.pop().unwrap().abort();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let r = b
+            .request(reqwest::Method::GET, "/ui/events")
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            drop(r);
+            break;
+        }
+        assert_eq!(r.status(), 429);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a closed tab's slot was not given back within 40 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for t in a_tabs.into_iter().chain(b_tabs) {
+        assert!(!t.is_finished(), "a stream under the caps ended early");
+        t.abort();
+    }
 }
 
 /// Every page carries the security headers (a CSP that allows no inline
