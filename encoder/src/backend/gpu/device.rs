@@ -572,3 +572,15 @@ fn grid(blocks: usize, what: &str) -> Result<u32> {
         .filter(|&g| g < 1 << 31)
         .ok_or_else(|| EncodeError::backend("gpu", format!("{blocks} {what} exceed one launch")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_dtype_picks_the_gemm_math() {
+        assert_eq!(GemmMath::from_dtype(Dtype::F32), GemmMath::F32);
+        assert_eq!(GemmMath::from_dtype(Dtype::Tf32), GemmMath::Tf32);
+        assert_eq!(GemmMath::from_dtype(Dtype::Bf16), GemmMath::Bf16);
+    }
+}

@@ -341,7 +341,6 @@ impl Device for EmulatedDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::Dtype;
 
     #[test]
     fn bf16_rounds_to_nearest_even() {
@@ -524,12 +523,5 @@ mod tests {
                 .to_string();
             assert!(e.contains("residual only with an f32 C"), "{what}: {e}");
         }
-    }
-
-    #[test]
-    fn profile_dtype_picks_the_gemm_math() {
-        assert_eq!(GemmMath::from_dtype(Dtype::F32), GemmMath::F32);
-        assert_eq!(GemmMath::from_dtype(Dtype::Tf32), GemmMath::Tf32);
-        assert_eq!(GemmMath::from_dtype(Dtype::Bf16), GemmMath::Bf16);
     }
 }
