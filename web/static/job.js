@@ -10,7 +10,7 @@
     const empty = document.getElementById("log-empty");
     if (empty) empty.remove();
     const stick = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
-    log.textContent += e.data + "\n";
+    log.textContent += e.data; // each line with its newline
     if (stick) log.scrollTop = log.scrollHeight;
   });
   events.addEventListener("end", () => { events.close(); location.reload(); });

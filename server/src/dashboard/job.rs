@@ -369,7 +369,12 @@ fn log_events(
                     if let Some(last) = rows.last().map(|r| r.seq) {
                         let mut text = String::new();
                         let prev = logs::render(rows, prev, &mut text);
-                        let data = text.trim_end_matches('\n').replace('\r', "");
+                        // Each line ends in a newline, the last one too,
+                        // which the event keeps: a trailing blank line is
+                        // a line, and a batch of one blank line is data
+                        // ("\n"), where an empty string would be an event
+                        // browsers never deliver.
+                        let data = text.replace('\r', "");
                         // The id is the last line's sequence number: a
                         // browser that reconnects sends it back
                         // (`Last-Event-ID`) and gets only what follows.

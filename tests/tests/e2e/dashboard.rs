@@ -334,6 +334,54 @@ async fn live_pages_end_and_errors_keep_their_shape() {
     assert!(!again.contains("event: lines"), "{again}");
     assert!(again.contains("event: end\ndata: succeeded\n"), "{again}");
 
+    // Blank lines reach the page as the log has them: the live text from
+    // any line on is the log's text from there (before, a batch's trailing
+    // blank lines were dropped, and a batch of one blank line was an event
+    // with no data, which browsers never deliver).
+    let blanks = api
+        .submit(json!({"kind": "command", "command": "printf 'a\\n\\nb\\n\\n'"}))
+        .await;
+    assert_eq!(
+        api.wait_final(&blanks, Duration::from_secs(30)).await.state,
+        JobState::Succeeded
+    );
+    let page = |after: i64, limit: usize| {
+        let path = format!("/api/v1/jobs/{blanks}/log?after={after}&limit={limit}");
+        let req = api
+            .http
+            .get(format!("{}{path}", server.url()))
+            .bearer_auth(&api.token);
+        async move {
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 200, "{path}");
+            let next: i64 = r.headers()["flotilla-log-next"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            (next, r.text().await.unwrap())
+        }
+    };
+    let (_, whole) = page(0, 100).await;
+    assert_eq!(whole, "a\n\nb\n\n", "the log as stored");
+    let mut after = 0;
+    loop {
+        let (_, rest) = page(after, 100).await;
+        let body = ui
+            .page(&format!("/ui/jobs/{blanks}/log/stream?after={after}"))
+            .await;
+        assert_eq!(
+            delivered_lines(&body),
+            rest,
+            "the live log after line {after}"
+        );
+        let (next, _) = page(after, 1).await;
+        if next == after {
+            break;
+        }
+        after = next;
+    }
+
     // A page whose header is out of date (it showed the job queued, and
     // the agent has taken it) hears so (`changed`, its state and attempt
     // now) and its stream ends there, for the page to reload.
@@ -434,6 +482,32 @@ async fn live_pages_end_and_errors_keep_their_shape() {
         assert_eq!(s, status, "{method} {path}: {v}");
         assert_eq!(v["error"]["code"], code, "{method} {path}: {v}");
     }
+}
+
+/// What a browser's EventSource hands a page from the `lines` events of
+/// an SSE body, concatenated: each event's `data:` lines joined by
+/// newlines; an event whose data is empty is not delivered (the HTML
+/// standard's "dispatch the event").
+fn delivered_lines(body: &str) -> String {
+    let body = body.replace("\r\n", "\n");
+    let mut out = String::new();
+    for block in body.split("\n\n") {
+        let mut kind = "message";
+        let mut data = String::new();
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("event:") {
+                kind = v.strip_prefix(' ').unwrap_or(v);
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                data.push('\n');
+            }
+        }
+        data.pop();
+        if kind == "lines" && !data.is_empty() {
+            out.push_str(&data);
+        }
+    }
+    out
 }
 
 /// Transactions the server's database has committed or rolled back so far
