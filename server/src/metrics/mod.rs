@@ -249,7 +249,7 @@ impl Scrape {
         gauges(
             enc,
             "flotilla_jobs_ready",
-            "Jobs queued or retrying whose back-off is over: what a fitting agent with room takes now.",
+            "Jobs queued or retrying whose back-off is over and that a registered agent could take: what a fitting agent with room takes now.",
             None,
             kinds.iter().map(|k| {
                 let n = self.jobs.ready.get(k).copied().unwrap_or(0);
@@ -259,9 +259,22 @@ impl Scrape {
         gauges(
             enc,
             "flotilla_queue_oldest_ready",
-            "How long the longest-waiting ready job has been ready; 0 when none is.",
+            "How long the longest-waiting ready job of the kind has been ready (jobs no registered agent could take left out); 0 when none is.",
             Some(&Unit::Seconds),
-            [(NO_LABELS, self.jobs.oldest_ready_seconds)],
+            kinds.iter().map(|k| {
+                let s = self.jobs.oldest_ready_seconds.get(k).copied().unwrap_or(0.0);
+                ([("kind", k.as_str())], s)
+            }),
+        )?;
+        gauges(
+            enc,
+            "flotilla_jobs_unmatchable",
+            "Jobs waiting to run that no registered agent could take: no agent offers their kind, labels or slots.",
+            None,
+            kinds.iter().map(|k| {
+                let n = self.jobs.unmatchable.get(k).copied().unwrap_or(0);
+                ([("kind", k.as_str())], n)
+            }),
         )?;
         let mut attempts: BTreeMap<(String, String), u64> = kinds
             .iter()

@@ -229,6 +229,37 @@ async fn work_no_registered_agent_could_take_is_flagged_or_refused() {
         said.contains(r#"carries the labels {"gpu": "h100"}"#),
         "{said}"
     );
+    // In /metrics such a job is waiting but not ready work: no agent is
+    // coming for it, so it would hold the oldest wait up for ever.
+    let metric = |name: &'static str| {
+        let server_url = server.url();
+        let token = server.admin_token.clone();
+        async move {
+            let text = reqwest::Client::new()
+                .get(format!("{server_url}/metrics"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+            line[name.len() + 1..].parse::<f64>().unwrap()
+        }
+    };
+    assert_eq!(
+        metric("flotilla_jobs_unmatchable{kind=\"command\"}").await,
+        1.0
+    );
+    assert_eq!(metric("flotilla_jobs_ready{kind=\"command\"}").await, 0.0);
+    assert_eq!(
+        metric("flotilla_queue_oldest_ready_seconds{kind=\"command\"}").await,
+        0.0
+    );
 
     let post = |body: Value| {
         let api = api.clone();
@@ -245,10 +276,28 @@ async fn work_no_registered_agent_could_take_is_flagged_or_refused() {
     );
     assert!(m.contains("largest is 2"), "{m}");
     // What the agent can take goes in, unflagged.
+    let submitted = std::time::Instant::now();
     let fine = api
         .submit(json!({"kind": "command", "command": "true", "labels": {"os": "linux"}, "cost": 2}))
         .await;
     assert_eq!(api.job(&fine).await.unmatchable, None);
+    // It is ready work, and the oldest wait is its own, not the flagged
+    // job's (older by the agent's registration and the refusals above).
+    assert_eq!(metric("flotilla_jobs_ready{kind=\"command\"}").await, 1.0);
+    let oldest = metric("flotilla_queue_oldest_ready_seconds{kind=\"command\"}").await;
+    assert!(
+        oldest > 0.0 && oldest <= submitted.elapsed().as_secs_f64() + 0.05,
+        "oldest ready {oldest} s, {:?} since the takeable job",
+        submitted.elapsed()
+    );
+    assert_eq!(
+        metric("flotilla_jobs_unmatchable{kind=\"command\"}").await,
+        1.0
+    );
+    assert_eq!(
+        metric("flotilla_queue_oldest_ready_seconds{kind=\"tile\"}").await,
+        0.0
+    );
 }
 
 /// H7: one submitter may have only so many jobs waiting
