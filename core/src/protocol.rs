@@ -216,6 +216,11 @@ pub struct Complete {
     /// job.
     #[serde(default)]
     pub result: Option<serde_json::Value>,
+    /// The job's last progress report (pixels for a tile): a job that ends
+    /// between two heartbeats would otherwise leave none. Older agents
+    /// send none.
+    #[serde(default)]
+    pub progress: Option<Progress>,
 }
 
 /// The longest failure message the server keeps; longer ones are cut (on a

@@ -36,6 +36,7 @@ fn done(token: uuid::Uuid) -> Complete {
         exit_code: Some(0),
         outputs: vec![],
         result: None,
+        progress: None,
     }
 }
 

@@ -196,6 +196,7 @@ async fn direct(db: &PgPool, agents: &[Uuid], leases: usize, postmaster: u32) ->
                         exit_code: Some(0),
                         outputs: vec![],
                         result: None,
+                        progress: None,
                     },
                 )
                 .await

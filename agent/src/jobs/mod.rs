@@ -270,6 +270,8 @@ impl JobContext {
             exit_code,
             outputs,
             result,
+            // The runner adds the last progress the job reported.
+            progress: None,
         }
     }
 

@@ -444,6 +444,14 @@ impl<S: Server, E: Execute> Loops<S, E> {
             }),
             (r, None) => r,
         };
+        // A job that ends between two heartbeats has told the server
+        // nothing of its progress: the report carries the last.
+        let report = report.map(|mut c| {
+            if c.progress.is_none() {
+                c.progress = self.running().get(&job.job_id).and_then(|r| r.progress);
+            }
+            c
+        });
         let report_call = match &report {
             Ok(c) => JobCall::Complete(c),
             Err(f) => JobCall::Fail(f),

@@ -194,6 +194,7 @@ impl Execute for Arc<FakeJobs> {
                     exit_code: Some(0),
                     outputs: vec![],
                     result: None,
+                    progress: None,
                 })
             }
         }

@@ -149,6 +149,12 @@ pub async fn start(db: &PgPool, key: LeaseKey) -> Result<(), LeaseRefused> {
     Ok(())
 }
 
+/// A count an agent sent, as the `bigint` column holds it (a value past
+/// `i64::MAX`, which no real count reaches, is kept as the largest).
+fn saturating_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// Extends every lease the agent still holds and reports what to do with
 /// each: carry on, cancel, or drop it (lost).
 pub async fn heartbeat(
@@ -161,11 +167,11 @@ pub async fn heartbeat(
     let tokens: Vec<Uuid> = leases.iter().map(|l| l.lease_token).collect();
     let done: Vec<Option<i64>> = leases
         .iter()
-        .map(|l| l.progress.map(|p| p.done as i64))
+        .map(|l| l.progress.map(|p| saturating_i64(p.done)))
         .collect();
     let total: Vec<Option<i64>> = leases
         .iter()
-        .map(|l| l.progress.map(|p| p.total as i64))
+        .map(|l| l.progress.map(|p| saturating_i64(p.total)))
         .collect();
     // The rows are locked in id order first: two heartbeats of one agent
     // about the same leases (a retry racing the next beat) would otherwise
@@ -325,7 +331,9 @@ pub async fn complete_in(
         "WITH j AS (
              UPDATE jobs SET state = 'succeeded', finished_at = now(), exit_code = $4,
                              result = $5, lease_token = NULL, lease_expires_at = NULL,
-                             error = NULL, progress_done = COALESCE(progress_total, progress_done)
+                             error = NULL,
+                             progress_done = COALESCE($7, progress_total, progress_done),
+                             progress_total = COALESCE($8, progress_total)
              WHERE id = $1 AND lease_token = $2 AND agent_id = $3
                AND state IN ('leased', 'running')
                AND NOT EXISTS (
@@ -349,6 +357,8 @@ pub async fn complete_in(
     .bind(c.exit_code)
     .bind(c.result.as_ref())
     .bind(&c.outputs)
+    .bind(c.progress.map(|p| saturating_i64(p.total.min(p.done))))
+    .bind(c.progress.map(|p| saturating_i64(p.total)))
     .fetch_optional(&mut *tx)
     .await?;
     if let Some(row) = row {

@@ -70,6 +70,7 @@ fn done(token: Uuid) -> Complete {
         exit_code: Some(0),
         outputs: vec![],
         result: None,
+        progress: None,
     }
 }
 
