@@ -134,11 +134,29 @@ impl<S: Send + Sync> FromRequestParts<S> for LeaseHeader {
     }
 }
 
+/// A registration without the fields every agent of this server's
+/// protocol sends (the process's `instance`, since agents could be
+/// superseded) comes from an agent older than the server: say so and what
+/// to do, not only which field is missing.
+fn older_agent(e: ApiError) -> ApiError {
+    match e {
+        ApiError::Invalid { message, .. } if message.contains("missing field `instance`") => {
+            ApiError::invalid(format!(
+                "this agent is older than the server (flotilla {}): its registration has no \
+                 `instance`; upgrade flotilla-agent on its host (servers first, then agents)",
+                env!("CARGO_PKG_VERSION")
+            ))
+        }
+        e => e,
+    }
+}
+
 pub async fn register(
     State(state): State<AppState>,
     AgentAuth(caller, name): AgentAuth,
-    JsonBody(reg): JsonBody<Register>,
+    body: Result<JsonBody<Register>, ApiError>,
 ) -> ApiResult<Json<Registered>> {
+    let JsonBody(reg) = body.map_err(older_agent)?;
     if reg.name != name {
         return Err(ApiError::Forbidden(format!(
             "this token is for agent `{name}`, not `{}`",

@@ -415,6 +415,20 @@ async fn a_lease_is_bound_to_the_agent_process_that_took_it() {
     };
     let first = api.agent_process(&token);
     let second = api.agent_process(&token);
+    // An agent from before processes had an `instance` is told to
+    // upgrade, not only which field it lacks.
+    let mut old = register(&first);
+    old.as_object_mut().unwrap().remove("instance");
+    let (status, v) = first
+        .raw(reqwest::Method::POST, "/api/agent/v1/register", Some(old))
+        .await;
+    assert_eq!(status, 422, "{v}");
+    let said = v["error"]["message"].as_str().unwrap();
+    assert!(
+        said.contains("this agent is older than the server")
+            && said.contains("upgrade flotilla-agent"),
+        "{said}"
+    );
     first.post("/api/agent/v1/register", register(&first)).await;
     let id = api
         .submit(json!({"kind": "command", "command": "true", "max_attempts": 3}))
