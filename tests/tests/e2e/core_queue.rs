@@ -345,16 +345,17 @@ async fn bad_input_is_refused_and_changes_nothing() {
         .await;
     assert_eq!(status, 403);
     let id = api
-        .submit(json!({"kind": "command", "command": "true"}))
+        .submit(json!({"kind": "command", "command": "true", "outputs": ["out.txt"]}))
         .await;
     let leased = a1
         .post("/api/agent/v1/lease", json!({"wait_ms": 5000}))
         .await;
     let token = leased["job"]["lease_token"].as_str().unwrap().to_string();
-    for action in ["complete", "start", "log"] {
+    for action in ["complete", "start", "log", "fail"] {
         let body = match action {
             "start" => json!({"job_id": id, "lease_token": token}),
             "log" => json!({"lease_token": token, "lines": [{"stream": "stdout", "line": "evil"}]}),
+            "fail" => json!({"lease_token": token, "class": "fatal", "message": "evil"}),
             _ => json!({"lease_token": token, "exit_code": 0}),
         };
         let (status, v) = a2
@@ -366,8 +367,53 @@ async fn bad_input_is_refused_and_changes_nothing() {
             .await;
         assert_eq!(status, 403, "{action} by another agent: {v}");
     }
+    // Its heartbeat naming a1's lease is told the lease is not its own
+    // (and so does not keep it alive).
+    let beat = a2
+        .post(
+            "/api/agent/v1/heartbeat",
+            json!({"health": health, "leases": [{"job_id": id, "lease_token": token}]}),
+        )
+        .await;
+    assert_eq!(beat["leases"][0]["action"], "lost", "{beat}");
+    // Nor may it upload a1's declared output; and a1 itself may not write
+    // outside the job's outputs through the name in the URL.
+    let put = |who: &flotilla_e2e::api::Api, name: &str| {
+        let req = who
+            .http
+            .put(format!(
+                "{}/api/agent/v1/jobs/{id}/outputs/{name}",
+                server.url()
+            ))
+            .bearer_auth(&who.token)
+            .header(flotilla_core::protocol::INSTANCE_HEADER, who.instance())
+            .header(flotilla_core::protocol::LEASE_HEADER, &token)
+            .body("evil");
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(put(&a2, "out.txt").await, 403, "another agent's upload");
+    for name in [
+        "..%2f..%2fescaped.txt",
+        "out.txt%2f..%2f..%2fescaped.txt",
+        "%2fetc%2fescaped",
+    ] {
+        let status = put(&a1, name).await;
+        assert!((400..500).contains(&status), "{name}: {status}");
+    }
+    let written = files_under(&server.dir);
+    assert!(
+        written
+            .iter()
+            .all(|p| !p.to_string_lossy().contains("escaped")),
+        "{written:?}"
+    );
     let j = api.job(&id).await;
     assert_eq!(j.state, JobState::Leased, "still a1's");
+    assert!(
+        j.outputs.is_empty(),
+        "no output was recorded: {:?}",
+        j.outputs
+    );
     let log = api
         .raw(
             reqwest::Method::GET,
@@ -394,6 +440,33 @@ async fn bad_input_is_refused_and_changes_nothing() {
     let error = j.error.unwrap_or_default();
     assert_eq!(error.len(), 4095, "cut at the last boundary before 4096");
     assert!(error.chars().all(|c| c == '€'));
+
+    // A completion sent again (its answer lost) is refused and records
+    // nothing twice: one attempt, succeeded once.
+    let id = api
+        .submit(json!({"kind": "command", "command": "true"}))
+        .await;
+    let leased = a1
+        .post("/api/agent/v1/lease", json!({"wait_ms": 5000}))
+        .await;
+    assert_eq!(leased["job"]["job_id"], id.as_str(), "{leased}");
+    let token = leased["job"]["lease_token"].as_str().unwrap().to_string();
+    let path = format!("/api/agent/v1/jobs/{id}/complete");
+    let complete = || {
+        a1.raw(
+            reqwest::Method::POST,
+            &path,
+            Some(json!({"lease_token": token, "exit_code": 0})),
+        )
+    };
+    let (status, v) = complete().await;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = complete().await;
+    assert_eq!(status, 409, "the same completion again: {v}");
+    let j = api.job(&id).await;
+    assert_eq!(j.state, JobState::Succeeded, "{j:?}");
+    assert_eq!(j.attempt, 1, "{j:?}");
+    assert_eq!(j.attempts.as_ref().map(Vec::len), Some(1), "{j:?}");
 }
 
 /// A lease belongs to the agent process that took it: `register` hands no
@@ -728,4 +801,21 @@ async fn revoked_tokens_stop_working_at_once() {
         )
         .await;
     assert_eq!(s, 404, "{v}");
+}
+
+/// Every file under `dir`, however deep.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
 }
