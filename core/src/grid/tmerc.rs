@@ -1,4 +1,6 @@
-//! UTM on WGS84 as PROJ 9.8 computes it from EPSG:4326, operation for operation, so floors of its output agree to the bit.
+//! UTM on WGS84 as PROJ 9.8 computes it from EPSG:4326, operation for operation.
+//!
+//! So floors of its output agree with PROJ's to the bit.
 //!
 //! # Why a port and not PROJ itself
 //!

@@ -1,4 +1,7 @@
-//! Header-only inspection of a checkpoint: its format, config and every tensor's dtype, shape and place, checked against the bytes present and the caps before any tensor is read.
+//! A checkpoint's headers: format, config, and each tensor's dtype, shape and place.
+//!
+//! All of it is checked against the bytes present and the caps before any
+//! tensor is read.
 //!
 //! Nothing here allocates in proportion to a size the file declares: the
 //! headers read are capped (a safetensors header, a torch `data.pkl`) and

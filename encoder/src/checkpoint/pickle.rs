@@ -1,4 +1,7 @@
-//! A bounded reader for the pickle subset `torch.save` writes: every length is checked against the bytes left, objects live in one arena, and nothing recurses.
+//! A bounded reader for the pickle subset `torch.save` writes.
+//!
+//! Every length is checked against the bytes left, objects live in one
+//! arena, and nothing recurses.
 //!
 //! Why not candle's `pickle::Stack`: it allocates a `BINUNICODE` string's
 //! declared length before reading it (a 4 GiB `vec!` from 5 bytes), clones

@@ -1,4 +1,6 @@
-//! The `.safetensors` header: its length, JSON and every tensor's dtype, shape and data offsets, checked against the file's size.
+//! The `.safetensors` header, checked against the file's size.
+//!
+//! Its length, its JSON, and each tensor's dtype, shape and data offsets.
 //!
 //! The `safetensors` crate checks the same things (a header of at most
 //! 100 MB, shape products with `checked_mul`, offsets that tile the data

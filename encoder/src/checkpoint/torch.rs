@@ -1,4 +1,7 @@
-//! The upstream `.pt` header: the zip's `data.pkl` (parsed by our bounded `pickle`), the `args` and each tensor's storage entry, checked against the zip.
+//! The upstream `.pt` header, checked against the zip that holds it.
+//!
+//! The zip's `data.pkl` (parsed by our bounded `pickle`), the `args` and
+//! each tensor's storage entry.
 //!
 //! `torch.save` writes a zip whose entries are all stored uncompressed
 //! (PyTorch's `PyTorchStreamWriter`, so that a loader can mmap them):

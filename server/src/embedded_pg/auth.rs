@@ -1,4 +1,4 @@
-//! Who may log in to the private cluster: SCRAM passwords for the superuser and the non-superuser owner role, kept in 0600 files.
+//! Who may log in to the private cluster, with SCRAM passwords in 0600 files.
 //!
 //! The cluster accepts only `scram-sha-256` logins on its socket
 //! (`pg_hba.conf`). Two roles log in: the bootstrap superuser `postgres`,

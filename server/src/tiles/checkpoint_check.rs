@@ -1,4 +1,7 @@
-//! A checkpoint upload is spooled to a temporary file and dry-loaded by a child `flotilla __check-checkpoint` under memory and CPU limits (`sandbox`) before it reaches the store.
+//! A checkpoint upload's dry-load in a child process, before it reaches the store.
+//!
+//! The upload is spooled to a temporary file and loaded by a child
+//! `flotilla __check-checkpoint` under memory and CPU limits (`sandbox`).
 //!
 //! Every tile agent loads the dataset's checkpoint, so one that aborts the
 //! loader (a huge declared shape, a hostile pickle) would take down the

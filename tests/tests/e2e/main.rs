@@ -22,6 +22,7 @@ mod hostile_clients;
 mod job_credentials;
 mod job_logs;
 mod jobs_pages;
+mod layout;
 mod list_pages;
 mod openapi;
 mod ownership;

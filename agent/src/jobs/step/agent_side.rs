@@ -1,4 +1,6 @@
-//! The attempt's agent-side directory, and the files the agent itself writes and reads for a step, opened there without following links.
+//! A step attempt's agent-side directory and the agent's own files in it.
+//!
+//! Those files are opened there without following links.
 //!
 //! With `--job-user` the attempt's own directory belongs to the job's user,
 //! and every job of that user can write into every attempt's directory: a

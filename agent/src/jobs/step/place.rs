@@ -1,4 +1,6 @@
-//! Where a step's script runs, here or through ssh, as one supervised process whose marker lines are picked out of its log.
+//! Where a step's script runs: here or through ssh, as one supervised process.
+//!
+//! Its marker lines are picked out of its log.
 
 use std::fs::File;
 use std::path::PathBuf;

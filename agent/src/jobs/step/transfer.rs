@@ -1,4 +1,6 @@
-//! The two halves of a move: a path packed as a tar and uploaded, and a downloaded tar checked and unpacked in its place.
+//! The two halves of a move: a path sent as a tar, and a tar received.
+//!
+//! A received tar is checked, then unpacked in the path's place.
 //!
 //! The tar is a file in the attempt's agent-side directory
 //! ([`super::agent_side`]), never in the attempt's own: the job's user
