@@ -142,34 +142,23 @@ pub async fn plan_in(
             missing: Vec::new(),
         });
     };
-    let (lo, hi) = (first.iy, last.iy);
-    let to_tile = |(iy, ix): (i32, i32)| TileId::from_cell(ix, iy).ok();
-    let present: HashSet<TileId> = sqlx::query_as::<_, (i32, i32)>(
+    let rows = (first.iy, last.iy);
+    let present: HashSet<TileId> = tiles_in_rows(
+        &mut *conn,
         "SELECT iy, ix FROM coverage WHERE dataset = $1 AND year = $2 AND iy BETWEEN $3 AND $4",
+        (dataset, year, rows),
     )
-    .bind(dataset)
-    .bind(year)
-    .bind(lo)
-    .bind(hi)
-    .fetch_all(&mut *conn)
     .await?
-    .into_iter()
-    .filter_map(to_tile)
     .filter(|t| tiles.contains(*t))
     .collect();
-    let in_flight: HashSet<TileId> = sqlx::query_as::<_, (i32, i32)>(
+    let in_flight: HashSet<TileId> = tiles_in_rows(
+        &mut *conn,
         "SELECT t.iy, t.ix FROM tile_jobs t JOIN jobs j ON j.id = t.job_id
          WHERE t.dataset = $1 AND t.year = $2 AND t.iy BETWEEN $3 AND $4
            AND j.state NOT IN ('failed', 'cancelled')",
+        (dataset, year, rows),
     )
-    .bind(dataset)
-    .bind(year)
-    .bind(lo)
-    .bind(hi)
-    .fetch_all(&mut *conn)
     .await?
-    .into_iter()
-    .filter_map(to_tile)
     .filter(|t| tiles.contains(*t) && !present.contains(t))
     .collect();
     let mut missing = Vec::with_capacity(tiles.len() - present.len() - in_flight.len());
@@ -291,4 +280,23 @@ pub async fn submit(
         plan_ms,
         insert_ms: inserting.elapsed().as_millis() as u64,
     }))
+}
+
+/// The tiles `sql` returns as (iy, ix) for a dataset, a year and a band
+/// of grid rows (`$1` to `$4`).
+async fn tiles_in_rows(
+    conn: &mut sqlx::PgConnection,
+    sql: &'static str,
+    (dataset, year, (lo, hi)): (&str, i32, (i32, i32)),
+) -> Result<impl Iterator<Item = TileId>, sqlx::Error> {
+    let cells: Vec<(i32, i32)> = sqlx::query_as(sql)
+        .bind(dataset)
+        .bind(year)
+        .bind(lo)
+        .bind(hi)
+        .fetch_all(conn)
+        .await?;
+    Ok(cells
+        .into_iter()
+        .filter_map(|(iy, ix)| TileId::from_cell(ix, iy).ok()))
 }
