@@ -93,6 +93,21 @@ impl Api {
         (status, v)
     }
 
+    /// `PUT path` with `bytes` as the body (a checkpoint upload): status
+    /// and body text.
+    pub async fn put_bytes(&self, path: &str, bytes: Vec<u8>) -> (u16, String) {
+        let resp = self
+            .http
+            .put(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .body(bytes)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("PUT {path}: {e}"));
+        let status = resp.status().as_u16();
+        (status, resp.text().await.unwrap_or_default())
+    }
+
     pub async fn get(&self, path: &str) -> Value {
         let (s, v) = self.raw(reqwest::Method::GET, path, None).await;
         assert!((200..300).contains(&s), "GET {path}: {s} {v}");

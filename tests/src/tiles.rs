@@ -115,16 +115,13 @@ pub async fn register_dataset(server: &Server, name: &str, ckpt: &Path) {
         )
         .await;
     assert_eq!(s, 201, "{v}");
-    let resp = api
-        .http
-        .put(format!("{}/api/v1/datasets/{name}/checkpoint", api.base))
-        .bearer_auth(&api.token)
-        .body(std::fs::read(ckpt).expect("reading the checkpoint"))
-        .send()
-        .await
-        .expect("uploading the checkpoint");
-    let status = resp.status().as_u16();
-    assert_eq!(status, 200, "{}", resp.text().await.unwrap_or_default());
+    let (status, text) = api
+        .put_bytes(
+            &format!("/api/v1/datasets/{name}/checkpoint"),
+            std::fs::read(ckpt).expect("reading the checkpoint"),
+        )
+        .await;
+    assert_eq!(status, 200, "{text}");
 }
 
 /// Encodes the tile directory `inputs` with bare `tessera-encode --int8`

@@ -165,18 +165,13 @@ async fn an_roi_is_encoded_and_equals_tessera_encode() {
         )
         .await;
     assert_eq!(s, 201, "{v}");
-    let resp = api
-        .http
-        .put(format!(
-            "{}/api/v1/datasets/synth-fetch/checkpoint",
-            api.base
-        ))
-        .bearer_auth(&api.token)
-        .body(std::fs::read(&ckpt).unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
+    let (status, text) = api
+        .put_bytes(
+            "/api/v1/datasets/synth-fetch/checkpoint",
+            std::fs::read(&ckpt).unwrap(),
+        )
+        .await;
+    assert_eq!(status, 200, "{text}");
     let fetched = api
         .post(
             "/api/v1/rois",
@@ -530,31 +525,16 @@ async fn coverage_import_and_bad_input() {
     register_dataset(&server, &ckpt).await;
     // An empty checkpoint upload is refused and changes nothing.
     let before = api.get("/api/v1/datasets").await;
-    let resp = api
-        .http
-        .put(format!("{}/api/v1/datasets/{DATASET}/checkpoint", api.base))
-        .bearer_auth(&api.token)
-        .body(Vec::<u8>::new())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 422);
-    assert!(resp.text().await.unwrap().contains("empty"));
+    let checkpoint = format!("/api/v1/datasets/{DATASET}/checkpoint");
+    let (status, text) = api.put_bytes(&checkpoint, Vec::new()).await;
+    assert_eq!(status, 422, "{text}");
+    assert!(text.contains("empty"), "{text}");
     assert_eq!(api.get("/api/v1/datasets").await, before);
     // Hostile checkpoints (each declares a 2^40-element tensor over 4 bytes,
     // which an agent's loader once tried to allocate) are refused with 422
     // naming the tensor, and change nothing.
     for (what, bytes) in [("safetensors", hostile_safetensors()), ("pt", hostile_pt())] {
-        let resp = api
-            .http
-            .put(format!("{}/api/v1/datasets/{DATASET}/checkpoint", api.base))
-            .bearer_auth(&api.token)
-            .body(bytes)
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
+        let (status, text) = api.put_bytes(&checkpoint, bytes).await;
         assert_eq!(status, 422, "{what}: {text}");
         assert!(
             text.contains("not a valid checkpoint") && text.contains("dim_reducer.4.bias"),
