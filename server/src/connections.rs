@@ -202,6 +202,18 @@ async fn accept_error(e: std::io::Error) {
 /// Raises the soft limit on open files to the hard limit (as Go's runtime
 /// does at start-up) and returns `wanted`, lowered if even then it would not
 /// leave [`FDS_FOR_THE_REST`] descriptors for everything else.
+/// How many connections a server asked for `wanted` will hold: what
+/// [`fit_to_fd_limit`] will allow once it raises the open-files limit to
+/// its hard limit (read only; nothing is changed here).
+pub fn connections_held(wanted: usize) -> usize {
+    use nix::sys::resource::{getrlimit, Resource};
+    let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return wanted;
+    };
+    let room = usize::try_from(hard.saturating_sub(FDS_FOR_THE_REST)).unwrap_or(usize::MAX);
+    wanted.min(room).max(1)
+}
+
 fn fit_to_fd_limit(wanted: usize) -> usize {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {

@@ -38,6 +38,10 @@ pub enum ApiError {
     /// The caller has as much work waiting as one submitter may.
     #[error("{0}")]
     TooManyWaiting(String),
+    /// The caller's login, or the server, has as many dashboard live
+    /// streams open as it may (`Retry-After` goes with it).
+    #[error("{0}")]
+    TooManyStreams(String),
     #[error("database unavailable")]
     Unavailable(#[source] sqlx::Error),
     #[error("internal error")]
@@ -65,6 +69,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::TooManyWaiting(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_waiting"),
+            ApiError::TooManyStreams(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_streams"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -164,6 +169,11 @@ impl IntoResponse for ApiError {
                 detail,
             },
         };
+        if matches!(self, ApiError::TooManyStreams(_)) {
+            // A tab closing frees a slot; a reload soon after may pass.
+            let retry = [(axum::http::header::RETRY_AFTER, "30")];
+            return (status, retry, Json(body)).into_response();
+        }
         (status, Json(body)).into_response()
     }
 }

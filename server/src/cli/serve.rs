@@ -127,15 +127,16 @@ pub struct ServeArgs {
     )]
     pub max_waiting_per_submitter: u64,
     /// Most live dashboard views (the event streams of open pages) one
-    /// signed-in session may hold at once; one more is refused with 429
-    /// until a tab closes. 0: no limit.
-    #[arg(long, env = "FLOTILLA_MAX_STREAMS_PER_SESSION", default_value_t = cap(StreamLimits::default().per_session))]
-    pub max_streams_per_session: usize,
+    /// login token may hold at once, in all its sessions and tabs; one
+    /// more is refused with 429 until a tab closes. 0: no limit.
+    #[arg(long, env = "FLOTILLA_MAX_STREAMS_PER_TOKEN", default_value_t = cap(StreamLimits::default().per_token))]
+    pub max_streams_per_token: usize,
     /// Most live dashboard views open at once in this server, so that
-    /// dashboards cannot take the connections agents need (a quarter of
-    /// the default --max-connections). 0: no limit.
-    #[arg(long, env = "FLOTILLA_MAX_STREAMS", default_value_t = cap(StreamLimits::default().total))]
-    pub max_streams: usize,
+    /// dashboards cannot take the connections agents need. Default: a
+    /// quarter of the connections the server holds (--max-connections, or
+    /// less where the open-files limit lowers it). 0: no limit.
+    #[arg(long, env = "FLOTILLA_MAX_STREAMS")]
+    pub max_streams: Option<usize>,
     #[command(flatten)]
     pub alerts: crate::alerts::AlertArgs,
 }
@@ -213,8 +214,14 @@ impl ServeArgs {
         s.max_waiting_per_submitter =
             (self.max_waiting_per_submitter > 0).then_some(self.max_waiting_per_submitter);
         s.live_streams = StreamLimits {
-            per_session: (self.max_streams_per_session > 0).then_some(self.max_streams_per_session),
-            total: (self.max_streams > 0).then_some(self.max_streams),
+            per_token: (self.max_streams_per_token > 0).then_some(self.max_streams_per_token),
+            total: match self.max_streams {
+                None => Some(StreamLimits::total_for(
+                    crate::connections::connections_held(s.http.max_connections),
+                )),
+                Some(0) => None,
+                Some(n) => Some(n),
+            },
         };
         s.sweep = crate::store::sweep::Sweep {
             local_root: crate::store::local_dir(&self.store),

@@ -295,7 +295,6 @@ pub async fn log_stream(
     if let Err(refused) = visible(&state, &who, id).await? {
         return Ok(refused);
     }
-    let viewer = who.viewer;
     // A reconnecting browser says where it was (the id of the last event
     // it got), which is later than the page's `after`.
     let after = headers
@@ -305,7 +304,7 @@ pub async fn log_stream(
         .map_or(q.after, |seen| seen.max(q.after));
     let prev = logs::attempt_before(&state.db, id, after).await?;
     let shown = q.state.zip(q.attempt);
-    Ok(streams::answer(state, viewer, move |state, viewer| {
+    Ok(streams::answer(state, who, move |state, viewer| {
         log_events(state, viewer, id, after, prev, shown)
     }))
 }

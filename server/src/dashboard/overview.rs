@@ -197,7 +197,7 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap) -> Respon
         Err(e) => return e.into_response(),
     };
     let owner = who.own_only();
-    streams::answer(state, who.viewer, move |state, viewer| {
+    streams::answer(state, who, move |state, viewer| {
         overview_events(state, viewer, owner)
     })
 }

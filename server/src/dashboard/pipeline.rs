@@ -220,7 +220,7 @@ pub async fn events(
     {
         return Err(ApiError::NotFound(format!("no pipeline run {id}")));
     }
-    Ok(streams::answer(state, who.viewer, move |state, viewer| {
+    Ok(streams::answer(state, who, move |state, viewer| {
         run_events(state, viewer, id, q.after)
     }))
 }

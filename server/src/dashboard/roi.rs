@@ -365,14 +365,15 @@ pub async fn events(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    let Some(viewer) = session::viewer(&state, &headers).await else {
+    // Who, not only whether: the stream caps count by login token.
+    let Some(who) = session::who(&state, &headers).await? else {
         return Ok(StatusCode::UNAUTHORIZED.into_response());
     };
     let id = parse_id(&id, "an ROI")?;
     if progress::get(&state.db, id).await?.is_none() {
         return Ok(not_found_page());
     }
-    Ok(streams::answer(state, viewer, move |state, viewer| {
+    Ok(streams::answer(state, who, move |state, viewer| {
         roi_events(state, viewer, id)
     }))
 }

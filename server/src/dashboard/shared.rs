@@ -140,7 +140,7 @@ pub struct LivePages {
     /// (evaluated once per `--alert-interval-ms`).
     pub alerts: crate::alerts::Latest,
     /// The live streams open now, under `--max-streams` and
-    /// `--max-streams-per-session` ([`super::streams`]).
+    /// `--max-streams-per-token` ([`super::streams`]).
     pub streams: Arc<super::streams::OpenStreams>,
 }
 

@@ -221,7 +221,7 @@ impl Collector for Scrape {
         counters(
             &mut enc,
             "flotilla_dashboard_streams_refused",
-            "Live dashboard views this server process refused (--max-streams, --max-streams-per-session) since it started.",
+            "Live dashboard views this server process refused (--max-streams, --max-streams-per-token) since it started.",
             None,
             [(NO_LABELS, refused)],
         )?;

@@ -149,10 +149,15 @@ pub async fn start(db: &PgPool, key: LeaseKey) -> Result<(), LeaseRefused> {
     Ok(())
 }
 
-/// A count an agent sent, as the `bigint` column holds it (a value past
-/// `i64::MAX`, which no real count reaches, is kept as the largest).
-fn saturating_i64(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
+/// The largest progress count kept: 2^40, a million times a real-size
+/// tile's pixels; sums over the largest ROI (250,000 tiles) stay far
+/// inside `bigint`, which an agent's `u64::MAX` per tile would not.
+const MAX_PROGRESS: u64 = 1 << 40;
+
+/// A progress count an agent sent, as its column keeps it (at most
+/// [`MAX_PROGRESS`]).
+fn progress_count(n: u64) -> i64 {
+    n.min(MAX_PROGRESS) as i64
 }
 
 /// Extends every lease the agent still holds and reports what to do with
@@ -167,11 +172,11 @@ pub async fn heartbeat(
     let tokens: Vec<Uuid> = leases.iter().map(|l| l.lease_token).collect();
     let done: Vec<Option<i64>> = leases
         .iter()
-        .map(|l| l.progress.map(|p| saturating_i64(p.done)))
+        .map(|l| l.progress.map(|p| progress_count(p.done)))
         .collect();
     let total: Vec<Option<i64>> = leases
         .iter()
-        .map(|l| l.progress.map(|p| saturating_i64(p.total)))
+        .map(|l| l.progress.map(|p| progress_count(p.total)))
         .collect();
     // The rows are locked in id order first: two heartbeats of one agent
     // about the same leases (a retry racing the next beat) would otherwise
@@ -333,7 +338,7 @@ pub async fn complete_in(
                              result = $5, lease_token = NULL, lease_expires_at = NULL,
                              error = NULL,
                              progress_done = COALESCE($7, progress_total, progress_done),
-                             progress_total = COALESCE($8, progress_total)
+                             progress_total = COALESCE($7, progress_total)
              WHERE id = $1 AND lease_token = $2 AND agent_id = $3
                AND state IN ('leased', 'running')
                AND NOT EXISTS (
@@ -357,8 +362,7 @@ pub async fn complete_in(
     .bind(c.exit_code)
     .bind(c.result.as_ref())
     .bind(&c.outputs)
-    .bind(c.progress.map(|p| saturating_i64(p.total.min(p.done))))
-    .bind(c.progress.map(|p| saturating_i64(p.total)))
+    .bind(c.progress.map(|p| progress_count(p.total)))
     .fetch_optional(&mut *tx)
     .await?;
     if let Some(row) = row {

@@ -427,8 +427,8 @@ async fn keyboard_reaches_the_controls(f: &Fleet, waiting_job: &str) {
     b.assert_clean_console("keyboard").await;
 }
 
-/// Case 10: a page whose live stream the server refuses (this session
-/// already holds `--max-streams-per-session` streams, here opened by a
+/// Case 10: a page whose live stream the server refuses (this login
+/// already holds `--max-streams-per-token` streams, here opened by a
 /// script with the browser's cookie) keeps what it shows and says its live
 /// updates stopped; once those streams close, pages are live again.
 async fn a_refused_stream_says_so(f: &Fleet, job: &str) {

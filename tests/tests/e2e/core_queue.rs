@@ -389,16 +389,26 @@ async fn bad_input_is_refused_and_changes_nothing() {
             .header(flotilla_core::protocol::INSTANCE_HEADER, who.instance())
             .header(flotilla_core::protocol::LEASE_HEADER, &token)
             .body("evil");
-        async move { req.send().await.unwrap().status().as_u16() }
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
     };
-    assert_eq!(put(&a2, "out.txt").await, 403, "another agent's upload");
-    for name in [
-        "..%2f..%2fescaped.txt",
-        "out.txt%2f..%2f..%2fescaped.txt",
-        "%2fetc%2fescaped",
+    let (status, text) = put(&a2, "out.txt").await;
+    assert_eq!(status, 403, "another agent's upload: {text}");
+    // Refused by the name's own check (before the declared outputs are
+    // even read), which says what is wrong with it.
+    for (name, why) in [
+        ("..%2f..%2fescaped.txt", "has a `..` component"),
+        ("out.txt%2f..%2f..%2fescaped.txt", "has a `..` component"),
+        ("%2fetc%2fescaped", "must be a relative path"),
     ] {
-        let status = put(&a1, name).await;
-        assert!((400..500).contains(&status), "{name}: {status}");
+        let (status, text) = put(&a1, name).await;
+        assert_eq!(status, 422, "{name}: {text}");
+        assert!(
+            text.contains("output name `") && text.contains(why),
+            "{name}: {text}"
+        );
     }
     let written = files_under(&server.dir);
     assert!(

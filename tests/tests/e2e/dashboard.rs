@@ -592,9 +592,9 @@ async fn two_hundred_tabs_cost_the_database_what_one_does() {
     let dir = scratch("e2e-ui-tabs-");
     let mut opts = opts_on_shared(dir.path(), 10_000).await;
     // 400 streams in one session: past the default caps, which are what
-    // `live_streams_are_capped_per_session_and_in_all` tests.
+    // `live_streams_are_capped_per_token_and_in_all` tests.
     opts.env = vec![
-        ("FLOTILLA_MAX_STREAMS_PER_SESSION".into(), "0".into()),
+        ("FLOTILLA_MAX_STREAMS_PER_TOKEN".into(), "0".into()),
         ("FLOTILLA_MAX_STREAMS".into(), "0".into()),
     ];
     let server = Server::start(dir.path(), opts).await;
@@ -631,18 +631,19 @@ async fn two_hundred_tabs_cost_the_database_what_one_does() {
     );
 }
 
-/// The dashboard's live streams are capped per session and in all
-/// (`--max-streams-per-session`, `--max-streams`): past a cap a stream is
-/// refused with 429, Retry-After and the flag to change; a stream that
-/// ends, or whose client goes, gives its slot back; `/metrics` counts the
-/// open and the refused. Before the caps any number opened (reliability
-/// review M5), and each held a connection the agents share.
+/// The dashboard's live streams are capped per login token (all its
+/// sessions together) and in all (`--max-streams-per-token`,
+/// `--max-streams`): past a cap a stream is refused with 429, Retry-After
+/// and the setting to change; a stream that ends, or whose client goes,
+/// gives its slot back; `/metrics` counts the open and the refused. Before
+/// the caps any number opened (reliability review M5), and each held a
+/// connection the agents share.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_streams_are_capped_per_session_and_in_all() {
+async fn live_streams_are_capped_per_token_and_in_all() {
     let dir = scratch("e2e-ui-caps-");
     let mut opts = opts_on_shared(dir.path(), 10_000).await;
     opts.env = vec![
-        ("FLOTILLA_MAX_STREAMS_PER_SESSION".into(), "3".into()),
+        ("FLOTILLA_MAX_STREAMS_PER_TOKEN".into(), "3".into()),
         ("FLOTILLA_MAX_STREAMS".into(), "5".into()),
     ];
     let server = Server::start(dir.path(), opts).await;
@@ -655,8 +656,16 @@ async fn live_streams_are_capped_per_session_and_in_all() {
         api.wait_final(&done, Duration::from_secs(30)).await.state,
         JobState::Succeeded
     );
+    // Two sessions of the admin token, one of a client token.
     let a = Dashboard::login(&server).await;
-    let b = Dashboard::login(&server).await;
+    let a_again = Dashboard::login(&server).await;
+    let client = api
+        .post(
+            "/api/v1/tokens",
+            json!({"role": "client", "description": "c"}),
+        )
+        .await;
+    let b = Dashboard::login_with(&server, client["token"].as_str().unwrap()).await;
     let refused = |ui: &Dashboard, path: &str| {
         let req = ui.request(reqwest::Method::GET, path);
         async move {
@@ -675,23 +684,24 @@ async fn live_streams_are_capped_per_session_and_in_all() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("event: end"), "{body}");
 
+    // The token's sessions share its cap: a new login opens no more.
     let mut a_tabs = Vec::new();
-    for _ in 0..3 {
-        a_tabs.push(open_stream(&a, "/ui/events".to_string()).await);
+    for ui in [&a, &a, &a_again] {
+        a_tabs.push(open_stream(ui, "/ui/events".to_string()).await);
     }
-    let (status, retry, body) = refused(&a, "/ui/events").await;
+    let (status, retry, body) = refused(&a_again, "/ui/events").await;
     assert_eq!(status, 429, "{body}");
     assert_eq!(retry.as_deref(), Some("30"));
     assert!(
-        body.contains("this session already has 3 live views open")
-            && body.contains("--max-streams-per-session"),
+        body.contains("this login already has 3 live views open")
+            && body.contains("--max-streams-per-token"),
         "{body}"
     );
     // Every kind of stream counts: a job page's too.
     let (status, _, body) = refused(&a, &format!("/ui/jobs/{done}/log/stream?after=0")).await;
     assert_eq!(status, 429, "{body}");
 
-    // Another session is not held by the first one's tabs, only by the total.
+    // Another token is not held by the first one's tabs, only by the total.
     let mut b_tabs = Vec::new();
     for _ in 0..2 {
         b_tabs.push(open_stream(&b, "/ui/events".to_string()).await);

@@ -54,10 +54,10 @@ async fn start_server(dir: &Path, env: &[(&str, &str)]) -> (Server, String) {
                 ("FLOTILLA_SEND_STALL_TIMEOUT_MS".into(), t.clone()),
                 ("FLOTILLA_BODY_STALL_TIMEOUT_MS".into(), t),
                 // 300 slow readers of one session's log stream: past the
-                // stream caps, which `dashboard::live_streams_are_capped_
-                // per_session_and_in_all` tests; here the send-stall
-                // timeout must close them.
-                ("FLOTILLA_MAX_STREAMS_PER_SESSION".into(), "0".into()),
+                // stream caps (tested by
+                // dashboard::live_streams_are_capped_per_token_and_in_all);
+                // here the send-stall timeout must close them.
+                ("FLOTILLA_MAX_STREAMS_PER_TOKEN".into(), "0".into()),
                 ("FLOTILLA_MAX_STREAMS".into(), "0".into()),
             ]
             .into_iter()
