@@ -199,21 +199,20 @@ async fn accept_error(e: std::io::Error) {
     tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
-/// Raises the soft limit on open files to the hard limit (as Go's runtime
-/// does at start-up) and returns `wanted`, lowered if even then it would not
-/// leave [`FDS_FOR_THE_REST`] descriptors for everything else.
 /// How many connections a server asked for `wanted` will hold: what
 /// [`fit_to_fd_limit`] will allow once it raises the open-files limit to
 /// its hard limit (read only; nothing is changed here).
 pub fn connections_held(wanted: usize) -> usize {
     use nix::sys::resource::{getrlimit, Resource};
-    let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return wanted;
-    };
-    let room = usize::try_from(hard.saturating_sub(FDS_FOR_THE_REST)).unwrap_or(usize::MAX);
-    wanted.min(room).max(1)
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((_, hard)) => wanted.min(room_under(hard)).max(1),
+        Err(_) => wanted,
+    }
 }
 
+/// Raises the soft limit on open files to the hard limit (as Go's runtime
+/// does at start-up) and returns `wanted`, lowered if even then it would not
+/// leave [`FDS_FOR_THE_REST`] descriptors for everything else.
 fn fit_to_fd_limit(wanted: usize) -> usize {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
@@ -224,7 +223,7 @@ fn fit_to_fd_limit(wanted: usize) -> usize {
     } else {
         soft
     };
-    let room = usize::try_from(soft.saturating_sub(FDS_FOR_THE_REST)).unwrap_or(usize::MAX);
+    let room = room_under(soft);
     if wanted > room {
         tracing::warn!(
             wanted,
@@ -234,6 +233,11 @@ fn fit_to_fd_limit(wanted: usize) -> usize {
         );
     }
     wanted.min(room).max(1)
+}
+
+/// The connections an open-files limit of `open_files` leaves room for.
+fn room_under(open_files: u64) -> usize {
+    usize::try_from(open_files.saturating_sub(FDS_FOR_THE_REST)).unwrap_or(usize::MAX)
 }
 
 #[cfg(test)]

@@ -108,6 +108,14 @@ impl Api {
         (status, resp.text().await.unwrap_or_default())
     }
 
+    /// `GET /metrics` with this client's token, which must answer 200: the
+    /// Prometheus exposition text.
+    pub async fn metrics(&self) -> String {
+        let (status, v) = self.raw(reqwest::Method::GET, "/metrics", None).await;
+        assert_eq!(status, 200, "/metrics: {v}");
+        v.as_str().expect("the exposition is text").to_string()
+    }
+
     pub async fn get(&self, path: &str) -> Value {
         let (s, v) = self.raw(reqwest::Method::GET, path, None).await;
         assert!((200..300).contains(&s), "GET {path}: {s} {v}");

@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
-
 use uuid::Uuid;
 
 use super::session::{Viewer, Who};

@@ -251,30 +251,21 @@ impl Scrape {
             "flotilla_jobs_ready",
             "Jobs queued or retrying whose back-off is over and that a registered agent could take: what a fitting agent with room takes now.",
             None,
-            kinds.iter().map(|k| {
-                let n = self.jobs.ready.get(k).copied().unwrap_or(0);
-                ([("kind", k.as_str())], n)
-            }),
+            by_kind(&kinds, &self.jobs.ready),
         )?;
         gauges(
             enc,
             "flotilla_queue_oldest_ready",
             "How long the longest-waiting ready job of the kind has been ready (jobs no registered agent could take left out); 0 when none is.",
             Some(&Unit::Seconds),
-            kinds.iter().map(|k| {
-                let s = self.jobs.oldest_ready_seconds.get(k).copied().unwrap_or(0.0);
-                ([("kind", k.as_str())], s)
-            }),
+            by_kind(&kinds, &self.jobs.oldest_ready_seconds),
         )?;
         gauges(
             enc,
             "flotilla_jobs_unmatchable",
             "Jobs waiting to run that no registered agent could take: no agent offers their kind, labels or slots.",
             None,
-            kinds.iter().map(|k| {
-                let n = self.jobs.unmatchable.get(k).copied().unwrap_or(0);
-                ([("kind", k.as_str())], n)
-            }),
+            by_kind(&kinds, &self.jobs.unmatchable),
         )?;
         let mut attempts: BTreeMap<(String, String), u64> = kinds
             .iter()
@@ -569,6 +560,18 @@ impl Scrape {
             None => Ok(()),
         }
     }
+}
+
+/// A sample per kind of `kinds` from `values`, 0 for a kind it lacks: every
+/// kind's series exists from the start, as Prometheus rules expect.
+fn by_kind<'k, V: Copy + Default>(
+    kinds: &'k [String],
+    values: &'k BTreeMap<String, V>,
+) -> impl Iterator<Item = ([(&'static str, &'k str); 1], V)> + 'k {
+    kinds.iter().map(|k| {
+        let v = values.get(k).copied().unwrap_or_default();
+        ([("kind", k.as_str())], v)
+    })
 }
 
 /// A total of 0 means the agent could not tell (no disk matched its work

@@ -713,18 +713,7 @@ async fn live_streams_are_capped_per_token_and_in_all() {
         "{body}"
     );
 
-    let metrics = || async {
-        reqwest::Client::new()
-            .get(format!("{}/metrics", server.url()))
-            .bearer_auth(&server.admin_token)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
-    let text = metrics().await;
+    let text = api.metrics().await;
     assert!(text.contains("\nflotilla_dashboard_streams 5\n"), "{text}");
     assert!(
         text.contains("\nflotilla_dashboard_streams_refused_total 3\n"),

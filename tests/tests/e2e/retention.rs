@@ -58,12 +58,6 @@ fn counter(metrics: &str, prefix: &str, suffix: &str) -> f64 {
         .sum()
 }
 
-async fn metrics(api: &flotilla_e2e::api::Api) -> String {
-    let (status, v) = api.raw(reqwest::Method::GET, "/metrics", None).await;
-    assert_eq!(status, 200, "/metrics: {v}");
-    v.as_str().expect("the exposition is text").to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_jobs_are_archived_then_removed() {
     let dir = scratch("e2e-retention-");
@@ -101,7 +95,7 @@ async fn finished_jobs_are_archived_then_removed() {
     for id in ids.iter().chain([&failing]) {
         api.wait_final(id, Duration::from_secs(60)).await;
     }
-    let metrics_before = metrics(&api).await;
+    let metrics_before = api.metrics().await;
     // A job still running: not finished, so it stays whatever its age.
     let waiting = api
         .submit(json!({"kind": "command", "command": "sleep 60"}))
@@ -200,7 +194,7 @@ async fn finished_jobs_are_archived_then_removed() {
     );
 
     // The counters of /metrics count what happened, not what is kept.
-    let metrics_after = metrics(&api).await;
+    let metrics_after = api.metrics().await;
     for (prefix, suffix) in [
         ("flotilla_job_attempts", "_total"),
         ("flotilla_job_lease_wait", "_count"),

@@ -19,17 +19,7 @@ use sha2::{Digest, Sha256};
 /// recv(2) sockets are read with, and stays flat even when an output is
 /// streamed through.)
 async fn route_calls(server: &Server, method: &str, route: &str) -> u64 {
-    let text = server
-        .api()
-        .http
-        .get(format!("{}/metrics", server.url()))
-        .bearer_auth(&server.admin_token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = server.api().metrics().await;
     let labels = format!("method=\"{method}\",route=\"{route}\"");
     text.lines()
         .filter(|l| l.starts_with("flotilla_http_request_duration_seconds_count{"))

@@ -232,18 +232,9 @@ async fn work_no_registered_agent_could_take_is_flagged_or_refused() {
     // In /metrics such a job is waiting but not ready work: no agent is
     // coming for it, so it would hold the oldest wait up for ever.
     let metric = |name: &'static str| {
-        let server_url = server.url();
-        let token = server.admin_token.clone();
+        let api = api.clone();
         async move {
-            let text = reqwest::Client::new()
-                .get(format!("{server_url}/metrics"))
-                .bearer_auth(token)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let text = api.metrics().await;
             let line = text
                 .lines()
                 .find(|l| l.starts_with(&format!("{name} ")))
