@@ -32,7 +32,7 @@ pub mod tiles;
 pub mod ui;
 pub mod up;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The directory holding the built binaries: `FLOTILLA_BIN_DIR` when set
 /// (benchmarks point it at `target/release`), else `target/debug`, found
@@ -57,6 +57,27 @@ pub fn binary(name: &str) -> PathBuf {
         p.display()
     );
     p
+}
+
+/// Every file under `dir`, however deep, sorted; folders for which
+/// `enter` says no are passed by (and unreadable ones too).
+pub fn files_under(dir: &Path, enter: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if enter(&p) {
+                    todo.push(p);
+                }
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// A scratch directory that PostgreSQL's unprivileged user can traverse.

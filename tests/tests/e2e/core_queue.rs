@@ -410,7 +410,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
             "{name}: {text}"
         );
     }
-    let written = files_under(&server.dir);
+    let written = flotilla_e2e::files_under(&server.dir, |_| true);
     assert!(
         written
             .iter()
@@ -811,21 +811,4 @@ async fn revoked_tokens_stop_working_at_once() {
         )
         .await;
     assert_eq!(s, 404, "{v}");
-}
-
-/// Every file under `dir`, however deep.
-fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
 }

@@ -8,29 +8,22 @@ const OPENING_LINE_MAX: usize = 120;
 
 /// Every `.rs` file under a crate's `src/` in the workspace.
 fn sources(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![root.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if p.is_dir() {
-                // Build outputs, fuzz corpora and hidden folders hold no
-                // sources of ours.
-                if !(name.starts_with('.') || name == "target" || name == "node_modules") {
-                    todo.push(p);
-                }
-            } else if name.ends_with(".rs") && p.components().any(|c| c.as_os_str() == "src") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
+    // Build outputs, fuzz corpora and hidden folders hold no sources of
+    // ours.
+    let ours = |d: &Path| {
+        let name = d
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        !(name.starts_with('.') || name == "target" || name == "node_modules")
+    };
+    flotilla_e2e::files_under(root, ours)
+        .into_iter()
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "rs")
+                && p.components().any(|c| c.as_os_str() == "src")
+        })
+        .collect()
 }
 
 #[test]
