@@ -33,6 +33,21 @@ pub struct DatasetView {
     pub created_at: DateTime<Utc>,
 }
 
+/// `GET /api/v1/datasets`: a page of datasets by name.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DatasetList {
+    pub datasets: Vec<DatasetView>,
+    /// The cursor for the next page, to pass as `after`: this page's last
+    /// dataset's name. `null` on the last page.
+    #[serde(default)]
+    pub next: Option<String>,
+}
+
+/// Most datasets one page of `GET /api/v1/datasets` holds (`limit`'s ceiling
+/// and default).
+pub const MAX_DATASET_PAGE: u32 = 1000;
+
 /// `POST /api/v1/coverage/import?dataset=` (the body is a geotessera
 /// `manifest.parquet`): what the import did.
 #[derive(Debug, Clone, Serialize, Deserialize)]

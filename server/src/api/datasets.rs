@@ -3,11 +3,12 @@
 use axum::body::Body;
 use axum::extract::State;
 use axum::Json;
-use flotilla_core::api::datasets::{DatasetView, NewDataset};
+use flotilla_core::api::datasets::{DatasetList, DatasetView, NewDataset, MAX_DATASET_PAGE};
+use serde::Deserialize;
 
 use crate::auth::{AdminAuth, ClientAuth};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{JsonBody, PathParams};
+use crate::extract::{JsonBody, PathParams, QueryParams};
 use crate::state::AppState;
 use crate::tiles::datasets::{self, Dataset, ValidDataset};
 
@@ -31,19 +32,54 @@ pub async fn add(
     Ok((axum::http::StatusCode::CREATED, Json(d.into())))
 }
 
-/// Every dataset.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// The cursor: the `next` of the previous page (its last dataset's
+    /// name; empty: from the first).
+    #[param(max_length = 64)]
+    after: Option<String>,
+    /// Datasets per page, default 1000; a value outside 1 to 1000 is taken
+    /// as the nearer end.
+    limit: Option<u32>,
+}
+
+/// Datasets by name, a page at a time.
 #[utoipa::path(
     get,
     path = "/api/v1/datasets",
     tag = "datasets",
-    responses((status = 200, description = "Every dataset", body = Vec<DatasetView>), super::openapi::Errors)
+    params(ListQuery),
+    responses((status = 200, description = "A page of datasets", body = DatasetList), super::openapi::Errors)
 )]
 pub async fn list(
     State(state): State<AppState>,
     ClientAuth(_): ClientAuth,
-) -> ApiResult<Json<Vec<DatasetView>>> {
-    let list = datasets::list(&state.db).await?;
-    Ok(Json(list.into_iter().map(DatasetView::from).collect()))
+    QueryParams(q): QueryParams<ListQuery>,
+) -> ApiResult<Json<DatasetList>> {
+    let limit = q
+        .limit
+        .unwrap_or(MAX_DATASET_PAGE)
+        .clamp(1, MAX_DATASET_PAGE);
+    let after = q.after.as_deref().filter(|a| !a.is_empty());
+    if let Some(after) = after {
+        if !crate::tiles::valid_dataset_name(after) {
+            return Err(ApiError::BadRequest(format!(
+                "`after` {after:?} is not a dataset name: pass the `next` of the previous page"
+            )));
+        }
+    }
+    let mut page = datasets::page(&state.db, after, i64::from(limit) + 1).await?;
+    let next = if page.len() > limit as usize {
+        page.truncate(limit as usize);
+        page.last().map(|d| d.name.clone())
+    } else {
+        None
+    };
+    Ok(Json(DatasetList {
+        datasets: page.into_iter().map(DatasetView::from).collect(),
+        next,
+    }))
 }
 
 /// The dataset `name`, or a 404 that says how to register it.

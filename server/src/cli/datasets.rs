@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Subcommand;
-use flotilla_core::api::datasets::{CoverageImported, DatasetView, NewDataset};
+use flotilla_core::api::datasets::{CoverageImported, DatasetList, DatasetView, NewDataset};
 
 use super::http::Conn;
 use super::print_json;
@@ -34,6 +34,13 @@ pub enum DatasetsCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Only datasets whose names sort after this one (the previous
+        /// page's last, printed on stderr).
+        #[arg(long)]
+        after: Option<String>,
+        /// Datasets per page (at most 1000).
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
         #[command(flatten)]
         conn: Conn,
     },
@@ -83,16 +90,33 @@ pub async fn datasets(cmd: DatasetsCommand) -> anyhow::Result<()> {
                 .await?;
             print_json(&v)?;
         }
-        DatasetsCommand::List { json, conn } => {
-            let v: Vec<DatasetView> = conn.client()?.get("/api/v1/datasets").await?;
+        DatasetsCommand::List {
+            json,
+            after,
+            limit,
+            conn,
+        } => {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            query.append_pair("limit", &limit.to_string());
+            if let Some(after) = &after {
+                query.append_pair("after", after);
+            }
+            let list: DatasetList = conn
+                .client()?
+                .get(&format!("/api/v1/datasets?{}", query.finish()))
+                .await?;
             if json {
-                return print_json(&v);
+                return print_json(&list);
+            }
+            // On stderr, so stdout stays the table.
+            if let Some(next) = &list.next {
+                eprintln!("more datasets: --after {next}");
             }
             println!(
                 "{:<20}  {:<12}  {:>10}  {:<19}  INPUTS",
                 "NAME", "CHECKPOINT", "SIZE (MB)", "CREATED (UTC)"
             );
-            for d in v {
+            for d in list.datasets {
                 let sha = d.checkpoint_sha256.as_deref().unwrap_or("-");
                 let inputs = match (&d.input_prefix, &d.fetch_command) {
                     (Some(p), _) => format!("store: {p}"),

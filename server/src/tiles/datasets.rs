@@ -103,10 +103,19 @@ pub async fn get(db: &PgPool, name: &str) -> Result<Option<Dataset>, sqlx::Error
         .await
 }
 
-pub async fn list(db: &PgPool) -> Result<Vec<Dataset>, sqlx::Error> {
-    sqlx::query_as("SELECT * FROM datasets ORDER BY name")
-        .fetch_all(db)
-        .await
+/// Up to `limit` datasets by name, from the first after `after`.
+pub async fn page(
+    db: &PgPool,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<Dataset>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT * FROM datasets WHERE $1::text IS NULL OR name > $1 ORDER BY name LIMIT $2",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(db)
+    .await
 }
 
 /// The advisory lock between checkpoint uploads and the store's sweep: an

@@ -1,5 +1,5 @@
 //! Cursor pages on every list of the API (agents, tokens, revdeps runs,
-//! pipeline runs; jobs and ROIs have their own tests): pages of 2 walk
+//! pipeline runs, datasets; jobs and ROIs have their own tests): pages of 2 walk
 //! every row once, in the list's order, and the last page says it is the
 //! last; the CLI's listings print a table, or JSON with `--json`, with the
 //! next page's cursor on stderr.
@@ -105,6 +105,17 @@ async fn every_list_pages_by_cursor_and_every_listing_prints_json() {
     // Agents by name, after the cursor.
     let names = walk(&admin, "/api/v1/agents", "agents", "after", "name").await;
     assert_eq!(names, AGENTS);
+    // Datasets too (review L15: the list was whole), registered shuffled.
+    for name in ["ds-c", "ds-a", "ds-e", "ds-b", "ds-d"] {
+        admin
+            .post(
+                "/api/v1/datasets",
+                json!({"name": name, "fetch_command": "true"}),
+            )
+            .await;
+    }
+    let names = walk(&admin, "/api/v1/datasets", "datasets", "after", "name").await;
+    assert_eq!(names, ["ds-a", "ds-b", "ds-c", "ds-d", "ds-e"]);
     // Tokens (the admin's, one per agent) newest first; the whole list
     // in one page is the same.
     let tokens = walk(&admin, "/api/v1/tokens", "tokens", "before", "id").await;
@@ -135,6 +146,7 @@ async fn every_list_pages_by_cursor_and_every_listing_prints_json() {
         "/api/v1/revdeps?before=x",
         "/api/v1/pipelines?before=x",
         "/api/v1/agents?limit=-1",
+        "/api/v1/datasets?after=..%2Fx",
     ] {
         let (status, v) = admin.raw(reqwest::Method::GET, bad, None).await;
         assert_eq!(status, 400, "{bad}: {v}");
@@ -179,7 +191,7 @@ async fn every_list_pages_by_cursor_and_every_listing_prints_json() {
         );
     }
 
-    // ROIs and datasets: empty lists still print their header, or JSON.
+    // An empty list (ROIs) still prints its header, or JSON; datasets are by name.
     let (table, _) = cli(&server, &["roi", "list"]).await;
     assert_eq!(table.lines().count(), 1, "{table}");
     let (json_out, _) = cli(&server, &["roi", "list", "--json"]).await;
@@ -199,7 +211,15 @@ async fn every_list_pages_by_cursor_and_every_listing_prints_json() {
     );
     let (json_out, quiet) = cli(&server, &["datasets", "list", "--json"]).await;
     let list: Value = serde_json::from_str(&json_out).expect("datasets list --json");
-    assert_eq!(list[0]["name"], "demo");
+    assert_eq!(list["datasets"][0]["name"], "demo", "{list}");
+    assert_eq!(list["datasets"].as_array().unwrap().len(), 6, "{list}");
+    let (table, stderr) = cli(&server, &["datasets", "list", "--limit", "2"]).await;
+    assert_eq!(table.lines().count(), 3, "{table}");
+    assert_eq!(cursor(&stderr, "--after "), "ds-a");
+    let (rest, _) = cli(&server, &["datasets", "list", "--json", "--after", "ds-a"]).await;
+    let rest: Value = serde_json::from_str(&rest).expect("datasets list --json --after");
+    assert_eq!(rest["datasets"].as_array().unwrap().len(), 4, "{rest}");
+    assert!(rest["next"].is_null(), "{rest}");
     // A revdeps run for another host, with its missing system packages
     // from a file, as the run records them.
     let missing = server.dir.join("alpine-missing.txt");

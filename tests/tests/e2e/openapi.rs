@@ -182,6 +182,7 @@ async fn the_api_keeps_to_its_openapi_document_under_a_fuzzer() {
     let admin = server.api();
     let nul = [
         (reqwest::Method::GET, "/api/v1/agents?after=a%00b", None),
+        (reqwest::Method::GET, "/api/v1/datasets?after=a%00b", None),
         (
             reqwest::Method::POST,
             "/api/v1/agents/a%00b/pause",
