@@ -223,6 +223,12 @@ pub struct Complete {
     pub progress: Option<Progress>,
 }
 
+/// The largest completion report the server takes: a pipeline's listing or
+/// probe carries its whole list in `result` (at most
+/// [`crate::pipeline::items::MAX_LIST_JSON_BYTES`] of it). Every other
+/// agent call is held to the server's `max_body_bytes` (1 MiB).
+pub const MAX_COMPLETE_BYTES: usize = 32 << 20;
+
 /// The longest failure message the server keeps; longer ones are cut (on a
 /// character boundary) by the agent before sending and again by the server.
 pub const MAX_FAIL_MESSAGE_BYTES: usize = 4096;

@@ -11,9 +11,12 @@ use serde::de::DeserializeOwned;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-pub struct JsonBody<T>(pub T);
+/// `MAX`, where not 0, is the body's limit in bytes in place of the
+/// server's `max_body_bytes` (an agent's completion, which may carry a
+/// pipeline's listing: [`flotilla_core::protocol::MAX_COMPLETE_BYTES`]).
+pub struct JsonBody<T, const MAX: usize = 0>(pub T);
 
-impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+impl<T: DeserializeOwned, const MAX: usize> FromRequest<AppState> for JsonBody<T, MAX> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
@@ -22,7 +25,11 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             .get(axum::http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json") || v.ends_with("+json"));
-        let bytes = read_limited(req, state.settings.max_body_bytes).await?;
+        let limit = match MAX {
+            0 => state.settings.max_body_bytes,
+            max => max.max(state.settings.max_body_bytes),
+        };
+        let bytes = read_limited(req, limit).await?;
         if !is_json {
             return Err(ApiError::BadRequest(
                 "send the body as JSON with `Content-Type: application/json`".into(),

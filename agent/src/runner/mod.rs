@@ -456,7 +456,35 @@ impl<S: Server, E: Execute> Loops<S, E> {
             Ok(c) => JobCall::Complete(c),
             Err(f) => JobCall::Fail(f),
         };
-        match call(report_call).await {
+        let mut answer = call(report_call).await;
+        // A completion the server will never take (too large, or a result
+        // it cannot read) is reported as the job's failure, saying why,
+        // rather than left for the lease to expire, which the server would
+        // take for an agent that stopped and run again, to the same end.
+        if let (
+            Ok(_),
+            Err(CallError::Refused {
+                status: 413 | 422,
+                message,
+                ..
+            }),
+        ) = (&report, &answer)
+        {
+            tracing::warn!(job = %job.job_id, %message, "the server refused the report; reporting a failure");
+            let mut why = format!("the server refused this job's report: {message}");
+            flotilla_core::text::truncate_on_char_boundary(
+                &mut why,
+                flotilla_core::protocol::MAX_FAIL_MESSAGE_BYTES,
+            );
+            let fail = Fail {
+                lease_token: lease.lease_token,
+                class: FailureClass::Fatal,
+                message: why,
+                exit_code: None,
+            };
+            answer = call(JobCall::Fail(&fail)).await;
+        }
+        match answer {
             Ok(()) => tracing::info!(job = %job.job_id, ok = report.is_ok(), "reported"),
             Err(e) if e.lease_gone() => {
                 tracing::warn!(job = %job.job_id, error = %e, "report refused: the lease is no longer ours")

@@ -11,6 +11,7 @@
 //!   line and column.
 //! - [`check`]: what must hold before any host is contacted (hosts exist,
 //!   fields known where used, every move has a source, …).
+//! - [`items`]: what an item id may be, and how many a listing may give.
 //! - [`error`]: an error in a pipeline file: file, line, column, message and
 //!   the line itself.
 //! - [`plan`]: the checked pipeline as the engine walks it: nodes, gates,
@@ -39,6 +40,7 @@
 
 pub mod check;
 pub mod error;
+pub mod items;
 pub mod lexer;
 pub mod parse;
 pub mod plan;

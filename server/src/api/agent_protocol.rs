@@ -341,7 +341,7 @@ pub async fn complete(
     State(state): State<AppState>,
     agent: AgentProcess,
     PathParams(id): PathParams<String>,
-    JsonBody(c): JsonBody<Complete>,
+    JsonBody(c): JsonBody<Complete, { flotilla_core::protocol::MAX_COMPLETE_BYTES }>,
 ) -> ApiResult<Json<Ended>> {
     let key = lease_key(&agent, &id, c.lease_token)?;
     let ended = crate::completion::complete(&state, key, &c).await?;

@@ -18,6 +18,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use flotilla_core::job::{StepItems, StepJob};
+use flotilla_core::pipeline::items::check_ids;
 use flotilla_core::pipeline::plan::{Entry, NodeStep, Plan};
 use flotilla_core::pipeline::PipelineSpec;
 use sqlx::{PgConnection, PgPool};
@@ -124,10 +125,15 @@ async fn list(
     let why = match state.as_str() {
         "succeeded" => match result.map(serde_json::from_value::<StepItems>) {
             Some(Ok(items)) => {
+                // Checked again here, not only by the agent that listed
+                // them: an id goes into paths on every host of the run.
                 let mut seen = BTreeSet::new();
-                match items.items.iter().find(|i| !seen.insert(i.as_str())) {
-                    Some(dup) => format!("the items command listed `{dup}` twice"),
-                    None => return Ok(Some(items.items)),
+                match check_ids(&items.items) {
+                    Err(why) => why,
+                    Ok(()) => match items.items.iter().find(|i| !seen.insert(i.as_str())) {
+                        Some(dup) => format!("the items command listed `{dup}` twice"),
+                        None => return Ok(Some(items.items)),
+                    },
                 }
             }
             _ => "the items command's job returned no item list".to_string(),

@@ -1,14 +1,7 @@
 //! A listing's stdout as item ids: one a line, checked as the line arrives.
 
-/// Items a listing may produce. A run's items each become rows and jobs at
-/// the server; a million is well past any batch we expect (a 10k-page
-/// scan) and still fits in memory at [`MAX_ID_BYTES`] each.
-pub const MAX_ITEMS: usize = 1_000_000;
-
-/// An id names paths (`{id}` in templates), so it stays far below a file
-/// name's 255-byte limit once a stage adds a suffix; 256 is the limit of
-/// what is accepted at all.
-pub const MAX_ID_BYTES: usize = 256;
+use flotilla_core::pipeline::items::{id_problem, json_bytes};
+pub use flotilla_core::pipeline::items::{MAX_ID_BYTES, MAX_ITEMS, MAX_LIST_JSON_BYTES};
 
 /// Why a listing's line is not an item id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -22,6 +15,12 @@ pub enum ItemError {
     },
     #[error("the listing printed more than {MAX_ITEMS} items")]
     TooMany,
+    #[error(
+        "the listing's items take more than {} MiB as the report carries them \
+         (at line {line}); list fewer or shorter ids, or split the run",
+        MAX_LIST_JSON_BYTES >> 20
+    )]
+    TooLarge { line: usize },
 }
 
 /// The items of a listing so far.
@@ -29,6 +28,8 @@ pub enum ItemError {
 pub struct Items {
     items: Vec<String>,
     lines: usize,
+    /// What `items` takes as a JSON list, less its brackets.
+    json_bytes: usize,
 }
 
 impl Items {
@@ -45,20 +46,15 @@ impl Items {
             id: id.chars().take(80).collect(),
             why,
         };
-        if id.len() > MAX_ID_BYTES {
-            return Err(bad("longer than 256 bytes"));
-        }
-        if id == "." || id == ".." {
-            return Err(bad("`.` and `..` name directories, not items"));
-        }
-        if id.contains('/') {
-            return Err(bad("it holds a `/`"));
-        }
-        if id.chars().any(char::is_control) {
-            return Err(bad("it holds a control character"));
+        if let Some(why) = id_problem(id) {
+            return Err(bad(why));
         }
         if self.items.len() == MAX_ITEMS {
             return Err(ItemError::TooMany);
+        }
+        self.json_bytes += json_bytes(id);
+        if self.json_bytes > MAX_LIST_JSON_BYTES {
+            return Err(ItemError::TooLarge { line: self.lines });
         }
         self.items.push(id.to_string());
         Ok(())
@@ -117,7 +113,26 @@ mod tests {
         let mut items = Items {
             items: vec![String::new(); MAX_ITEMS],
             lines: MAX_ITEMS,
+            json_bytes: 0,
         };
         assert_eq!(items.push_line("one more"), Err(ItemError::TooMany));
+    }
+
+    /// Review of 3877596, F2: a listing the server could not take in one
+    /// report (it then refused the completion, and the run failed three
+    /// lease expiries later as if the agent had stopped) fails at once.
+    #[test]
+    fn more_than_a_report_carries_fails_naming_the_limit() {
+        let id = "x".repeat(200);
+        let mut items = Items::default();
+        let fit = MAX_LIST_JSON_BYTES / json_bytes(&id);
+        for _ in 0..fit {
+            items.push_line(&id).unwrap();
+        }
+        let e = items.push_line(&id).unwrap_err();
+        assert_eq!(e, ItemError::TooLarge { line: fit + 1 });
+        assert!(e.to_string().contains("24 MiB"), "{e}");
+        let json = serde_json::to_vec(&items.into_vec()).unwrap();
+        assert!(json.len() <= MAX_LIST_JSON_BYTES, "{}", json.len());
     }
 }

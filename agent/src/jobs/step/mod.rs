@@ -228,6 +228,7 @@ mod unix {
             )
         })?;
         let mut exist = Vec::new();
+        let mut exist_bytes = 0;
         let io = Io {
             stdin: Some(file),
             stdout: None,
@@ -240,6 +241,17 @@ mod unix {
             io,
             timeout,
             |line| {
+                // The report carries the list whole (see `Items`).
+                exist_bytes += flotilla_core::pipeline::items::json_bytes(line);
+                if exist_bytes > items::MAX_LIST_JSON_BYTES {
+                    return Err(format!(
+                        "the outputs found take more than {} MiB as the report carries them \
+                         ({} so far); run the rest of this file as a new run in another \
+                         directory, or remove the outputs it should not resume from",
+                        items::MAX_LIST_JSON_BYTES >> 20,
+                        exist.len()
+                    ));
+                }
                 exist.push(line.to_string());
                 Ok(())
             },
