@@ -150,14 +150,9 @@ async fn list(
 
 /// Ends run `run` failed with `why`.
 pub(super) async fn fail_run(tx: &mut PgConnection, run: Uuid, why: &str) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE pipeline_runs SET state = 'failed', error = $2, finished_at = now() WHERE id = $1",
-    )
-    .bind(run)
-    .bind(why)
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
+    // With its items, gates and open jobs (a failed probe's siblings, say),
+    // not the run's row alone.
+    super::end_run(tx, run, "failed", why).await.map(|_| ())
 }
 
 async fn record_items(tx: &mut PgConnection, run: Uuid, items: &[String]) -> sqlx::Result<()> {

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::queue::cancel::{cancel as cancel_job, Cancelled};
+use crate::queue::cancel;
 use crate::queue::submit::{submit_in, within_waiting_cap, WaitingCapExceeded};
 
 /// A submission whose file parsed and passed its checks.
@@ -321,16 +321,13 @@ pub async fn cancel_item(db: &PgPool, id: Uuid, item: &str) -> Result<RunCancel,
         .bind(idx)
         .execute(&mut *tx)
         .await?;
-    tx.commit().await?;
     let mut jobs = 0;
     if let Some(job) = job {
-        if matches!(
-            cancel_job(db, job).await?,
-            Cancelled::Now | Cancelled::Requested
-        ) {
+        if cancel::cancel_in(&mut tx, job).await? {
             jobs = 1;
         }
     }
+    tx.commit().await?;
     Ok(RunCancel::Cancelled { jobs })
 }
 
@@ -372,6 +369,23 @@ pub async fn close(db: &PgPool, id: Uuid, how: Closing<'_>) -> Result<RunCancel,
         }
         Some(_) => {}
     }
+    let jobs = end_run(&mut tx, id, state, why).await? as usize;
+    tx.commit().await?;
+    Ok(RunCancel::Cancelled { jobs })
+}
+
+/// Ends run `id` as `state` ("failed" or "cancelled") with `why`, inside
+/// the caller's transaction, which holds the run's row: its open items and
+/// running steps with it, its gates freed, and every job of it that has not
+/// ended cancelled in the same transaction (a run recorded closed with its
+/// jobs still queued, a crash between two transactions, would have them
+/// run). How many jobs were cancelled or asked to stop.
+pub(super) async fn end_run(
+    tx: &mut sqlx::PgConnection,
+    id: Uuid,
+    state: &str,
+    why: &str,
+) -> Result<u64, sqlx::Error> {
     sqlx::query(
         "UPDATE pipeline_runs SET state = $2, finished_at = now(), error = $3 WHERE id = $1",
     )
@@ -401,23 +415,5 @@ pub async fn close(db: &PgPool, id: Uuid, how: Closing<'_>) -> Result<RunCancel,
         .bind(id)
         .execute(&mut *tx)
         .await?;
-    let open: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT j.id FROM jobs j WHERE j.parent_id = $1
-           AND j.state NOT IN ('succeeded', 'failed', 'cancelled')
-         UNION SELECT r.list_job FROM pipeline_runs r WHERE r.id = $1",
-    )
-    .bind(id)
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    let mut jobs = 0;
-    for job in open {
-        if matches!(
-            cancel_job(db, job).await?,
-            Cancelled::Now | Cancelled::Requested
-        ) {
-            jobs += 1;
-        }
-    }
-    Ok(RunCancel::Cancelled { jobs })
+    cancel::cancel_run_jobs(tx, id).await
 }

@@ -2,8 +2,25 @@
 //! agent sees on its next heartbeat.
 
 use flotilla_core::job::JobState;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
+
+/// The one statement that cancels: a job that has not started ends
+/// `cancelled` now, a running one is asked to stop (its agent sees
+/// `cancel_requested` at its next heartbeat). `$WHERE` picks the jobs.
+macro_rules! cancel_where {
+    ($where:literal) => {
+        concat!(
+            "UPDATE jobs SET cancel_requested = true,
+                 state = CASE WHEN state IN ('queued', 'retrying') THEN 'cancelled' ELSE state END,
+                 finished_at = CASE WHEN state IN ('queued', 'retrying') THEN now() ELSE finished_at END
+             WHERE ",
+            $where,
+            " AND state NOT IN ('succeeded', 'failed', 'cancelled')
+             RETURNING state"
+        )
+    };
+}
 
 /// What a cancel did.
 #[derive(Debug, PartialEq, Eq)]
@@ -18,16 +35,10 @@ pub enum Cancelled {
 }
 
 pub async fn cancel(db: &PgPool, id: Uuid) -> Result<Cancelled, sqlx::Error> {
-    let row: Option<(String,)> = sqlx::query_as(
-        "UPDATE jobs SET cancel_requested = true,
-             state = CASE WHEN state IN ('queued', 'retrying') THEN 'cancelled' ELSE state END,
-             finished_at = CASE WHEN state IN ('queued', 'retrying') THEN now() ELSE finished_at END
-         WHERE id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')
-         RETURNING state",
-    )
-    .bind(id)
-    .fetch_optional(db)
-    .await?;
+    let row: Option<(String,)> = sqlx::query_as(cancel_where!("id = $1"))
+        .bind(id)
+        .fetch_optional(db)
+        .await?;
     if let Some((state,)) = row {
         return Ok(if state == "cancelled" {
             Cancelled::Now
@@ -43,4 +54,29 @@ pub async fn cancel(db: &PgPool, id: Uuid) -> Result<Cancelled, sqlx::Error> {
         Some(s) => Cancelled::AlreadyFinal(s),
         None => Cancelled::NotFound,
     })
+}
+
+/// Cancels, inside the caller's transaction, every job of pipeline run
+/// `run` that has not ended (its step jobs and its listing), so that they
+/// end with the run's own change or not at all: a crash between the two
+/// could otherwise leave a closed run's jobs to run. How many were
+/// cancelled now or asked to stop.
+pub async fn cancel_run_jobs(conn: &mut PgConnection, run: Uuid) -> Result<u64, sqlx::Error> {
+    let rows: Vec<String> = sqlx::query_scalar(cancel_where!(
+        "(parent_id = $1 OR id = (SELECT list_job FROM pipeline_runs WHERE id = $1))"
+    ))
+    .bind(run)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.len() as u64)
+}
+
+/// [`cancel`] of one job inside the caller's transaction: whether it was
+/// cancelled now or asked to stop (false: it had already ended).
+pub async fn cancel_in(conn: &mut PgConnection, id: Uuid) -> Result<bool, sqlx::Error> {
+    let row: Option<String> = sqlx::query_scalar(cancel_where!("id = $1"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.is_some())
 }

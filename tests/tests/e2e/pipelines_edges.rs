@@ -1,7 +1,8 @@
 //! Pipelines at their edges: an `either` whose branches start with a move
 //! still spreads items by the branches' first stages; a second open run of
 //! the same file is refused; the server checks a listing's ids itself, and
-//! takes a listing larger than other agent reports.
+//! takes a listing larger than other agent reports; a run cancelled as its
+//! server dies is closed with its jobs or not at all.
 
 use std::time::Duration;
 
@@ -182,4 +183,151 @@ async fn the_server_checks_a_listing_and_takes_a_large_one() {
     api.post(&format!("/api/v1/pipelines/{run}/cancel"), json!({}))
         .await;
     assert_eq!(finished(&api, &run).await["state"], "cancelled");
+}
+
+/// Review of 3877596, F1. Cancelling a run recorded it closed in one
+/// transaction and cancelled its jobs one by one after: a server killed
+/// between the two left a cancelled run whose jobs were still queued, to be
+/// run (a `consume` deleting its input) with nothing to stop them. One of
+/// the run's jobs is held locked from outside, so the cancel waits on it,
+/// and the server is killed there: the database must then hold the run and
+/// its jobs as they were, or both closed; a second cancel closes both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cancelled_as_its_server_dies_is_closed_with_its_jobs_or_not_at_all() {
+    let dir = scratch("e2e-pipeline-cancel-kill-");
+    let d = dir.path().display().to_string();
+    let mut server = server_on_shared(dir.path(), 10_000).await;
+    let agent = Driven::register(&server, "idle", &["step"], Duration::from_secs(10)).await;
+    let api = server.api();
+    let source = format!(
+        "host a = agent idle\nitems on a: ls\nstage s on a jobs 3 out {d}/s/{{id}}: true\n"
+    );
+    let run = api
+        .post(
+            "/api/v1/pipelines",
+            json!({"name": "kill.pipeline", "source": source}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (job, lease) = agent.lease().await;
+    let (status, v) = agent
+        .api
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/agent/v1/jobs/{job}/complete"),
+            Some(
+                json!({"lease_token": lease, "exit_code": 0, "result": {"items": ["1", "2", "3"]}}),
+            ),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    // The probe for outputs an earlier run left: none.
+    let (job, lease) = agent.lease().await;
+    let (status, v) = agent
+        .api
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/agent/v1/jobs/{job}/complete"),
+            Some(json!({"lease_token": lease, "exit_code": 0, "result": {"exist": []}})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let db = sqlx::PgPool::connect(&server.opts.database_url)
+        .await
+        .unwrap();
+    let run_id: uuid::Uuid = run.parse().unwrap();
+    let queued = || {
+        sqlx::query_scalar::<_, uuid::Uuid>(
+            "SELECT id FROM jobs WHERE parent_id = $1 AND state = 'queued' ORDER BY id",
+        )
+        .bind(run_id)
+        .fetch_all(&db)
+    };
+    flotilla_e2e::eventually(
+        "the run's three stage jobs",
+        Duration::from_secs(30),
+        || {
+            let q = queued();
+            async move { q.await.unwrap().len() == 3 }
+        },
+    )
+    .await;
+    let jobs = queued().await.unwrap();
+
+    let mut hold = db.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(jobs[1])
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    let cancelling = tokio::spawn({
+        let api = api.clone();
+        let run = run.clone();
+        // Its answer never comes: the server is killed under it.
+        async move {
+            let _ = api
+                .http
+                .post(format!("{}/api/v1/pipelines/{run}/cancel", api.base))
+                .bearer_auth(&api.token)
+                .json(&json!({}))
+                .send()
+                .await;
+        }
+    });
+    flotilla_e2e::eventually(
+        "the cancel to wait on the held job",
+        Duration::from_secs(30),
+        || {
+            let q = sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%cancel_requested%'",
+            )
+            .fetch_one(&db);
+            async move { q.await.unwrap() > 0 }
+        },
+    )
+    .await;
+    server.kill().await;
+    cancelling.abort();
+    hold.rollback().await.unwrap();
+    // The killed server's transaction ends once its statement can go on
+    // and finds no client: wait for its backend to go.
+    flotilla_e2e::eventually(
+        "the killed server's cancel to end",
+        Duration::from_secs(30),
+        || {
+            let q = sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%cancel_requested%'
+               AND pid <> pg_backend_pid() AND state <> 'idle'",
+            )
+            .fetch_one(&db);
+            async move { q.await.unwrap() == 0 }
+        },
+    )
+    .await;
+    let state: String = sqlx::query_scalar("SELECT state FROM pipeline_runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    let left = queued().await.unwrap().len();
+    assert!(
+        (state == "running" && left == 3) || (state == "cancelled" && left == 0),
+        "run {state} with {left} of its jobs still queued"
+    );
+
+    server.restart().await;
+    let api = server.api();
+    let (status, v) = api
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/v1/pipelines/{run}/cancel"),
+            Some(json!({})),
+        )
+        .await;
+    assert!(status == 200 || status == 202, "{status} {v}");
+    assert_eq!(finished(&api, &run).await["state"], "cancelled");
+    assert_eq!(queued().await.unwrap().len(), 0);
 }
