@@ -4,6 +4,11 @@
 //! `{{` and `}}` are literal braces; `${…}` is left to the shell whole
 //! (parameter expansion); a `{` that does not start a field name followed
 //! by `}` (a brace group `{ a; }`, a brace expansion `{a,b}`) is literal.
+//!
+//! In a command, a value is quoted for where its field stands: bare, it
+//! becomes one word (single quotes where needed); inside the author's `'…'`
+//! or `"…"` it is escaped for those quotes, so that `"{id}"` or `'{in}'`
+//! never lets a `$(…)` or a quote in an item's name reach the shell as code.
 
 use std::fmt;
 
@@ -35,16 +40,31 @@ impl fmt::Display for Field {
     }
 }
 
+/// The shell quotes a field stands in, as `sh` reads the text before it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Quoting {
+    /// In none: the value is made one word.
+    #[default]
+    Bare,
+    /// Inside `'…'`.
+    Single,
+    /// Inside `"…"`.
+    Double,
+}
+
 /// One piece of a template.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Part {
     Text(String),
     /// A field, with its offset in the template's text in characters (for
-    /// the column of an error).
+    /// the column of an error), and the quotes it stands in.
     Field {
         field: Field,
         offset: u32,
+        #[serde(default)]
+        quoting: Quoting,
     },
 }
 
@@ -79,10 +99,78 @@ impl Template {
         let chars: Vec<char> = text.chars().collect();
         let mut parts = Vec::new();
         let mut lit = String::new();
+        let mut quoting = Quoting::Bare;
+        // Command substitutions, `$(…)` and `` `…` ``, begin unquoted
+        // whatever quotes they stand in (not single ones, where they are
+        // text): the quotes they stood in, and for `$(…)` the parentheses
+        // open inside, come back at their end.
+        let mut outer: Vec<(Quoting, Option<usize>)> = Vec::new();
         let mut i = 0;
         while i < chars.len() {
             let c = chars[i];
+            if quoting != Quoting::Single {
+                let next = chars.get(i + 1).copied();
+                let taken = match (c, outer.last_mut()) {
+                    ('$', _) if next == Some('(') => {
+                        outer.push((quoting, Some(0)));
+                        quoting = Quoting::Bare;
+                        2
+                    }
+                    ('(', Some((_, Some(depth)))) if quoting == Quoting::Bare => {
+                        *depth += 1;
+                        1
+                    }
+                    (')', Some((_, Some(depth)))) if quoting == Quoting::Bare => {
+                        match depth.checked_sub(1) {
+                            Some(d) => *depth = d,
+                            None => quoting = outer.pop().map_or(Quoting::Bare, |(q, _)| q),
+                        }
+                        1
+                    }
+                    ('`', Some((_, None))) => {
+                        quoting = outer.pop().map_or(Quoting::Bare, |(q, _)| q);
+                        1
+                    }
+                    ('`', _) => {
+                        outer.push((quoting, None));
+                        quoting = Quoting::Bare;
+                        1
+                    }
+                    _ => 0,
+                };
+                if taken > 0 {
+                    lit.extend(&chars[i..i + taken]);
+                    i += taken;
+                    continue;
+                }
+            }
             match c {
+                // The shell's quotes, followed as `sh` reads them: a
+                // backslash outside single quotes keeps a quote, `$`, a
+                // backquote or itself from meaning anything.
+                '\\' if quoting != Quoting::Single
+                    && chars.get(i + 1).is_some_and(|n| "'\"\\$`".contains(*n)) =>
+                {
+                    lit.push(c);
+                    lit.push(chars[i + 1]);
+                    i += 2;
+                }
+                '\'' if quoting != Quoting::Double => {
+                    quoting = match quoting {
+                        Quoting::Single => Quoting::Bare,
+                        _ => Quoting::Single,
+                    };
+                    lit.push(c);
+                    i += 1;
+                }
+                '"' if quoting != Quoting::Single => {
+                    quoting = match quoting {
+                        Quoting::Double => Quoting::Bare,
+                        _ => Quoting::Double,
+                    };
+                    lit.push(c);
+                    i += 1;
+                }
                 '{' if chars.get(i + 1) == Some(&'{') => {
                     lit.push('{');
                     i += 2;
@@ -148,12 +236,24 @@ impl Template {
                             }
                         },
                     };
+                    // Inside backquotes the shell reads `\`` and `\\` before
+                    // any quote, so no quoting of a value is sure there.
+                    if outer.iter().any(|(_, sub)| sub.is_none()) {
+                        return Err(TemplateError {
+                            offset: i as u32,
+                            message: format!(
+                                "`{{{name}}}` inside backquotes: write `$(…)` instead of \
+                                 `…` around it, so that its value can be quoted safely"
+                            ),
+                        });
+                    }
                     if !lit.is_empty() {
                         parts.push(Part::Text(std::mem::take(&mut lit)));
                     }
                     parts.push(Part::Field {
                         field,
                         offset: i as u32,
+                        quoting,
                     });
                     i = j + 1;
                 }
@@ -175,14 +275,15 @@ impl Template {
     /// The fields it names, with their offsets, in order.
     pub fn fields(&self) -> impl Iterator<Item = (&Field, u32)> {
         self.parts.iter().filter_map(|p| match p {
-            Part::Field { field, offset } => Some((field, *offset)),
+            Part::Field { field, offset, .. } => Some((field, *offset)),
             Part::Text(_) => None,
         })
     }
 
     /// Fills in the fields with `value`; `shell` quotes each value for
-    /// `sh` where it holds anything but plain path characters. `Err` names
-    /// the first field `value` has no value for.
+    /// `sh` as its place needs: bare, where it holds anything but plain path
+    /// characters; inside the author's quotes, escaped for them. `Err`
+    /// names the first field `value` has no value for.
     pub fn expand(
         &self,
         value: impl Fn(&Field) -> Option<String>,
@@ -192,12 +293,23 @@ impl Template {
         for p in &self.parts {
             match p {
                 Part::Text(t) => out.push_str(t),
-                Part::Field { field, .. } => {
+                Part::Field { field, quoting, .. } => {
                     let v = value(field).ok_or_else(|| field.clone())?;
-                    if shell {
-                        out.push_str(&shell_quote(&v));
-                    } else {
-                        out.push_str(&v);
+                    match (shell, quoting) {
+                        (false, _) => out.push_str(&v),
+                        (true, Quoting::Bare) => out.push_str(&shell_quote(&v)),
+                        // Inside '…' only a `'` ends the quotes: it is
+                        // closed, given escaped, and opened again.
+                        (true, Quoting::Single) => out.push_str(&v.replace('\'', r"'\''")),
+                        // Inside "…" these four keep their meaning.
+                        (true, Quoting::Double) => {
+                            for c in v.chars() {
+                                if matches!(c, '\\' | '"' | '$' | '`') {
+                                    out.push('\\');
+                                }
+                                out.push(c);
+                            }
+                        }
                     }
                 }
             }
@@ -243,6 +355,80 @@ mod tests {
             )
             .unwrap();
         assert_eq!(s, r"cp '/a b' /o/x.'it'\''s' ${HOME} {lit} { a; } {a,b}");
+    }
+
+    /// Review of 3877596, F4: `"{id}"` and `'{id}'` (quoting by reflex)
+    /// put the value inside the author's quotes, where single quotes of our
+    /// own are literal (in "…") or end theirs (in '…'): a `$(…)` in an item's
+    /// name ran. Each form must give the value back as it is, and run
+    /// nothing.
+    #[test]
+    fn a_value_inside_the_commands_own_quotes_stays_text() {
+        let dir = std::env::temp_dir().join(format!("flotilla-quoting-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let t = Template::parse(
+            r#"printf '%s\n' {id} "{id}" '{id}' "a \"{id}\" b" 'x'{id}"y" "$(printf %s "{id}")" "$( (printf %s {id}) )" \"{id}\""#,
+        )
+        .unwrap();
+        let quotings: Vec<_> = t
+            .parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Field { quoting, .. } => Some(*quoting),
+                Part::Text(_) => None,
+            })
+            .collect();
+        use Quoting::*;
+        assert_eq!(
+            quotings,
+            [Bare, Double, Single, Double, Bare, Double, Bare, Bare]
+        );
+        for id in [
+            "$(touch PWNED)",
+            "`touch PWNED`",
+            "it's",
+            r#"a"b\c"#,
+            r"x\",
+            "${HOME}",
+            "'; touch PWNED; '",
+            "\"; touch PWNED; \"",
+        ] {
+            let cmd = t.expand(|_| Some(id.to_string()), true).unwrap();
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(&cmd)
+                .current_dir(&dir)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{id:?}: {cmd}");
+            let lines: Vec<String> = String::from_utf8(out.stdout)
+                .unwrap()
+                .lines()
+                .map(str::to_string)
+                .collect();
+            assert_eq!(
+                lines,
+                [
+                    id.to_string(),
+                    id.to_string(),
+                    id.to_string(),
+                    format!("a \"{id}\" b"),
+                    format!("x{id}y"),
+                    id.to_string(),
+                    id.to_string(),
+                    format!("\"{id}\""),
+                ],
+                "{id:?}: {cmd}"
+            );
+            assert!(!dir.join("PWNED").exists(), "{id:?} ran: {cmd}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        // In backquotes no quoting is sure: refused, pointing at `$(…)`.
+        let e = Template::parse("echo \"`cat {in}`\"").unwrap_err();
+        assert_eq!(e.offset, 11);
+        assert!(e.message.contains("$(…)"), "{}", e.message);
+        // A quote in a path template is only text.
+        assert!(Template::parse("/data/it's/{id}").is_ok());
     }
 
     #[test]
