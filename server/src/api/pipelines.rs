@@ -68,21 +68,25 @@ pub async fn submit(
     if let Some(errors) = pipelines::unknown_agents(&state.db, &run).await? {
         return Err(Refused::File(errors).into());
     }
-    if let Some(open) = pipelines::open_run_of(&state.db, &run.source).await? {
-        return Err(ApiError::Conflict(format!(
-            "run {open} of this same file is still open; two runs would write the same outputs. \
-             Follow it (`flotilla pipeline status {open}`) or cancel it first \
-             (`flotilla pipeline cancel {open}`); a new run after it resumes where it stopped"
-        )));
-    }
-    let id = pipelines::submit(
+    let id = match pipelines::submit(
         &state.db,
         run,
         &caller.submitter(),
         Some(caller.token_id),
         cap,
     )
-    .await??;
+    .await?
+    {
+        Ok(id) => id,
+        Err(pipelines::NotSubmitted::WaitingCap(over)) => return Err(over.into()),
+        Err(pipelines::NotSubmitted::OpenRun(open)) => {
+            return Err(ApiError::Conflict(format!(
+                "run {open} of this same file is still open; two runs would write the same \
+                 outputs. Follow it (`flotilla pipeline status {open}`) or cancel it first \
+                 (`flotilla pipeline cancel {open}`); a new run after it resumes where it stopped"
+            )))
+        }
+    };
     state.parents_signal.notify_one();
     Ok(created(Created { id }))
 }

@@ -25,7 +25,7 @@ use flotilla_core::job::{check_text, limits, StepAction, StepHost, AGENT_NAME_LA
 use flotilla_core::pipeline::spec::HostTarget;
 use flotilla_core::pipeline::{self, PipelineSpec};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::queue::cancel;
@@ -200,26 +200,35 @@ pub async fn unknown_agents(
 
 /// An open run of the same file (the same text), which a new run would
 /// race: the same outputs, the same temporary paths.
-pub async fn open_run_of(db: &PgPool, source: &str) -> Result<Option<Uuid>, sqlx::Error> {
+async fn open_run_of(tx: &mut PgConnection, source: &str) -> Result<Option<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT id FROM pipeline_runs
          WHERE state IN ('listing', 'probing', 'running') AND source = $1
          ORDER BY created_at LIMIT 1",
     )
     .bind(source)
-    .fetch_optional(db)
+    .fetch_optional(tx)
     .await
 }
 
-/// Records a run and queues its listing job, in one transaction. Its jobs
-/// are accounted to `submitter` and belong to the token `owner`.
+/// Why [`submit`] recorded no run.
+#[derive(Debug)]
+pub enum NotSubmitted {
+    WaitingCap(WaitingCapExceeded),
+    /// A run of the same file is still open (its id).
+    OpenRun(Uuid),
+}
+
+/// Records a run and queues its listing job, in one transaction, unless a
+/// run of the same file is open. Its jobs are accounted to `submitter` and
+/// belong to the token `owner`.
 pub async fn submit(
     db: &PgPool,
     run: ValidPipeline,
     submitter: &str,
     owner: Option<Uuid>,
     waiting_cap: Option<crate::queue::submit::WaitingCap<'_>>,
-) -> Result<Result<Uuid, WaitingCapExceeded>, sqlx::Error> {
+) -> Result<Result<Uuid, NotSubmitted>, sqlx::Error> {
     let run_id = Uuid::new_v4();
     let (host, labels) = placement(&run.spec, &run.spec.items.host, None);
     let list = jobs::queued(
@@ -240,8 +249,18 @@ pub async fn submit(
         3,
     );
     let mut tx = db.begin().await?;
+    // Submissions of one file, to any server, one at a time, each seeing
+    // the run the last recorded: two at once both found none open and both
+    // ran, each clearing the other's temporary outputs.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('flotilla-pipeline-source:' || md5($1)))")
+        .bind(&run.source)
+        .execute(&mut *tx)
+        .await?;
+    if let Some(open) = open_run_of(&mut tx, &run.source).await? {
+        return Ok(Err(NotSubmitted::OpenRun(open)));
+    }
     if let Err(over) = within_waiting_cap(&mut tx, submitter, 1, waiting_cap).await? {
-        return Ok(Err(over));
+        return Ok(Err(NotSubmitted::WaitingCap(over)));
     }
     let list_job = submit_in(&mut tx, &[list]).await?[0];
     sqlx::query(
@@ -381,7 +400,7 @@ pub async fn close(db: &PgPool, id: Uuid, how: Closing<'_>) -> Result<RunCancel,
 /// jobs still queued, a crash between two transactions, would have them
 /// run). How many jobs were cancelled or asked to stop.
 pub(super) async fn end_run(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut PgConnection,
     id: Uuid,
     state: &str,
     why: &str,

@@ -104,6 +104,30 @@ async fn a_second_open_run_of_the_same_file_is_refused() {
         .raw(reqwest::Method::POST, "/api/v1/pipelines", Some(body))
         .await;
     assert_eq!(status, 201, "{v}");
+
+    // Review of 3877596, F9: the check and the insert were two
+    // transactions, so submissions at the same moment could all find none
+    // open. Eight at once: one run.
+    let source = format!(
+        "host a = agent twice-a\nitems on a: seq 1 2\nstage t on a out {d}/t/{{id}}: sleep 30; echo > {{out}}\n"
+    );
+    let body = json!({"name": "race.pipeline", "source": source});
+    let mut posts = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (api, body) = (api.clone(), body.clone());
+        posts.spawn(async move {
+            api.raw(reqwest::Method::POST, "/api/v1/pipelines", Some(body))
+                .await
+        });
+    }
+    let answers = posts.join_all().await;
+    let mut statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [201, 409, 409, 409, 409, 409, 409, 409],
+        "{answers:?}"
+    );
 }
 
 /// Review of 3877596, F7 and F2. An id that would leave its directory,
