@@ -28,12 +28,17 @@
       box.append(p);
     }
   }
+  let timer = null;
   async function poll() {
+    if (document.hidden) return; // asked again when shown
     try {
       const r = await fetch("/ui/alerts.json", { credentials: "same-origin" });
       if (r.ok) render(await r.json());
+      // Signed out (here or in another tab): asking again cannot help.
+      else if (r.status === 401) clearInterval(timer);
     } catch (e) { /* offline: try again at the next tick */ }
   }
   poll();
-  setInterval(poll, 5000);
+  timer = setInterval(poll, 5000);
+  document.addEventListener("visibilitychange", () => { if (!document.hidden) poll(); });
 })();

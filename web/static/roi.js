@@ -30,6 +30,49 @@
       a.setAttribute("href", "/ui/rois/" + id + "/tiles/" + name);
     }
   };
+  // The agents' bars: one group an agent, made the first time it appears
+  // (an ROI page opened before any tile ended has none), in the server's
+  // order, and dropped once an agent has no tile in the last hour.
+  const SVG = "http://www.w3.org/2000/svg";
+  const svgEl = (name, attrs, text) => {
+    const el = document.createElementNS(SVG, name);
+    Object.keys(attrs).forEach((k) => el.setAttribute(k, attrs[k]));
+    if (text !== undefined) el.textContent = text;
+    return el;
+  };
+  const patchAgents = (agents) => {
+    const chart = document.getElementById("agents-chart");
+    if (!chart || !Array.isArray(agents)) return;
+    const groups = new Map();
+    chart.querySelectorAll("g[data-agent]").forEach((g) => groups.set(g.dataset.agent, g));
+    agents.forEach((a) => {
+      let g = groups.get(a.agent);
+      if (!g) {
+        g = svgEl("g", {});
+        g.dataset.agent = a.agent;
+        g.append(
+          svgEl("text", { class: "bar-label", x: 0 }, a.agent),
+          svgEl("rect", { class: "bar", x: a.x, height: 18 }),
+          svgEl("text", { class: "bar-value" }, a.text));
+      }
+      groups.delete(a.agent);
+      chart.append(g); // in the server's order
+      g.querySelector(".bar-label").setAttribute("y", a.y + 15);
+      const rect = g.querySelector("rect");
+      rect.setAttribute("y", a.y + 2);
+      rect.setAttribute("width", a.width);
+      const v = g.querySelector(".bar-value");
+      v.setAttribute("x", a.value_x);
+      v.setAttribute("y", a.y + 15);
+      if (v.textContent !== a.text) v.textContent = a.text;
+    });
+    groups.forEach((g) => g.remove());
+    chart.setAttribute("height", Math.max(agents.length, 1) * 26);
+    const box = document.getElementById("agents-box");
+    if (box) box.hidden = agents.length === 0;
+    const none = document.getElementById("agents-none");
+    if (none) none.hidden = agents.length !== 0;
+  };
   const events = flotillaLive("/ui/rois/" + id + "/events");
   events.addEventListener("state", (e) => {
     const s = JSON.parse(e.data);
@@ -47,15 +90,7 @@
     set("roi-total", h.total);
     set("roi-eta", h.eta);
     set("roi-pace", h.pace);
-    const groups = document.querySelectorAll("#agents-chart g[data-agent]");
-    h.agents.forEach((a) => {
-      const g = Array.prototype.find.call(groups, (g) => g.dataset.agent === a.agent);
-      if (!g) return;
-      g.querySelector("rect").setAttribute("width", a.width);
-      const v = g.querySelector(".bar-value");
-      v.setAttribute("x", a.value_x);
-      if (v.textContent !== a.text) v.textContent = a.text;
-    });
+    patchAgents(h.agents);
     if (s.tiles && typeof s.tiles.all === "string") {
       for (let i = 0; i < s.tiles.all.length; i++) patchTile(i, s.tiles.all[i]);
     }

@@ -151,7 +151,6 @@ struct MapView {
 #[derive(serde::Serialize)]
 struct AgentBar {
     agent: String,
-    #[serde(skip)]
     x: u32,
     y: u32,
     width: u32,

@@ -501,6 +501,131 @@ async fn a_refused_stream_says_so(f: &Fleet, job: &str) {
     b.assert_clean_console("live again").await;
 }
 
+/// The server's count of open dashboard streams.
+async fn streams_open(server: &Server) -> u64 {
+    let text = server.api().metrics().await;
+    text.lines()
+        .find_map(|l| l.strip_prefix("flotilla_dashboard_streams "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no flotilla_dashboard_streams in {text}"))
+}
+
+/// A script that makes the page hidden or shown, as switching tabs does.
+fn visibility(hidden: bool) -> String {
+    format!(
+        "Object.defineProperty(document, 'hidden', {{value: {hidden}, configurable: true}}); \
+         document.dispatchEvent(new Event('visibilitychange')); return true"
+    )
+}
+
+/// Case 11: a hidden tab gives its stream back (a browser holds six
+/// connections to a server over HTTP/1.1, and every live tab held one, so
+/// the seventh page hung), and shown again goes on from the last line it
+/// had: every line of the job's log once, none lost while it was hidden.
+async fn a_hidden_tab_gives_its_stream_back(f: &Fleet) {
+    let b = &f.browser;
+    f.server
+        .api()
+        .post(&format!("/api/v1/agents/{AGENT}/resume"), json!({}))
+        .await;
+    let id = f
+        .server
+        .api()
+        .submit(json!({"kind": "command",
+                       "command": "for i in $(seq 1 80); do echo line-$i; sleep 0.5; done"}))
+        .await;
+    wait_job_state(&f.server, &id, "running").await;
+    b.open(&format!("/ui/jobs/{id}")).await;
+    b.wait_js(
+        "the first lines",
+        "return document.getElementById('log').textContent.includes('line-2')",
+    )
+    .await;
+    let server = &f.server;
+    eventually(
+        "the page's one stream",
+        Duration::from_secs(15),
+        move || async move { streams_open(server).await == 1 },
+    )
+    .await;
+    b.js(&visibility(true)).await;
+    eventually(
+        "the hidden tab's stream closed",
+        Duration::from_secs(12),
+        move || async move { streams_open(server).await == 0 },
+    )
+    .await;
+    let before = b.text("#log").await.lines().count();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    b.js(&visibility(false)).await;
+    b.wait_js(
+        "lines written while hidden, and after",
+        &format!(
+            "return document.getElementById('log').textContent.trim().split('\\n').length > {}",
+            before + 6
+        ),
+    )
+    .await;
+    assert_eq!(
+        streams_open(server).await,
+        1,
+        "shown, the page streams again"
+    );
+    let log = b.text("#log").await;
+    let lines: Vec<&str> = log.lines().filter(|l| l.starts_with("line-")).collect();
+    let want: Vec<String> = (1..=lines.len()).map(|i| format!("line-{i}")).collect();
+    assert_eq!(lines, want, "each line once, in order: {log:?}");
+    assert_eq!(
+        job_state(&f.server, &id).await,
+        "running",
+        "the job outlived the check"
+    );
+    b.assert_clean_console("hidden and shown").await;
+}
+
+/// Case 12: an ROI page opened before any agent finished a tile (here: its
+/// bars taken away, as such a page is rendered) draws an agent's bar when
+/// the stream brings one, instead of "No agent has finished a tile yet"
+/// beside tiles done. The stream is renewed by hiding and showing the tab,
+/// whose first event carries the bars.
+async fn roi_bars_appear_live(f: &Fleet) {
+    let b = &f.browser;
+    b.open(&format!("/ui/rois/{}", f.roi)).await;
+    let bar = format!("#agents-chart g[data-agent='{AGENT}']");
+    b.wait_js(
+        "the agent's bar",
+        &format!("return !!document.querySelector(\"{bar}\")"),
+    )
+    .await;
+    b.js(
+        "document.querySelectorAll('#agents-chart g').forEach((g) => g.remove()); \
+          document.getElementById('agents-box').hidden = true; \
+          document.getElementById('agents-none').hidden = false; return true",
+    )
+    .await;
+    b.js(&visibility(true)).await;
+    let server = &f.server;
+    eventually(
+        "the hidden ROI page's stream closed",
+        Duration::from_secs(12),
+        move || async move { streams_open(server).await == 0 },
+    )
+    .await;
+    b.js(&visibility(false)).await;
+    b.wait_js(
+        "the bar drawn from the stream",
+        &format!(
+            "const g = document.querySelector(\"{bar}\"); \
+             return !!g && !document.getElementById('agents-box').hidden \
+               && document.getElementById('agents-none').hidden \
+               && g.querySelector('.bar-value').textContent.includes('tile')"
+        ),
+    )
+    .await;
+    b.shot("roi-bars-live").await;
+    b.assert_clean_console("ROI bars").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_works_in_chromium() {
     let started = Instant::now();
@@ -589,6 +714,10 @@ async fn the_dashboard_works_in_chromium() {
     step("8 keyboard, 9 console");
     a_refused_stream_says_so(&f, &waiting).await;
     step("10 a refused stream says so");
+    a_hidden_tab_gives_its_stream_back(&f).await;
+    step("11 a hidden tab gives its stream back");
+    roi_bars_appear_live(&f).await;
+    step("12 ROI bars drawn live");
     println!(
         "browser: screenshots in {} ({:.1} s in all)",
         f.browser.shots.display(),
