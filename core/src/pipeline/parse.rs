@@ -65,6 +65,9 @@ pub const MAX_NAME_BYTES: usize = 64;
 /// An `out` or move path, in bytes: Linux's PATH_MAX.
 pub const MAX_PATH_BYTES: usize = 4096;
 pub const MAX_JOBS: u32 = 10_000;
+/// Branches of one `either`: the engine asks each for room, for every
+/// waiting item, on every pass.
+pub const MAX_BRANCHES: usize = 64;
 pub const MAX_RETRIES: u32 = 100;
 pub const MAX_LIMIT: u32 = 1_000_000;
 
@@ -472,6 +475,15 @@ impl Parser<'_, '_, '_> {
                 branches, filled, ..
             }) => {
                 let empty = !*filled;
+                if branches.len() == MAX_BRANCHES {
+                    return bad(
+                        span,
+                        format!(
+                            "more than {MAX_BRANCHES} branches in one `either`: split the \
+                             choice over fewer, or over hosts with `agent labels`"
+                        ),
+                    );
+                }
                 branches.push(Vec::new());
                 *filled = false;
                 if empty {
@@ -713,6 +725,33 @@ mod tests {
             (1, 0, false, None)
         );
         assert_eq!(s.span, Span { line: 3, col: 1 });
+    }
+
+    /// An `either` of B branches before another of B made B x B plan
+    /// entries (review of 3877596, F5): at most 64 branches now, and the
+    /// plan shares what follows a block (plan.rs checks the sharing).
+    #[test]
+    fn an_either_has_at_most_64_branches() {
+        let either = |n: usize, tag: &str| {
+            let branches: Vec<String> = (0..n)
+                .map(|i| format!("stage {tag}{i} on h: x\n"))
+                .collect();
+            format!("either {{\n{}}}\n", branches.join("|\n"))
+        };
+        let fine = format!(
+            "{HEAD}{}{}",
+            either(MAX_BRANCHES, "a"),
+            either(MAX_BRANCHES, "b")
+        );
+        parse("t", &fine).unwrap();
+        // The 65th branch's `|`: line 3 opens the block, each branch is a
+        // stage and a `|`.
+        one(
+            &format!("{HEAD}{}", either(MAX_BRANCHES + 1, "a")),
+            3 + 2 * MAX_BRANCHES as u32,
+            1,
+            "more than 64 branches",
+        );
     }
 
     #[test]

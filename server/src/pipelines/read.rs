@@ -200,13 +200,15 @@ pub async fn get(
             inside: inside.get(&(g as i32)).copied().unwrap_or(0) as u64,
         })
         .collect();
-    let start = after.map(|a| a as i64 + 1).unwrap_or(0);
+    // Past the last possible index (a run has at most a million items):
+    // an empty page, not an overflow or a wrap to a small index.
+    let start = after.map_or(0, |a| a.saturating_add(1).min(i32::MAX as u64) as i32);
     let items: Vec<(i32, String, String, Option<String>)> = sqlx::query_as(
         "SELECT idx, item, state, error FROM pipeline_items WHERE run_id = $1 AND idx >= $2
          ORDER BY idx LIMIT $3",
     )
     .bind(id)
-    .bind(start as i32)
+    .bind(start)
     .bind(limit as i64 + 1)
     .fetch_all(db)
     .await?;

@@ -204,6 +204,14 @@ async fn the_server_checks_a_listing_and_takes_a_large_one() {
         assert!(started.elapsed() < Duration::from_secs(60), "{v:#}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Review of 3877596, F11: a cursor past any index is an empty page
+    // (it wrapped to index 1, or to 0, before).
+    for after in ["4294967296", "18446744073709551615", "2147483647"] {
+        let v = api
+            .get(&format!("/api/v1/pipelines/{run}?after={after}&limit=2"))
+            .await;
+        assert_eq!(v["rows"], json!([]), "after={after}: {v:#}");
+    }
     api.post(&format!("/api/v1/pipelines/{run}/cancel"), json!({}))
         .await;
     assert_eq!(finished(&api, &run).await["state"], "cancelled");
