@@ -56,10 +56,12 @@ pub fn check(file: &str, text: &str, spec: &PipelineSpec) -> Result<(), Pipeline
 enum Latest<'a> {
     /// No step before made one.
     Nothing,
-    /// Step `by` (a stage with `out`, or a move) left it on `host`.
+    /// Step `by` (a stage with `out`, or a move) left it on `host`, at
+    /// `path` (its template's text).
     Out {
         by: &'a str,
         host: &'a str,
+        path: &'a str,
         line: u32,
     },
     /// Stage `by` deleted it with `consume` and made none.
@@ -327,6 +329,7 @@ impl<'a> Checker<'a> {
                         st.latest = only(Latest::Out {
                             by: &s.name,
                             host: &s.host,
+                            path: s.out.as_ref().map_or("", |t| t.text.as_str()),
                             line: s.span.line,
                         });
                     } else if s.consume {
@@ -350,6 +353,7 @@ impl<'a> Checker<'a> {
                     st.latest = only(Latest::Out {
                         by: &m.name,
                         host: &m.host,
+                        path: &m.path.text,
                         line: m.span.line,
                     });
                 }
@@ -401,6 +405,24 @@ impl<'a> Checker<'a> {
                     st.added.push(by);
                 }
             }
+        }
+    }
+
+    /// Whether hosts `a` and `b` are one machine as far as the file says:
+    /// the same agent by name, or the same ssh user, host and port.
+    /// (Label sets, and file systems shared between machines, cannot be
+    /// told from the file.)
+    fn same_place(&self, a: &str, b: &str) -> bool {
+        use super::spec::HostTarget;
+        let (Some(a), Some(b)) = (self.spec.hosts.get(a), self.spec.hosts.get(b)) else {
+            return false;
+        };
+        match (&a.target, &b.target) {
+            (HostTarget::Agent { name: x }, HostTarget::Agent { name: y }) => x == y,
+            (HostTarget::Ssh(x), HostTarget::Ssh(y)) => {
+                x.user == y.user && x.host == y.host && x.port.unwrap_or(22) == y.port.unwrap_or(22)
+            }
+            _ => false,
         }
     }
 
@@ -470,6 +492,17 @@ impl<'a> Checker<'a> {
                          `{}` first, or remove `consume`",
                         s.name, s.host, s.host
                     )),
+                    // Its own output would be what it deletes.
+                    Latest::Out { by, path, .. }
+                        if s.out.as_ref().is_some_and(|o| o.text == *path) =>
+                    {
+                        msgs.push(format!(
+                            "`consume` in stage `{}` would delete its own output: its `out` is \
+                             the path of `{by}`'s output, `{{in}}`. Give it another `out`, or \
+                             remove `consume`",
+                            s.name
+                        ))
+                    }
                     _ => {}
                 }
             }
@@ -526,6 +559,22 @@ impl<'a> Checker<'a> {
                         m.name
                     ),
                 )),
+                // Two names for one place, and the same path: the move
+                // would copy the output onto itself, then remove its source,
+                // which is the copy.
+                Latest::Out { by, host, path, .. }
+                    if *path == m.path.text && self.same_place(host, &m.host) =>
+                {
+                    msgs.push((
+                        move_loc(m, Piece::MoveHost),
+                        format!(
+                            "move `{}` moves to host `{}`, the same place as host `{host}` where \
+                             the output of `{by}` is, and to the same path: it would delete the \
+                             output once copied. Move to another path, or remove the move",
+                            m.name, m.host
+                        ),
+                    ))
+                }
                 _ => {}
             }
         }
@@ -1008,6 +1057,50 @@ mod tests {
             5,
             11,
             "moves to host `a`, where the output of `s` already is",
+        );
+    }
+
+    /// Review of 3877596, F3: a move between two names of one machine, to
+    /// the path the output is at, copied it onto itself and then removed
+    /// its source, the copy: every item `done`, nothing on disk. Likewise a
+    /// `consume` whose `out` is its own `{in}`.
+    #[test]
+    fn nothing_deletes_the_output_it_makes() {
+        let alias = "host a = agent n1\nhost b = agent n1\nitems on a: ls\n";
+        one(
+            &format!("{alias}stage s on a out /d/{{id}}: x\nmove m to b:/d/{{id}}\n"),
+            5,
+            11,
+            "the same place as host `a`",
+        );
+        // Another path on the same machine is a copy, as the OCR example
+        // makes; another machine, the same path, a move.
+        assert_eq!(
+            errs(&format!(
+                "{alias}stage s on a out /d/{{id}}: x\nmove m to b:/e/{{id}}\n"
+            )),
+            vec![]
+        );
+        assert_eq!(
+            errs(&format!(
+                "{HEAD}stage s on a out /d/{{id}}: x\nmove m to b:/d/{{id}}\n"
+            )),
+            vec![]
+        );
+        let ssh = "host a = ssh://me@box key k\nhost b = ssh://me@box:22 key k2\nitems on a: ls\n";
+        one(
+            &format!("{ssh}stage s on a out /d/{{id}}: x\nmove m to b:/d/{{id}}\n"),
+            5,
+            11,
+            "the same place",
+        );
+        one(
+            &format!(
+                "{HEAD}stage s on a out /d/{{id}}: x\nstage t on a consume out /d/{{id}}: y\n"
+            ),
+            5,
+            14,
+            "would delete its own output",
         );
     }
 

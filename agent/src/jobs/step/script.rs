@@ -180,11 +180,22 @@ pub fn run(marker: &Marker, command: &str, out: Option<Out<'_>>, consume: Option
         parts.push(format!("rm -rf {}-* 2>/dev/null", q(o.others)));
     }
     if let Some(c) = consume {
-        parts.push(format!(
+        let remove = format!(
             "rm -rf {} || {}",
             q(c),
             marker.failed(&format!("cannot remove the consumed {c}"))
-        ));
+        );
+        match out {
+            // The file's checks refuse an `out` that is its own `{in}`;
+            // two paths may still name one file (a link, a shared mount),
+            // and the output just made is not deleted for it.
+            Some(o) => parts.push(format!(
+                "if [ {} -ef {} ]; then :; else {remove}; fi",
+                q(c),
+                q(o.path)
+            )),
+            None => parts.push(remove),
+        }
     }
     parts.push("exit 0".into());
     parts.join("; ")
@@ -347,6 +358,39 @@ mod tests {
         assert!(!d.join("tmp/out dir.part-2").exists());
         assert!(!d.join("tmp/out dir.part-1").exists(), "a leftover stays");
         assert!(!d.join("in").exists());
+    }
+
+    /// Review of 3877596, F3: a consumed input that is the stage's own
+    /// output (here reached through a link to its directory) is not
+    /// deleted after the rename made it.
+    #[test]
+    fn a_stage_never_consumes_what_it_just_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let m = Marker::new();
+        std::fs::create_dir_all(d.join("data")).unwrap();
+        std::fs::write(d.join("data/x"), "old").unwrap();
+        std::os::unix::fs::symlink(d.join("data"), d.join("alias")).unwrap();
+        let out = Out {
+            path: "data/x",
+            temp: "data/x.part-1",
+            others: "data/x.part",
+            dir: false,
+        };
+        let (rc, _, err) = sh(
+            &run(
+                &m,
+                "cat alias/x > \"$FLOTILLA_OUT\"; echo new >> \"$FLOTILLA_OUT\"",
+                Some(out),
+                Some("alias/x"),
+            ),
+            d,
+        );
+        assert_eq!(rc, 0, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(d.join("data/x")).unwrap(),
+            "oldnew\n"
+        );
     }
 
     #[test]
