@@ -554,6 +554,12 @@ pub enum FailureClass {
     TimedOut,
     /// Stopped because a cancel was requested.
     Cancelled,
+    /// Lost to its agent, not to the job: the agent shut down or restarted
+    /// under it. Retried like `Retryable`; a step job (one attempt unless
+    /// its stage says `retries`) gets that attempt back, up to
+    /// [`limits::MAX_INTERRUPTIONS`] times, so that restarting an agent
+    /// does not fail a pipeline's items. An expired lease counts the same.
+    Interrupted,
 }
 
 /// Limits the server enforces on submitted jobs. Every string and list a
@@ -561,6 +567,10 @@ pub enum FailureClass {
 /// for and not only by the request body limit.
 pub mod limits {
     pub const MAX_ATTEMPTS: u32 = 100;
+    /// Attempts a step job gets back for being interrupted (its agent shut
+    /// down, restarted or went silent); past these an interruption counts,
+    /// so a job that brings its agent down does not loop for ever.
+    pub const MAX_INTERRUPTIONS: u32 = 3;
     pub const MAX_TIMEOUT_S: u64 = 7 * 24 * 3600;
     pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
     pub const MAX_OUTPUTS: usize = 256;

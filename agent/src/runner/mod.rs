@@ -438,7 +438,7 @@ impl<S: Server, E: Execute> Loops<S, E> {
             }),
             (_, Some(StopReason::Shutdown)) => Err(Fail {
                 lease_token: lease.lease_token,
-                class: FailureClass::Retryable,
+                class: FailureClass::Interrupted,
                 message: "the agent shut down while running this job".into(),
                 exit_code: None,
             }),

@@ -196,7 +196,7 @@ pub async fn register(
         };
         let f = Fail {
             lease_token: orphan.lease_token,
-            class: FailureClass::Retryable,
+            class: FailureClass::Interrupted,
             message: format!("agent `{name}` restarted while running this job"),
             exit_code: None,
         };

@@ -47,12 +47,13 @@ pub use http::HttpLatency;
 
 /// How an attempt can end (`job_attempts.outcome`, set by queue/lease.rs
 /// and queue/reaper.rs): each is exported for every kind, zeros included.
-const OUTCOMES: [&str; 5] = [
+const OUTCOMES: [&str; 6] = [
     "succeeded",
     "failed",
     "timed_out",
     "cancelled",
     "lease_expired",
+    "interrupted",
 ];
 
 const AGENT_STATES: [AgentState; 4] = [

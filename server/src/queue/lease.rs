@@ -39,6 +39,22 @@ type EndRow = (i32, String, String, Option<serde_json::Value>);
 
 /// What the finishing `UPDATE jobs` returns: the spec only for tiles (a
 /// revdeps shard's spec holds thousands of candidates).
+/// The attempt a step job gets back for an interruption (its agent shut
+/// down, restarted or went silent), as a select-list item `n` over `jobs`:
+/// 1 where `condition` holds and it had fewer than
+/// [`MAX_INTERRUPTIONS`](flotilla_core::job::limits::MAX_INTERRUPTIONS)
+/// before, else 0. A step job has one attempt unless its stage says
+/// `retries`: restarting an agent would otherwise fail a pipeline's items.
+pub(crate) fn given_back(condition: &str) -> String {
+    format!(
+        "CASE WHEN jobs.kind = 'step' AND {condition}
+              AND (SELECT count(*) FROM job_attempts x WHERE x.job_id = jobs.id
+                     AND x.outcome IN ('interrupted', 'lease_expired')) < {}
+         THEN 1 ELSE 0 END AS n",
+        flotilla_core::job::limits::MAX_INTERRUPTIONS
+    )
+}
+
 const END_RETURNING: &str =
     "RETURNING id, attempt, state, kind, CASE WHEN kind = 'tile' THEN spec END AS tile_spec";
 
@@ -427,28 +443,34 @@ pub async fn fail(
     let (retryable, outcome) = match failure.class {
         FailureClass::Retryable => (true, "failed"),
         FailureClass::TimedOut => (true, "timed_out"),
+        FailureClass::Interrupted => (true, "interrupted"),
         FailureClass::Fatal => (false, "failed"),
         FailureClass::Cancelled => (false, "cancelled"),
     };
     let cancelled = failure.class == FailureClass::Cancelled;
+    let interrupted = failure.class == FailureClass::Interrupted;
     let row: Option<EndRow> = sqlx::query_as(&format!(
-        "WITH j AS (
+        "WITH back AS (SELECT {} FROM jobs WHERE id = $1),
+         j AS (
              UPDATE jobs SET
+                 max_attempts = max_attempts + back.n,
                  state = CASE WHEN cancel_requested OR $6 THEN 'cancelled'
-                              WHEN $4 AND attempt < max_attempts THEN 'retrying'
+                              WHEN $4 AND attempt < max_attempts + back.n THEN 'retrying'
                               ELSE 'failed' END,
                  run_after = now() + flotilla_backoff(attempt, $7, $8),
-                 finished_at = CASE WHEN NOT ($4 AND attempt < max_attempts) OR cancel_requested
-                                         OR $6 THEN now() END,
+                 finished_at = CASE WHEN NOT ($4 AND attempt < max_attempts + back.n)
+                                         OR cancel_requested OR $6 THEN now() END,
                  lease_token = NULL, lease_expires_at = NULL,
                  exit_code = $9, error = $5
+             FROM back
              WHERE id = $1 AND lease_token = $2 AND agent_id = $3 AND state IN ('leased', 'running')
              {END_RETURNING}),
          a AS (
              UPDATE job_attempts a SET finished_at = now(), outcome = $10, exit_code = $9,
                                        message = $5
              FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt)
-         SELECT attempt, state, kind, tile_spec FROM j"
+         SELECT attempt, state, kind, tile_spec FROM j",
+        given_back("$11::boolean")
     ))
     .bind(key.job)
     .bind(key.token)
@@ -460,6 +482,7 @@ pub async fn fail(
     .bind(backoff.1.as_millis() as i64)
     .bind(failure.exit_code)
     .bind(outcome)
+    .bind(interrupted)
     .fetch_optional(db)
     .await?;
     match row {

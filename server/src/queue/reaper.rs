@@ -14,18 +14,21 @@ pub async fn reap_once(
     db: &PgPool,
     backoff: (Duration, Duration),
 ) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
-    sqlx::query_as(
+    // An expired lease is an interruption: a step job gets the attempt
+    // back (`lease::given_back`).
+    sqlx::query_as(&format!(
         "WITH expired AS (
-             SELECT id FROM jobs
+             SELECT id, {} FROM jobs
              WHERE state IN ('leased', 'running') AND lease_expires_at < now()
              FOR UPDATE SKIP LOCKED),
          j AS (
              UPDATE jobs SET
+                 max_attempts = max_attempts + expired.n,
                  state = CASE WHEN cancel_requested THEN 'cancelled'
-                              WHEN attempt < max_attempts THEN 'retrying'
+                              WHEN attempt < max_attempts + expired.n THEN 'retrying'
                               ELSE 'failed' END,
                  run_after = now() + flotilla_backoff(attempt, $1, $2),
-                 finished_at = CASE WHEN cancel_requested OR attempt >= max_attempts
+                 finished_at = CASE WHEN cancel_requested OR attempt >= max_attempts + expired.n
                                     THEN now() END,
                  lease_token = NULL, lease_expires_at = NULL,
                  error = 'lease expired: the agent stopped heartbeating'
@@ -35,7 +38,8 @@ pub async fn reap_once(
              UPDATE job_attempts SET finished_at = now(), outcome = 'lease_expired'
              FROM j WHERE job_attempts.job_id = j.id AND job_attempts.attempt = j.attempt)
          SELECT id, state FROM j",
-    )
+        super::lease::given_back("true")
+    ))
     .bind(backoff.0.as_millis() as i64)
     .bind(backoff.1.as_millis() as i64)
     .fetch_all(db)

@@ -2,7 +2,8 @@
 //! still spreads items by the branches' first stages; a second open run of
 //! the same file is refused; the server checks a listing's ids itself, and
 //! takes a listing larger than other agent reports; a run cancelled as its
-//! server dies is closed with its jobs or not at all.
+//! server dies is closed with its jobs or not at all; restarting an agent
+//! does not fail the items it was running.
 
 use std::time::Duration;
 
@@ -362,4 +363,62 @@ async fn a_run_cancelled_as_its_server_dies_is_closed_with_its_jobs_or_not_at_al
     assert!(status == 200 || status == 202, "{status} {v}");
     assert_eq!(finished(&api, &run).await["state"], "cancelled");
     assert_eq!(queued().await.unwrap().len(), 0);
+}
+
+/// Review of 3877596, F6. A stage has one attempt unless it says `retries`,
+/// and an agent stopped or killed under it used that attempt up: restarting
+/// an agent for an upgrade failed every item it ran, and the run. An
+/// interruption now gives a step job its attempt back (up to three times).
+/// The agent is stopped gracefully mid-stage, started again, then killed
+/// mid-stage and started again: the run ends done, each output in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_an_agent_does_not_fail_the_items_it_ran() {
+    let dir = scratch("e2e-pipeline-agent-restart-");
+    let d = dir.path().display().to_string();
+    let server = server_on_shared(dir.path(), 3_000).await;
+    let mut agent = Agent::start(&server, "restart-a", 4, &[]).await;
+    let api = server.api();
+    let source = format!(
+        "host a = agent restart-a\nitems on a: seq 1 2\n\
+         stage s on a jobs 2 out {d}/s/{{id}}: sleep 3; echo {{id}} > {{out}}\n"
+    );
+    let run = api
+        .post(
+            "/api/v1/pipelines",
+            json!({"name": "restart.pipeline", "source": source}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stage_jobs_running = || {
+        let api = api.clone();
+        async move {
+            let v = api
+                .get("/api/v1/jobs?kind=step&state=running&limit=10")
+                .await;
+            v["jobs"]
+                .as_array()
+                .is_some_and(|j| j.iter().filter(|j| j["spec"]["step"] == "s").count() == 2)
+        }
+    };
+    for stop in ["terminate", "kill"] {
+        flotilla_e2e::eventually(
+            "both items in stage s",
+            Duration::from_secs(60),
+            stage_jobs_running,
+        )
+        .await;
+        match stop {
+            "terminate" => agent.terminate().await,
+            _ => agent.kill().await,
+        }
+        agent = Agent::start(&server, "restart-a", 4, &[]).await;
+    }
+    let view = finished(&api, &run).await;
+    assert_eq!(view["state"], "done", "{view:#}");
+    for id in ["1", "2"] {
+        let out = std::fs::read_to_string(dir.path().join("s").join(id)).unwrap();
+        assert_eq!(out.trim(), id);
+    }
 }

@@ -334,7 +334,7 @@ async fn prometheus_reads_what_the_api_says() {
         .into_iter()
         .map(|(l, v)| ((l["kind"].clone(), l["outcome"].clone()), v))
         .collect();
-    assert_eq!(attempts.len(), JobKind::ALL.len() * 5, "{attempts:?}");
+    assert_eq!(attempts.len(), JobKind::ALL.len() * 6, "{attempts:?}");
     for ((kind, outcome), v) in &attempts {
         let want = match (kind.as_str(), outcome.as_str()) {
             ("command", "succeeded") => 3.0,
