@@ -142,6 +142,21 @@ pub struct Out<'a> {
 /// is the script's exit status.
 pub fn run(marker: &Marker, command: &str, out: Option<Out<'_>>, consume: Option<&str>) -> String {
     let mut parts = Vec::new();
+    // An earlier attempt that renamed its output into place and consumed
+    // its input, but whose report was lost (its agent killed at that
+    // moment), left the item done: running the command again would fail
+    // for want of the input, so this attempt ends as that one did.
+    if let (Some(o), Some(c)) = (out, consume) {
+        let (path, input) = (q(o.path), q(c));
+        parts.push(format!(
+            "if [ ! -e {input} ] && [ ! -L {input} ] && {{ [ -e {path} ] || [ -L {path} ]; }}; then \
+             echo {} >&2; exit 0; fi",
+            q(&format!(
+                "{} is in place and {c} consumed: an earlier attempt of this stage finished",
+                o.path
+            ))
+        ));
+    }
     if let Some(o) = out {
         let temp = q(o.temp);
         let mut prepare = format!("rm -rf {temp}");
@@ -357,6 +372,43 @@ mod tests {
         assert!(!d.join("out dir/old").exists());
         assert!(!d.join("tmp/out dir.part-2").exists());
         assert!(!d.join("tmp/out dir.part-1").exists(), "a leftover stays");
+        assert!(!d.join("in").exists());
+    }
+
+    /// Review of 3877596, F6: an attempt run again after one that finished
+    /// (output renamed into place, input consumed) but was never reported
+    /// ends as that one did, without the command (which would fail for want
+    /// of its input).
+    #[test]
+    fn a_stage_done_before_its_report_was_lost_is_not_run_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let m = Marker::new();
+        let out = Out {
+            path: "o",
+            temp: "o.part-2",
+            others: "o.part",
+            dir: false,
+        };
+        std::fs::write(d.join("o"), "made").unwrap();
+        let (rc, _, err) = sh(
+            &run(&m, "cat in > \"$FLOTILLA_OUT\"", Some(out), Some("in")),
+            d,
+        );
+        assert_eq!(rc, 0, "{err}");
+        assert!(
+            err.contains("an earlier attempt of this stage finished"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(d.join("o")).unwrap(), "made");
+        // With its input there, it runs as ever.
+        std::fs::write(d.join("in"), "new").unwrap();
+        let (rc, _, err) = sh(
+            &run(&m, "cat in > \"$FLOTILLA_OUT\"", Some(out), Some("in")),
+            d,
+        );
+        assert_eq!(rc, 0, "{err}");
+        assert_eq!(std::fs::read_to_string(d.join("o")).unwrap(), "new");
         assert!(!d.join("in").exists());
     }
 
