@@ -209,6 +209,9 @@ pub async fn page(
         _ => None,
     };
     logs::render(&rows, prev, &mut log);
+    // As the live stream shows it (an event cannot carry a CR, which ends
+    // an SSE line): the page read the same before and after its reload.
+    log.retain(|c| c != '\r');
     let last_seq = rows.last().map_or(0, |r| r.seq);
     let part_of = part_of(&state, id, &j.spec).await?;
     let phases = match j.spec {

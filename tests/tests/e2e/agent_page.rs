@@ -278,6 +278,30 @@ async fn agent_page_charts_its_health_work_and_silence() {
         break;
     }
     assert!(agreed, "the samples kept changing under the page");
+    // The agent and its jobs link to each other (browser review of
+    // 3877596, M1): its page to the jobs list filtered by it, a job's page
+    // and the list to it.
+    assert!(
+        html.contains(&format!(
+            "href=\"/ui/jobs?agent={AGENT}\" id=\"agent-jobs\""
+        )),
+        "{html}"
+    );
+    let (status, list) = page(&ui, &format!("/ui/jobs?agent={AGENT}")).await;
+    assert_eq!(status, 200, "{list}");
+    let agent_link = format!("<a href=\"/ui/agents/{AGENT}\">{AGENT}</a>");
+    assert!(
+        list.contains(&commands[0][commands[0].len() - 8..]),
+        "{list}"
+    );
+    assert!(list.contains(&agent_link), "{list}");
+    let (status, job) = page(&ui, &format!("/ui/jobs/{}", commands[0])).await;
+    assert_eq!(status, 200, "{job}");
+    assert_eq!(
+        job.matches(&agent_link).count(),
+        2,
+        "the agent cell and the attempt's: {job}"
+    );
     // Each chart is labelled and described for screen readers.
     for id in ["cpu", "memory", "disk", "fds", "load", "tiles"] {
         let c = chart(&html, id);

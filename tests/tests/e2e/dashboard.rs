@@ -382,6 +382,21 @@ async fn live_pages_end_and_errors_keep_their_shape() {
         after = next;
     }
 
+    // A carriage return: the stream cannot carry one (it ends an SSE
+    // line) and drops it; the page leaves it out too, so a log reads the
+    // same live and after the page's reload (browser review of 3877596).
+    let cr = api
+        .submit(json!({"kind": "command", "command": "printf 'x\\r\\ny\\rz\\n'"}))
+        .await;
+    assert_eq!(
+        api.wait_final(&cr, Duration::from_secs(30)).await.state,
+        JobState::Succeeded
+    );
+    let live = delivered_lines(&ui.page(&format!("/ui/jobs/{cr}/log/stream?after=0")).await);
+    assert_eq!(live, "x\nyz\n");
+    let html = ui.page(&format!("/ui/jobs/{cr}")).await;
+    assert!(html.contains(&format!(">{live}</pre>")), "{html}");
+
     // A page whose header is out of date (it showed the job queued, and
     // the agent has taken it) hears so (`changed`, its state and attempt
     // now) and its stream ends there, for the page to reload.
