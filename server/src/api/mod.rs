@@ -164,6 +164,10 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/ui/pipelines", get(dashboard::pipeline::list))
         .route("/ui/pipelines/{id}", get(dashboard::pipeline::page))
         .route(
+            "/ui/pipelines/{id}/cancel",
+            post(dashboard::pipeline::cancel),
+        )
+        .route(
             "/ui/pipelines/{id}/events",
             get(dashboard::pipeline::events),
         )

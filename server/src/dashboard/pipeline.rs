@@ -16,7 +16,7 @@ use futures::Stream;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{not_found_page, render, session, streams, to_login};
+use super::{csrf, not_found_page, render, session, streams, to_login};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::parse_id;
 use crate::pipelines::read;
@@ -113,6 +113,8 @@ struct RunPage {
     after: String,
     next: Option<u64>,
     show_logout: bool,
+    /// The session's form token, for Cancel.
+    csrf: String,
 }
 
 #[derive(Deserialize)]
@@ -197,8 +199,41 @@ pub async fn page(
         after: q.after.map_or(String::new(), |a| a.to_string()),
         next: view.next_after,
         show_logout: !state.settings.dashboard_open,
+        csrf: who.csrf,
     })?
     .into_response())
+}
+
+/// `POST /ui/pipelines/{id}/cancel` (a form with the session's token):
+/// cancels the run as `POST /api/v1/pipelines/{id}/cancel` does (its open
+/// items, and every job of it that has not ended), then back to its page.
+pub async fn cancel(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Response> {
+    let who = match csrf::check_post(&state, &headers, &body).await? {
+        Ok(who) => who,
+        Err(answer) => return Ok(answer),
+    };
+    let Ok(id) = parse_id(&id, "a pipeline run") else {
+        return Ok(not_found_page());
+    };
+    if !read::owner(&state.db, id)
+        .await?
+        .is_some_and(|owner| who.may_see(owner))
+    {
+        return Ok(not_found_page());
+    }
+    match crate::pipelines::cancel(&state.db, id).await? {
+        crate::pipelines::RunCancel::NotFound => return Ok(not_found_page()),
+        // Already over (the page was old): its page says how it ended.
+        crate::pipelines::RunCancel::Cancelled { .. }
+        | crate::pipelines::RunCancel::AlreadyFinal(_) => {}
+    }
+    tracing::info!(run = %id, "pipeline run cancelled from the dashboard");
+    Ok(axum::response::Redirect::to(&format!("/ui/pipelines/{id}")).into_response())
 }
 
 /// `state` events (JSON: counts, columns, this page's cells) whenever

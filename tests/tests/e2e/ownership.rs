@@ -107,6 +107,48 @@ async fn clients_see_their_own_jobs_and_secrets_stay_with_their_owner() {
         assert_eq!(events.status(), if sees { 200 } else { 404 });
     }
     assert!(ui.page("/ui/pipelines").await.contains(&run));
+    // Cancel from the run's page (browser review of 3877596, M2): bob's
+    // session cannot, with his own form token; alice's can, and is taken
+    // back to the page.
+    let token_of = |html: &str| {
+        let at = html.find("name=\"csrf\" value=\"").expect("a form token") + 19;
+        html[at..at + html[at..].find('"').unwrap()].to_string()
+    };
+    let cancel = format!("/ui/pipelines/{run}/cancel");
+    let bob_ui = Dashboard::login_with(&server, &bob.token).await;
+    let bobs = bob
+        .submit(json!({"kind": "command", "command": "sleep 60", "labels": {"nowhere": "1"}}))
+        .await;
+    let bob_token = token_of(&bob_ui.page(&format!("/ui/jobs/{bobs}")).await);
+    let r = bob_ui
+        .request(reqwest::Method::POST, &cancel)
+        .form(&[("csrf", bob_token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let alice_ui = Dashboard::login_with(&server, &alice.token).await;
+    let page = alice_ui.page(&format!("/ui/pipelines/{run}")).await;
+    assert!(page.contains("id=\"run-cancel\""), "{page}");
+    let r = alice_ui
+        .request(reqwest::Method::POST, &cancel)
+        .form(&[("csrf", token_of(&page).as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(
+        r.headers()["location"],
+        format!("/ui/pipelines/{run}").as_str()
+    );
+    assert_eq!(
+        alice.get(&format!("/api/v1/pipelines/{run}")).await["state"],
+        "cancelled"
+    );
+    assert!(!alice_ui
+        .page(&format!("/ui/pipelines/{run}"))
+        .await
+        .contains("id=\"run-cancel\""));
 
     // A secret must name a variable the job has.
     let (status, v) = alice
