@@ -64,6 +64,9 @@ struct OverviewBody {
     states: Vec<StateCount>,
     agents: Vec<AgentRow>,
     jobs: Vec<JobRow>,
+    /// Whether it is the panel every admin sees (a client's own shows no
+    /// steering it cannot do).
+    admin: bool,
 }
 
 #[derive(Template)]
@@ -168,6 +171,7 @@ async fn overview_body(state: &AppState, owner: Option<uuid::Uuid>) -> ApiResult
         states,
         agents,
         jobs,
+        admin: owner.is_none(),
     })?
     .0)
 }

@@ -149,6 +149,19 @@ async fn clients_see_their_own_jobs_and_secrets_stay_with_their_owner() {
         .page(&format!("/ui/pipelines/{run}"))
         .await
         .contains("id=\"run-cancel\""));
+    // A client's overview offers no steering it cannot do, and the login
+    // page no links to pages behind it (browser review of 3877596, B8).
+    let overview = alice_ui.page("/ui").await;
+    assert!(overview.contains("all agents →"), "{overview}");
+    assert!(!overview.contains("pause, drain, resume"), "{overview}");
+    let login = reqwest::get(format!("{}/ui/login", server.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(login.contains("type=\"password\""), "{login}");
+    assert!(!login.contains("href=\"/ui/jobs\""), "{login}");
 
     // A secret must name a variable the job has.
     let (status, v) = alice
