@@ -317,6 +317,29 @@ struct AgentRow {
 }
 
 /// Every agent, by name. Online = seen within three heartbeat intervals.
+/// The registered agents that could take job `job` (its kind, labels and
+/// cost), and how many of those are answering and active: why a waiting
+/// job waits, for its page.
+pub async fn able_to_take(
+    db: &PgPool,
+    job: Uuid,
+    heartbeat: Duration,
+) -> Result<(i64, i64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(a.id),
+                count(a.id) FILTER (WHERE a.state = 'active'
+                                      AND a.last_seen_at > now() - $2 * interval '1 millisecond')
+         FROM jobs j
+         JOIN agents a ON j.kind = ANY (a.kinds) AND a.labels @> j.labels
+                      AND a.capacity >= j.cost
+         WHERE j.id = $1",
+    )
+    .bind(job)
+    .bind((heartbeat.as_millis() * 3) as i64)
+    .fetch_one(db)
+    .await
+}
+
 pub async fn list(db: &PgPool, heartbeat: Duration) -> Result<Vec<AgentView>, sqlx::Error> {
     page(db, heartbeat, None, None).await
 }

@@ -84,7 +84,30 @@ struct JobPage {
     part_of: Option<(String, String)>,
     /// A tile job's phases, from its result: "fetch 2.1 s · encode …".
     phases: String,
+    /// Why a queued or retrying job waits, when something other than a
+    /// free slot holds it; empty otherwise.
+    waiting: String,
     show_logout: bool,
+}
+
+/// Why waiting job `id` waits, if not for a free slot: no registered agent
+/// could take it (the class's reason), or every one that could is silent,
+/// paused, draining or drained.
+async fn why_waiting(state: &AppState, id: Uuid, unmatchable: Option<&str>) -> ApiResult<String> {
+    if let Some(why) = unmatchable {
+        return Ok(format!("No agent can take it: {why}."));
+    }
+    let (able, ready) =
+        crate::agents::able_to_take(&state.db, id, state.settings.heartbeat_interval).await?;
+    Ok(match (able, ready) {
+        (0, _) => String::new(),
+        (n, 0) => format!(
+            "{n} registered agent{} could take it, but none is answering and active: \
+             start one, or resume it on the agents page.",
+            if n == 1 { "" } else { "s" }
+        ),
+        _ => String::new(),
+    })
 }
 
 /// The run, region or pipeline a job was made for, as (text, link).
@@ -218,6 +241,12 @@ pub async fn page(
         JobSpec::Tile(_) => phases(j.result.as_ref()),
         _ => String::new(),
     };
+    let waiting = match j.state {
+        JobState::Queued | JobState::Retrying => {
+            why_waiting(&state, id, j.unmatchable.as_deref()).await?
+        }
+        _ => String::new(),
+    };
     Ok(render(&JobPage {
         id: id.to_string(),
         state: j.state.as_str(),
@@ -268,6 +297,7 @@ pub async fn page(
         last_seq,
         part_of,
         phases,
+        waiting,
         show_logout: !state.settings.dashboard_open,
     })?
     .into_response())

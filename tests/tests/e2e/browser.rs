@@ -413,6 +413,13 @@ async fn keyboard_reaches_the_controls(f: &Fleet, waiting_job: &str) {
     assert_eq!(stops, header, "the overview's first tab stops");
     // Past the header (its links and Log out), Cancel comes within a few.
     b.open(&format!("/ui/jobs/{waiting_job}")).await;
+    // The fleet's one agent is drained: the page says why the job waits
+    // (browser review of 3877596, M5).
+    let why = b.text("#waiting-why").await;
+    assert!(
+        why.contains("1 registered agent could take it, but none is answering and active"),
+        "{why}"
+    );
     let stops = b.tab_stops(header.len() + 4).await;
     assert!(
         stops.iter().any(|s| s == "BUTTON Cancel"),

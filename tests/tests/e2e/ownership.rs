@@ -119,7 +119,14 @@ async fn clients_see_their_own_jobs_and_secrets_stay_with_their_owner() {
     let bobs = bob
         .submit(json!({"kind": "command", "command": "sleep 60", "labels": {"nowhere": "1"}}))
         .await;
-    let bob_token = token_of(&bob_ui.page(&format!("/ui/jobs/{bobs}")).await);
+    let bobs_page = bob_ui.page(&format!("/ui/jobs/{bobs}")).await;
+    // No agent could take it (none has registered here); its page says
+    // so (browser review of 3877596, M5).
+    assert!(
+        bobs_page.contains("Waiting. No agent can take it: no agent has registered yet."),
+        "{bobs_page}"
+    );
+    let bob_token = token_of(&bobs_page);
     let r = bob_ui
         .request(reqwest::Method::POST, &cancel)
         .form(&[("csrf", bob_token.as_str())])
