@@ -150,6 +150,16 @@ fn cells(view: &PipelineView) -> Vec<ItemLine> {
         .collect()
 }
 
+/// Run `id` (a path segment) if `who` may see it; another owner's run is as
+/// absent as an unknown one, or an id that is none.
+async fn visible_run(state: &AppState, who: &session::Who, id: &str) -> ApiResult<Option<Uuid>> {
+    let Ok(id) = parse_id(id, "a pipeline run") else {
+        return Ok(None);
+    };
+    let owner = read::owner(&state.db, id).await?;
+    Ok(owner.is_some_and(|owner| who.may_see(owner)).then_some(id))
+}
+
 pub async fn page(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -159,16 +169,9 @@ pub async fn page(
     let Some(who) = session::who(&state, &headers).await? else {
         return Ok(to_login());
     };
-    // Another owner's run is as absent as an unknown one.
-    let Ok(id) = parse_id(&id, "a pipeline run") else {
+    let Some(id) = visible_run(&state, &who, &id).await? else {
         return Ok(not_found_page());
     };
-    if !read::owner(&state.db, id)
-        .await?
-        .is_some_and(|owner| who.may_see(owner))
-    {
-        return Ok(not_found_page());
-    }
     let Some(view) = read::get(&state.db, id, q.after, ROWS_PER_PAGE).await? else {
         return Ok(not_found_page());
     };
@@ -217,15 +220,9 @@ pub async fn cancel(
         Ok(who) => who,
         Err(answer) => return Ok(answer),
     };
-    let Ok(id) = parse_id(&id, "a pipeline run") else {
+    let Some(id) = visible_run(&state, &who, &id).await? else {
         return Ok(not_found_page());
     };
-    if !read::owner(&state.db, id)
-        .await?
-        .is_some_and(|owner| who.may_see(owner))
-    {
-        return Ok(not_found_page());
-    }
     match crate::pipelines::cancel(&state.db, id).await? {
         crate::pipelines::RunCancel::NotFound => return Ok(not_found_page()),
         // Already over (the page was old): its page says how it ended.

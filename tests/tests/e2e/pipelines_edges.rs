@@ -12,6 +12,30 @@ use flotilla_e2e::procs::{server_on_shared, Agent};
 use flotilla_e2e::scratch;
 use serde_json::{json, Value};
 
+/// Runs pipeline file `source` as `name`: the run's id.
+async fn run_file(api: &flotilla_e2e::api::Api, name: &str, source: &str) -> String {
+    api.post("/api/v1/pipelines", json!({"name": name, "source": source}))
+        .await["id"]
+        .as_str()
+        .expect("a run id")
+        .to_string()
+}
+
+/// Leases the next job as driven `agent` and completes it with `result`
+/// (a listing's `{"items"}`, a probe's `{"exist"}`), which must be taken.
+async fn complete_next(agent: &Driven, result: Value) {
+    let (job, lease) = agent.lease().await;
+    let (status, v) = agent
+        .api
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/agent/v1/jobs/{job}/complete"),
+            Some(json!({"lease_token": lease, "exit_code": 0, "result": result})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+}
+
 async fn finished(api: &flotilla_e2e::api::Api, run: &str) -> Value {
     let started = std::time::Instant::now();
     loop {
@@ -54,15 +78,7 @@ either {{
 }}
 "
     );
-    let run = api
-        .post(
-            "/api/v1/pipelines",
-            json!({"name": "either.pipeline", "source": source}),
-        )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let run = run_file(&api, "either.pipeline", &source).await;
     let view = finished(&api, &run).await;
     assert_eq!(view["state"], "done", "{view:#}");
     let count = |sub: &str| std::fs::read_dir(dir.path().join(sub)).map_or(0, |rd| rd.count());
@@ -149,27 +165,10 @@ async fn the_server_checks_a_listing_and_takes_a_large_one() {
             "host a = agent lister\nitems on a: ls\nstage {stage} on a out {d}/{stage}/{{id}}: true\n"
         );
         let (api, agent) = (&api, &agent);
-        let stage = stage.to_string();
+        let name = format!("{stage}.pipeline");
         async move {
-            let run = api
-                .post(
-                    "/api/v1/pipelines",
-                    json!({"name": format!("{stage}.pipeline"), "source": source}),
-                )
-                .await["id"]
-                .as_str()
-                .unwrap()
-                .to_string();
-            let (job, lease) = agent.lease().await;
-            let (status, v) = agent
-                .api
-                .raw(
-                    reqwest::Method::POST,
-                    &format!("/api/agent/v1/jobs/{job}/complete"),
-                    Some(json!({"lease_token": lease, "exit_code": 0, "result": {"items": items}})),
-                )
-                .await;
-            assert_eq!(status, 200, "{v}");
+            let run = run_file(api, &name, &source).await;
+            complete_next(agent, json!({ "items": items })).await;
             run
         }
     };
@@ -235,38 +234,10 @@ async fn a_run_cancelled_as_its_server_dies_is_closed_with_its_jobs_or_not_at_al
     let source = format!(
         "host a = agent idle\nitems on a: ls\nstage s on a jobs 3 out {d}/s/{{id}}: true\n"
     );
-    let run = api
-        .post(
-            "/api/v1/pipelines",
-            json!({"name": "kill.pipeline", "source": source}),
-        )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let (job, lease) = agent.lease().await;
-    let (status, v) = agent
-        .api
-        .raw(
-            reqwest::Method::POST,
-            &format!("/api/agent/v1/jobs/{job}/complete"),
-            Some(
-                json!({"lease_token": lease, "exit_code": 0, "result": {"items": ["1", "2", "3"]}}),
-            ),
-        )
-        .await;
-    assert_eq!(status, 200, "{v}");
+    let run = run_file(&api, "kill.pipeline", &source).await;
+    complete_next(&agent, json!({"items": ["1", "2", "3"]})).await;
     // The probe for outputs an earlier run left: none.
-    let (job, lease) = agent.lease().await;
-    let (status, v) = agent
-        .api
-        .raw(
-            reqwest::Method::POST,
-            &format!("/api/agent/v1/jobs/{job}/complete"),
-            Some(json!({"lease_token": lease, "exit_code": 0, "result": {"exist": []}})),
-        )
-        .await;
-    assert_eq!(status, 200, "{v}");
+    complete_next(&agent, json!({"exist": []})).await;
     let db = sqlx::PgPool::connect(&server.opts.database_url)
         .await
         .unwrap();
@@ -382,15 +353,7 @@ async fn restarting_an_agent_does_not_fail_the_items_it_ran() {
         "host a = agent restart-a\nitems on a: seq 1 2\n\
          stage s on a jobs 2 out {d}/s/{{id}}: sleep 3; echo {{id}} > {{out}}\n"
     );
-    let run = api
-        .post(
-            "/api/v1/pipelines",
-            json!({"name": "restart.pipeline", "source": source}),
-        )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let run = run_file(&api, "restart.pipeline", &source).await;
     let stage_jobs_running = || {
         let api = api.clone();
         async move {
