@@ -385,3 +385,40 @@ async fn restarting_an_agent_does_not_fail_the_items_it_ran() {
         assert_eq!(out.trim(), id);
     }
 }
+
+/// Review of 3877596, F10: a run whose look for earlier outputs failed
+/// ended failed with its items still `waiting` and its other probes left
+/// to run; it now ends as a closed run does, items and jobs with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_probe_ends_the_run_with_its_items() {
+    let dir = scratch("e2e-pipeline-probe-fails-");
+    let d = dir.path().display().to_string();
+    let server = server_on_shared(dir.path(), 10_000).await;
+    let agent = Driven::register(&server, "prober", &["step"], Duration::from_secs(10)).await;
+    let api = server.api();
+    let source =
+        format!("host a = agent prober\nitems on a: ls\nstage s on a out {d}/s/{{id}}: true\n");
+    let run = run_file(&api, "probe.pipeline", &source).await;
+    complete_next(&agent, json!({"items": ["1", "2"]})).await;
+    let (probe, lease) = agent.lease().await;
+    let (status, v) = agent
+        .api
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/agent/v1/jobs/{probe}/fail"),
+            Some(json!({"lease_token": lease, "class": "fatal", "message": "host unreachable"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let view = finished(&api, &run).await;
+    assert_eq!(view["state"], "failed", "{view:#}");
+    assert!(
+        view["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("host unreachable"),
+        "{view:#}"
+    );
+    assert_eq!(view["counts"]["waiting"], 0, "{view:#}");
+    assert_eq!(view["counts"]["failed"], 2, "{view:#}");
+}
