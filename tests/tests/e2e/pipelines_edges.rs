@@ -3,7 +3,8 @@
 //! the same file is refused; the server checks a listing's ids itself, and
 //! takes a listing larger than other agent reports; a run cancelled as its
 //! server dies is closed with its jobs or not at all; restarting an agent
-//! does not fail the items it was running.
+//! does not fail the items it was running; a failed probe ends the run with
+//! its items.
 
 use std::time::Duration;
 
