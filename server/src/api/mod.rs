@@ -180,6 +180,7 @@ pub fn router(state: AppState, agent_db: sqlx::PgPool) -> Router {
         .route("/ui/rois", get(dashboard::roi::list))
         .route("/ui/rois/{id}", get(dashboard::roi::page))
         .route("/ui/rois/{id}/events", get(dashboard::roi::events))
+        .route("/ui/rois/{id}/again", post(dashboard::roi::again))
         .route("/ui/rois/{id}/tiles/{tile}", get(dashboard::roi::tile))
         .route("/ui/static/{file}", get(dashboard::script))
         .route("/ui/jobs/{id}/log/stream", get(dashboard::job::log_stream))

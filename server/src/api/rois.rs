@@ -82,10 +82,31 @@ pub async fn submit(
 ) -> ApiResult<axum::response::Response> {
     let dry_run = body.dry_run;
     let roi = valid(&caller, body)?;
-    let ds = dataset(&state, &roi.dataset).await?;
     if dry_run {
+        dataset(&state, &roi.dataset).await?;
         return Ok(Json(plan::plan(&state.db, &roi).await?).into_response());
     }
+    let made = submit_valid(
+        &state,
+        &roi,
+        &caller.submitter(),
+        Some(caller.token_id),
+        state.waiting_cap(caller.role),
+    )
+    .await?;
+    Ok(created(made).into_response())
+}
+
+/// Submits a checked ROI: a job per missing tile. Shared with the
+/// dashboard's "submit again".
+pub(crate) async fn submit_valid(
+    state: &AppState,
+    roi: &ValidRoi,
+    submitter: &str,
+    owner: Option<uuid::Uuid>,
+    cap: Option<crate::queue::submit::WaitingCap<'_>>,
+) -> ApiResult<RoiCreated> {
+    let ds = dataset(state, &roi.dataset).await?;
     let Some(sha) = ds.checkpoint_sha256.as_deref() else {
         return Err(ApiError::Conflict(format!(
             "dataset `{}` has no checkpoint yet; upload one with \
@@ -95,18 +116,18 @@ pub async fn submit(
     };
     let made = plan::submit(
         &state.db,
-        &roi,
+        roi,
         sha,
         ds.fetch_command.as_deref(),
-        &caller.submitter(),
-        Some(caller.token_id),
-        state.waiting_cap(caller.role),
+        submitter,
+        owner,
+        cap,
     )
     .await??;
     tracing::info!(roi = %made.id, name = %roi.name, total = made.counts.total,
                    missing = made.counts.missing, plan_ms = made.plan_ms,
                    insert_ms = made.insert_ms, "ROI submitted");
-    Ok(created(made).into_response())
+    Ok(made)
 }
 
 /// An ROI with its jobs and tiles by state.

@@ -170,6 +170,9 @@ struct RoiPage {
     agents: Vec<AgentBar>,
     chart_height: u32,
     show_logout: bool,
+    /// Some tiles are missing or failed: "submit again" is offered.
+    again: bool,
+    csrf: String,
 }
 
 /// Bars scaled to the busiest agent of the last hour.
@@ -278,9 +281,9 @@ pub async fn page(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    if !allowed(&state, &headers).await {
+    let Some(who) = session::who(&state, &headers).await? else {
         return Ok(to_login());
-    }
+    };
     let id = parse_id(&id, "an ROI")?;
     let Some(roi) = progress::get(&state.db, id).await? else {
         return Ok(not_found_page());
@@ -304,7 +307,10 @@ pub async fn page(
     let agents = agent_bars(&stats::rates(&state.db).await?);
     let eta = eta_text(&counts, &pace);
     let pace = pace_text(&pace);
+    let again = counts.get(TileState::Missing) + counts.get(TileState::Failed) > 0;
     Ok(render(&RoiPage {
+        again,
+        csrf: who.csrf,
         counts: TileState::ALL
             .iter()
             .map(|s| (s.as_str(), counts.get(*s)))
@@ -327,6 +333,49 @@ pub async fn page(
         show_logout: !state.settings.dashboard_open,
     })?
     .into_response())
+}
+
+/// `POST /ui/rois/{id}/again` (a form with the session's token): submits
+/// the ROI's region again, as `flotilla roi submit` with the same name,
+/// dataset, year and region would, which queues a job for each of its
+/// tiles that is missing or failed; then the new ROI's page.
+pub async fn again(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Response> {
+    let who = match super::csrf::check_post(&state, &headers, &body).await? {
+        Ok(who) => who,
+        Err(answer) => return Ok(answer),
+    };
+    let id = parse_id(&id, "an ROI")?;
+    let Some(roi) = progress::get(&state.db, id).await? else {
+        return Ok(not_found_page());
+    };
+    let request = flotilla_core::api::rois::RoiRequest {
+        name: roi.name,
+        year: roi.year,
+        dataset: roi.dataset,
+        geojson: roi.region.get("geojson").cloned(),
+        bbox: roi
+            .region
+            .get("bbox")
+            .and_then(|b| serde_json::from_value(b.clone()).ok()),
+        dry_run: false,
+        priority: 0,
+        // The region was accepted once; past the tile cap only for an admin.
+        exceed_tile_cap: who.is_admin(),
+    };
+    let valid = crate::tiles::plan::ValidRoi::try_from(request)?;
+    // An open dashboard has no token: its submissions belong to admins.
+    let (owner, submitter, cap) = match &who.caller {
+        Some(c) => (Some(c.token_id), c.submitter(), state.waiting_cap(c.role)),
+        None => (None, "dashboard".to_string(), None),
+    };
+    let made = crate::api::rois::submit_valid(&state, &valid, &submitter, owner, cap).await?;
+    tracing::info!(roi = %made.id, from = %id, "ROI submitted again from the dashboard");
+    Ok(Redirect::to(&format!("/ui/rois/{}", made.id)).into_response())
 }
 
 /// `/ui/rois/{id}/tiles/{tile}`: to the job of one tile of the ROI (the

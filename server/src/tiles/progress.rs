@@ -28,6 +28,8 @@ pub struct Roi {
     pub submitter: String,
     pub created_at: DateTime<Utc>,
     pub tiles: TileSet,
+    /// The region as it was given (`{"geojson": …}` or `{"bbox": […]}`).
+    pub region: serde_json::Value,
 }
 
 /// One tile as the map shows it: its state and the job to open, if any
@@ -109,6 +111,7 @@ impl TryFrom<RoiRow> for Roi {
     fn try_from(r: RoiRow) -> Result<Roi, sqlx::Error> {
         Ok(Roi {
             tiles: region_tiles(&r.region)?,
+            region: r.region,
             id: r.id,
             name: r.name,
             dataset: r.dataset,

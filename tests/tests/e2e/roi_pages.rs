@@ -499,4 +499,31 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
         err.contains("no ROI is named \"nobody\"") && err.contains("flotilla roi list"),
         "{err}"
     );
+
+    // Submit again from the page (browser review of 3877596, M3): offered
+    // where a tile is missing or failed, not on a done ROI; it makes a new
+    // ROI of the same region, queueing the failed tile, and shows it.
+    let done_page = ui.page(&format!("/ui/rois/{first_id}")).await;
+    assert!(!done_page.contains("id=\"roi-again\""), "{done_page}");
+    let failed_page = ui.page(&format!("/ui/rois/{second_id}")).await;
+    let form = between(&failed_page, "id=\"roi-again\">", "</form>")
+        .unwrap_or_else(|| panic!("no Submit again: {failed_page}"));
+    let token = between(form, "name=\"csrf\" value=\"", "\"").expect("a form token");
+    let r = ui
+        .request(
+            reqwest::Method::POST,
+            &format!("/ui/rois/{second_id}/again"),
+        )
+        .form(&[("csrf", token)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let to = r.headers()["location"].to_str().unwrap().to_string();
+    let new_id = to.strip_prefix("/ui/rois/").expect("to the new ROI's page");
+    assert_ne!(new_id, second_id);
+    let new = api.get(&format!("/api/v1/rois/{new_id}")).await;
+    assert_eq!(new["name"], "second", "{new}");
+    assert_eq!(new["submitted"], 1, "the failed tile again: {new}");
+    assert_eq!(new["total"], 6, "{new}");
 }
