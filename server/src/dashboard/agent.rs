@@ -235,13 +235,17 @@ fn facts(a: AgentView) -> AgentPage {
             .collect::<Vec<_>>()
             .join(", "),
         labels: a.labels.clone().into_iter().collect(),
-        host: format!(
-            "{} {} ({}), {} cores",
-            h.os,
-            h.os_version.as_deref().unwrap_or(""),
-            h.arch,
-            h.cores
-        ),
+        host: {
+            // sysinfo's long version often names the system again ("linux",
+            // "Linux (Debian GNU/Linux 12)"): then it says it alone.
+            let version = h.os_version.as_deref().unwrap_or("");
+            let os = if version.to_lowercase().starts_with(&h.os.to_lowercase()) {
+                version.to_string()
+            } else {
+                format!("{} {version}", h.os)
+            };
+            format!("{} ({}), {} cores", os.trim(), h.arch, h.cores)
+        },
         cpu: a.devices.cpu.clone().unwrap_or_else(|| h.cpu_model.clone()),
         encoder_backend: encoder.map_or("none (runs no tile jobs)".to_string(), |e| {
             e.backend.clone()

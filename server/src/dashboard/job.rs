@@ -36,7 +36,32 @@ struct OutputRow {
     href: String,
     key: String,
     size: u64,
+    /// `size` as people read it: "1.8 MB".
+    size_text: String,
     sha256: String,
+}
+
+/// A byte count in decimal units, three figures at most.
+fn size_text(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["kB", "MB", "GB", "TB", "PB"];
+    if bytes < 1000 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64;
+    let mut unit = "B";
+    for u in UNITS {
+        // 999.5 and up would print as 1000.
+        if v < 999.5 {
+            break;
+        }
+        v /= 1000.0;
+        unit = u;
+    }
+    if v < 10.0 {
+        format!("{v:.1} {unit}")
+    } else {
+        format!("{v:.0} {unit}")
+    }
 }
 
 struct AttemptRow {
@@ -286,6 +311,7 @@ pub async fn page(
                 name: o.name,
                 key: o.key,
                 size: o.size,
+                size_text: size_text(o.size),
                 sha256: o.sha256,
             })
             .collect(),
@@ -558,4 +584,24 @@ pub async fn output(
         body,
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_people_say_them() {
+        for (n, text) in [
+            (0, "0 B"),
+            (999, "999 B"),
+            (1_000, "1.0 kB"),
+            (1_843_328, "1.8 MB"),
+            (33_554_432, "34 MB"),
+            (999_999_999, "1.0 GB"),
+            (4_294_967_296, "4.3 GB"),
+        ] {
+            assert_eq!(size_text(n), text, "{n}");
+        }
+    }
 }

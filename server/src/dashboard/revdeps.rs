@@ -284,9 +284,15 @@ pub async fn page(
         answer_cut: answer_len.is_some_and(|n| n > answer.len()),
         answer_len,
         answer,
+        // Runs on other compilers or queries look alike by time alone.
         earlier: earlier
             .into_iter()
-            .map(|(id, at)| (id.to_string(), super::utc(at)))
+            .map(|(id, at, compiler, query)| {
+                (
+                    id.to_string(),
+                    format!("{} · {compiler} · {query}", super::utc(at)),
+                )
+            })
             .collect(),
         comparison,
         show_logout: !state.settings.dashboard_open,

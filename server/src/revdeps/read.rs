@@ -138,15 +138,17 @@ pub async fn steps(db: &PgPool, run: Uuid, plan_job: Uuid) -> Result<Vec<StepLin
 }
 
 /// Earlier runs of `target` that have an answer, newest first (at most
-/// `limit`): what a run's answer can be compared with.
+/// `limit`), as (id, when, compiler, query): what a run's answer can be
+/// compared with.
 pub async fn earlier_answers(
     db: &PgPool,
     target: &str,
     run: Uuid,
     limit: u32,
-) -> Result<Vec<(Uuid, DateTime<Utc>)>, sqlx::Error> {
+) -> Result<Vec<(Uuid, DateTime<Utc>, String, String)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT e.id, e.created_at FROM revdeps_runs e
+        "SELECT e.id, e.created_at, COALESCE(e.variant->>'compiler', ''), e.query
+         FROM revdeps_runs e
          WHERE e.target = $1 AND e.state = 'done' AND e.id <> $2
            AND e.created_at <= (SELECT created_at FROM revdeps_runs WHERE id = $2)
          ORDER BY e.created_at DESC
