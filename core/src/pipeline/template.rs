@@ -9,6 +9,9 @@
 //! becomes one word (single quotes where needed); inside the author's `'…'`
 //! or `"…"` it is escaped for those quotes, so that `"{id}"` or `'{in}'`
 //! never lets a `$(…)` or a quote in an item's name reach the shell as code.
+//! Where the quotes cannot be told by reading (inside backquotes, or after
+//! a `case` inside `$(…)`, whose patterns' `)` close nothing), a field is
+//! refused at its column instead.
 
 use std::fmt;
 
@@ -105,9 +108,23 @@ impl Template {
         // text): the quotes they stood in, and for `$(…)` the parentheses
         // open inside, come back at their end.
         let mut outer: Vec<(Quoting, Option<usize>)> = Vec::new();
+        // A `case` inside `$(…)`: its patterns' `)` close no parenthesis,
+        // so from there on the quotes a field stands in cannot be told by
+        // counting, and a field is refused rather than quoted wrongly.
+        let mut case_in_sub: Option<usize> = None;
+        let word = |c: char| c.is_alphanumeric() || c == '_';
         let mut i = 0;
         while i < chars.len() {
             let c = chars[i];
+            if case_in_sub.is_none()
+                && quoting == Quoting::Bare
+                && outer.iter().any(|(_, sub)| sub.is_some())
+                && chars[i..].starts_with(&['c', 'a', 's', 'e'])
+                && (i == 0 || !word(chars[i - 1]))
+                && chars.get(i + 4).is_none_or(|&n| !word(n))
+            {
+                case_in_sub = Some(i);
+            }
             if quoting != Quoting::Single {
                 let next = chars.get(i + 1).copied();
                 let taken = match (c, outer.last_mut()) {
@@ -236,6 +253,17 @@ impl Template {
                             }
                         },
                     };
+                    if let Some(at) = case_in_sub {
+                        return Err(TemplateError {
+                            offset: i as u32,
+                            message: format!(
+                                "`{{{name}}}` after a `case` inside `$(…)` (column {}): its \
+                                 patterns' `)` hide which quotes the field is in; move the \
+                                 `case` into a script of its own, or out of `$(…)`",
+                                at + 1
+                            ),
+                        });
+                    }
                     // Inside backquotes the shell reads `\`` and `\\` before
                     // any quote, so no quoting of a value is sure there.
                     if outer.iter().any(|(_, sub)| sub.is_none()) {
@@ -429,6 +457,13 @@ mod tests {
         assert!(e.message.contains("$(…)"), "{}", e.message);
         // A quote in a path template is only text.
         assert!(Template::parse("/data/it's/{id}").is_ok());
+        // After a `case` in `$(…)` a pattern's `)` would end the count of
+        // parentheses: the field is refused, not quoted as if outside.
+        let e = Template::parse("echo \"$(case a in a) echo x;; esac) {id}\"").unwrap_err();
+        assert!(e.message.contains("`case` inside `$(…)`"), "{}", e.message);
+        // A `case` outside any `$(…)`, or a word holding `case`, is text.
+        assert!(Template::parse("case {id} in a) echo \"$(cat {in})\";; esac").is_ok());
+        assert!(Template::parse("echo \"$(showcase {id})\"").is_ok());
     }
 
     #[test]
