@@ -9,9 +9,9 @@
 //! becomes one word (single quotes where needed); inside the author's `'…'`
 //! or `"…"` it is escaped for those quotes, so that `"{id}"` or `'{in}'`
 //! never lets a `$(…)` or a quote in an item's name reach the shell as code.
-//! Where the quotes cannot be told by reading (inside backquotes, or after
-//! a `case` inside `$(…)`, whose patterns' `)` close nothing), a field is
-//! refused at its column instead.
+//! Where the quotes cannot be told by reading (inside backquotes, after a
+//! `case` inside `$(…)`, whose patterns' `)` close nothing, or after bash's
+//! `$'…'`), a field is refused at its column instead.
 
 use std::fmt;
 
@@ -112,6 +112,7 @@ impl Template {
         // so from there on the quotes a field stands in cannot be told by
         // counting, and a field is refused rather than quoted wrongly.
         let mut case_in_sub: Option<usize> = None;
+        let mut ansi_c: Option<usize> = None;
         let word = |c: char| c.is_alphanumeric() || c == '_';
         let mut i = 0;
         while i < chars.len() {
@@ -124,6 +125,15 @@ impl Template {
                 && chars.get(i + 4).is_none_or(|&n| !word(n))
             {
                 case_in_sub = Some(i);
+            }
+            // bash's `$'…'` (sh is bash on some hosts): a backslash escapes
+            // its quote, which plain sh does not read so.
+            if ansi_c.is_none()
+                && quoting == Quoting::Bare
+                && c == '$'
+                && chars.get(i + 1) == Some(&'\'')
+            {
+                ansi_c = Some(i);
             }
             if quoting != Quoting::Single {
                 let next = chars.get(i + 1).copied();
@@ -253,6 +263,16 @@ impl Template {
                             }
                         },
                     };
+                    if let Some(at) = ansi_c {
+                        return Err(TemplateError {
+                            offset: i as u32,
+                            message: format!(
+                                "`{{{name}}}` after a `$'…'` (column {}): bash and sh read its \
+                                 quotes differently; write the text in '…' or \"…\" instead",
+                                at + 1
+                            ),
+                        });
+                    }
                     if let Some(at) = case_in_sub {
                         return Err(TemplateError {
                             offset: i as u32,
@@ -464,6 +484,9 @@ mod tests {
         // A `case` outside any `$(…)`, or a word holding `case`, is text.
         assert!(Template::parse("case {id} in a) echo \"$(cat {in})\";; esac").is_ok());
         assert!(Template::parse("echo \"$(showcase {id})\"").is_ok());
+        // bash's `$'…'`, where `\'` does not end the quotes.
+        let e = Template::parse(r"echo $'it\'s {id}'").unwrap_err();
+        assert!(e.message.contains("$'…'"), "{}", e.message);
     }
 
     #[test]
