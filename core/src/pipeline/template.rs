@@ -56,6 +56,16 @@ pub enum Quoting {
     Double,
 }
 
+/// What a field is filled with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fill {
+    /// A value, quoted for where the field stands.
+    Text(String),
+    /// The shell variable of this name (its value is only known where the
+    /// command runs), referred to as the field's place needs.
+    Var(&'static str),
+}
+
 /// One piece of a template.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -337,12 +347,33 @@ impl Template {
         value: impl Fn(&Field) -> Option<String>,
         shell: bool,
     ) -> Result<String, Field> {
+        self.fill(|f| value(f).map(Fill::Text), shell)
+    }
+
+    /// [`Self::expand`], where a field may also stand for a shell variable
+    /// (`Fill::Var`), referred to as its place needs: `"${V}"` bare, `${V}`
+    /// inside "…", `'"${V}"'` inside '…'.
+    pub fn fill(
+        &self,
+        value: impl Fn(&Field) -> Option<Fill>,
+        shell: bool,
+    ) -> Result<String, Field> {
         let mut out = String::new();
         for p in &self.parts {
             match p {
                 Part::Text(t) => out.push_str(t),
                 Part::Field { field, quoting, .. } => {
-                    let v = value(field).ok_or_else(|| field.clone())?;
+                    let v = match value(field).ok_or_else(|| field.clone())? {
+                        Fill::Text(v) => v,
+                        Fill::Var(name) => {
+                            out.push_str(&match (shell, quoting) {
+                                (false, _) | (true, Quoting::Double) => format!("${{{name}}}"),
+                                (true, Quoting::Bare) => format!("\"${{{name}}}\""),
+                                (true, Quoting::Single) => format!("'\"${{{name}}}\"'"),
+                            });
+                            continue;
+                        }
+                    };
                     match (shell, quoting) {
                         (false, _) => out.push_str(&v),
                         (true, Quoting::Bare) => out.push_str(&shell_quote(&v)),
@@ -484,6 +515,22 @@ mod tests {
         // A `case` outside any `$(…)`, or a word holding `case`, is text.
         assert!(Template::parse("case {id} in a) echo \"$(cat {in})\";; esac").is_ok());
         assert!(Template::parse("echo \"$(showcase {id})\"").is_ok());
+        // A variable in each place: `$FLOTILLA_OUT`'s value, however
+        // quoted the field is.
+        let t =
+            Template::parse(r#"printf '%s\n' {out} "{out}" '{out}' "a {out}b" x{out}"#).unwrap();
+        let cmd = t.fill(|_| Some(Fill::Var("FLOTILLA_OUT")), true).unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&cmd)
+            .env("FLOTILLA_OUT", "/tmp/a b/$(x)'")
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            "/tmp/a b/$(x)'\n/tmp/a b/$(x)'\n/tmp/a b/$(x)'\na /tmp/a b/$(x)'b\nx/tmp/a b/$(x)'\n",
+            "{cmd}"
+        );
         // bash's `$'…'`, where `\'` does not end the quotes.
         let e = Template::parse(r"echo $'it\'s {id}'").unwrap_err();
         assert!(e.message.contains("$'…'"), "{}", e.message);

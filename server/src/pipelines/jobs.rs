@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use flotilla_core::job::{JobSpec, StepAction, StepJob, StepOut};
 use flotilla_core::pipeline::plan::{Node, NodeStep};
-use flotilla_core::pipeline::template::{shell_quote, Field, Template};
+use flotilla_core::pipeline::template::{Field, Fill, Template};
 use flotilla_core::pipeline::PipelineSpec;
 use uuid::Uuid;
 
@@ -79,19 +79,23 @@ pub enum StepError {
     NothingSent { step: String },
 }
 
+/// `t` with `place`'s values; `{out}`, where `with_out`, is the shell
+/// variable `FLOTILLA_OUT`, which the agent sets to the attempt's own
+/// temporary path beside `out`.
 fn expand(
     t: &Template,
     place: &ItemPlace,
-    out_temp: Option<&str>,
+    with_out: bool,
     shell: bool,
     step: &str,
 ) -> Result<String, StepError> {
-    t.expand(
+    let text = |v: Option<String>| v.map(Fill::Text);
+    t.fill(
         |f| match f {
-            Field::Id => Some(place.item.clone()),
-            Field::Out => out_temp.map(str::to_string),
-            Field::In => place.latest.as_ref().map(|l| l.path.clone()),
-            Field::StageOut(s) => place.outputs.get(s).map(|l| l.path.clone()),
+            Field::Id => text(Some(place.item.clone())),
+            Field::Out => with_out.then_some(Fill::Var("FLOTILLA_OUT")),
+            Field::In => text(place.latest.as_ref().map(|l| l.path.clone())),
+            Field::StageOut(s) => text(place.outputs.get(s).map(|l| l.path.clone())),
         },
         shell,
     )
@@ -101,10 +105,6 @@ fn expand(
         step: step.to_string(),
     })
 }
-
-/// Stands for `{out}` while a command is expanded; replaced, quoted, by
-/// `"$FLOTILLA_OUT"` (no item id or path holds a control character).
-const OUT_PLACEHOLDER: &str = "\u{1}FLOTILLA_OUT\u{1}";
 
 /// The prefix of the temporary paths beside `path` that a stage's
 /// attempts write to (`PREFIX-JOB-ATTEMPT`, made by the agent).
@@ -166,7 +166,7 @@ impl RunJobs<'_> {
             NodeStep::Stage(stage) => {
                 let out = match &stage.out {
                     Some(t) => {
-                        let path = expand(t, place, None, false, &node.name)?;
+                        let path = expand(t, place, false, false, &node.name)?;
                         let dir = path.ends_with('/') && path.len() > 1;
                         let path = if dir {
                             path.trim_end_matches('/').to_string()
@@ -181,16 +181,8 @@ impl RunJobs<'_> {
                     }
                     None => None,
                 };
-                // `{out}` is `"$FLOTILLA_OUT"`: the agent sets it to this
-                // attempt's own temporary path beside `out`.
-                let command = expand(
-                    &stage.command,
-                    place,
-                    out.as_ref().map(|_| OUT_PLACEHOLDER),
-                    true,
-                    &node.name,
-                )?
-                .replace(&shell_quote(OUT_PLACEHOLDER), "\"$FLOTILLA_OUT\"");
+                // `{out}` is `$FLOTILLA_OUT`, quoted as its place needs.
+                let command = expand(&stage.command, place, out.is_some(), true, &node.name)?;
                 let consume = if stage.consume {
                     place.latest.as_ref().map(|l| l.path.clone())
                 } else {
@@ -226,7 +218,7 @@ impl RunJobs<'_> {
                         step: node.name.clone(),
                     });
                 };
-                let dest = expand(&m.path, place, None, false, &node.name)?;
+                let dest = expand(&m.path, place, false, false, &node.name)?;
                 let output = Some(Location {
                     host: m.host.clone(),
                     agent: None,

@@ -53,7 +53,8 @@ async fn finished(api: &flotilla_e2e::api::Api, run: &str) -> Value {
 }
 
 /// Two branches that each move the item to their host and then run a
-/// stage of `jobs 1` there: items go to whichever branch's stage has room,
+/// stage of `jobs 1` there (their commands quote `{in}` and `{out}` in each
+/// way, which the fields must survive): items go to whichever branch's stage has room,
 /// so both take a fair share (before, a branch starting with a move always
 /// had room, and every item went to the first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,10 +73,10 @@ items on a: seq 1 10
 stage one on a jobs 4 out {d}/one/{{id}}: echo {{id}} > {{out}}
 either {{
     move mx to x:{d}/x-in/{{id}}
-    stage sx on x jobs 1 out {d}/x-out/{{id}}: sleep 0.5; cp {{in}} {{out}}
+    stage sx on x jobs 1 out {d}/x-out/{{id}}: sleep 0.5; cp \"{{in}}\" '{{out}}'
 |
     move my to y:{d}/y-in/{{id}}
-    stage sy on y jobs 1 out {d}/y-out/{{id}}: sleep 0.5; cp {{in}} {{out}}
+    stage sy on y jobs 1 out {d}/y-out/{{id}}: sleep 0.5; cp '{{in}}' \"{{out}}\"
 }}
 "
     );
