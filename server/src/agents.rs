@@ -316,10 +316,9 @@ struct AgentRow {
     disk_full_since: Option<DateTime<Utc>>,
 }
 
-/// Every agent, by name. Online = seen within three heartbeat intervals.
 /// The registered agents that could take job `job` (its kind, labels and
-/// cost), and how many of those are answering and active: why a waiting
-/// job waits, for its page.
+/// cost), and how many of those are answering, active and with disk room
+/// (those the claim offers work to): why a waiting job waits, for its page.
 pub async fn able_to_take(
     db: &PgPool,
     job: Uuid,
@@ -327,7 +326,7 @@ pub async fn able_to_take(
 ) -> Result<(i64, i64), sqlx::Error> {
     sqlx::query_as(
         "SELECT count(a.id),
-                count(a.id) FILTER (WHERE a.state = 'active'
+                count(a.id) FILTER (WHERE a.state = 'active' AND a.disk_full_since IS NULL
                                       AND a.last_seen_at > now() - $2 * interval '1 millisecond')
          FROM jobs j
          JOIN agents a ON j.kind = ANY (a.kinds) AND a.labels @> j.labels
@@ -340,6 +339,7 @@ pub async fn able_to_take(
     .await
 }
 
+/// Every agent, by name. Online = seen within three heartbeat intervals.
 pub async fn list(db: &PgPool, heartbeat: Duration) -> Result<Vec<AgentView>, sqlx::Error> {
     page(db, heartbeat, None, None).await
 }

@@ -457,14 +457,15 @@ impl<S: Server, E: Execute> Loops<S, E> {
             Err(f) => JobCall::Fail(f),
         };
         let mut answer = call(report_call).await;
-        // A completion the server will never take (too large, or a result
-        // it cannot read) is reported as the job's failure, saying why,
-        // rather than left for the lease to expire, which the server would
-        // take for an agent that stopped and run again, to the same end.
+        // A completion the server will never take (too large) is reported
+        // as the job's failure, saying why, rather than left for the lease
+        // to expire, which the server would take for an agent that stopped
+        // and run again, to the same end. (A 422, an output not uploaded
+        // say, keeps the old way: the attempt is retried after the lease.)
         if let (
             Ok(_),
             Err(CallError::Refused {
-                status: 413 | 422,
+                status: 413,
                 message,
                 ..
             }),

@@ -127,8 +127,8 @@ async fn why_waiting(state: &AppState, id: Uuid, unmatchable: Option<&str>) -> A
     Ok(match (able, ready) {
         (0, _) => String::new(),
         (n, 0) => format!(
-            "{n} registered agent{} could take it, but none is answering and active: \
-             start one, or resume it on the agents page.",
+            "{n} registered agent{} could take it, but none is answering, active and with \
+             disk room: start one, resume it on the agents page, or free its disk.",
             if n == 1 { "" } else { "s" }
         ),
         _ => String::new(),

@@ -229,6 +229,8 @@ pub async fn cancel(
         crate::pipelines::RunCancel::Cancelled { .. }
         | crate::pipelines::RunCancel::AlreadyFinal(_) => {}
     }
+    // As the API's cancel: the engine looks at the run now.
+    state.parents_signal.notify_one();
     tracing::info!(run = %id, "pipeline run cancelled from the dashboard");
     Ok(axum::response::Redirect::to(&format!("/ui/pipelines/{id}")).into_response())
 }

@@ -62,8 +62,14 @@ pub async fn cancel(db: &PgPool, id: Uuid) -> Result<Cancelled, sqlx::Error> {
 /// could otherwise leave a closed run's jobs to run. How many were
 /// cancelled now or asked to stop.
 pub async fn cancel_run_jobs(conn: &mut PgConnection, run: Uuid) -> Result<u64, sqlx::Error> {
+    // Locked in id order first, as a heartbeat locks its jobs: updated in
+    // scan order, two of a run's jobs held by one agent's heartbeat could
+    // deadlock with the cancel.
     let rows: Vec<String> = sqlx::query_scalar(cancel_where!(
-        "(parent_id = $1 OR id = (SELECT list_job FROM pipeline_runs WHERE id = $1))"
+        "id IN (SELECT id FROM jobs
+                WHERE (parent_id = $1 OR id = (SELECT list_job FROM pipeline_runs WHERE id = $1))
+                  AND state NOT IN ('succeeded', 'failed', 'cancelled')
+                ORDER BY id FOR UPDATE)"
     ))
     .bind(run)
     .fetch_all(conn)

@@ -37,8 +37,6 @@ pub struct AttemptEnd {
 /// The columns a finishing statement returns for [`AttemptEnd`].
 type EndRow = (i32, String, String, Option<serde_json::Value>);
 
-/// What the finishing `UPDATE jobs` returns: the spec only for tiles (a
-/// revdeps shard's spec holds thousands of candidates).
 /// The attempt a step job gets back for an interruption (its agent shut
 /// down, restarted or went silent), as a select-list item `n` over `jobs`:
 /// 1 where `condition` holds and it had fewer than
@@ -55,6 +53,8 @@ pub(crate) fn given_back(condition: &str) -> String {
     )
 }
 
+/// What the finishing `UPDATE jobs` returns: the spec only for tiles (a
+/// revdeps shard's spec holds thousands of candidates).
 const END_RETURNING: &str =
     "RETURNING id, attempt, state, kind, CASE WHEN kind = 'tile' THEN spec END AS tile_spec";
 

@@ -417,7 +417,9 @@ async fn keyboard_reaches_the_controls(f: &Fleet, waiting_job: &str) {
     // (browser review of 3877596, M5).
     let why = b.text("#waiting-why").await;
     assert!(
-        why.contains("1 registered agent could take it, but none is answering and active"),
+        why.contains(
+            "1 registered agent could take it, but none is answering, active and with disk room"
+        ),
         "{why}"
     );
     let stops = b.tab_stops(header.len() + 4).await;
