@@ -123,6 +123,7 @@ impl Template {
         // counting, and a field is refused rather than quoted wrongly.
         let mut case_in_sub: Option<usize> = None;
         let mut ansi_c: Option<usize> = None;
+        let mut brace_quotes: Option<usize> = None;
         let word = |c: char| c.is_alphanumeric() || c == '_';
         let mut i = 0;
         while i < chars.len() {
@@ -144,6 +145,31 @@ impl Template {
                 && chars.get(i + 1) == Some(&'\'')
             {
                 ansi_c = Some(i);
+            }
+            // A backslash, read first, as `sh` does: outside quotes it
+            // takes whatever follows as text (a quote, a parenthesis that
+            // then closes nothing), inside "…" only `$`, a backquote, `"`
+            // and itself; inside '…' it is text. A field right after one
+            // would lose its quoting's first character: refused.
+            if c == '\\' && quoting != Quoting::Single {
+                let next = chars.get(i + 1).copied();
+                if next == Some('{') && chars.get(i + 2).copied().is_some_and(is_name_start) {
+                    return Err(TemplateError {
+                        offset: i as u32 + 1,
+                        message: "a field right after `\\`: the backslash would take the \
+                                  first character of its quoted value; remove it (write `{{` \
+                                  for a literal brace)"
+                            .into(),
+                    });
+                }
+                let taken = match (quoting, next) {
+                    (Quoting::Bare, Some(_)) => 2,
+                    (Quoting::Double, Some(n)) if "$`\"\\".contains(n) => 2,
+                    _ => 1,
+                };
+                lit.extend(&chars[i..i + taken]);
+                i += taken;
+                continue;
             }
             if quoting != Quoting::Single {
                 let next = chars.get(i + 1).copied();
@@ -182,16 +208,8 @@ impl Template {
                 }
             }
             match c {
-                // The shell's quotes, followed as `sh` reads them: a
-                // backslash outside single quotes keeps a quote, `$`, a
-                // backquote or itself from meaning anything.
-                '\\' if quoting != Quoting::Single
-                    && chars.get(i + 1).is_some_and(|n| "'\"\\$`".contains(*n)) =>
-                {
-                    lit.push(c);
-                    lit.push(chars[i + 1]);
-                    i += 2;
-                }
+                // The shell's quotes, followed as `sh` reads them (the
+                // backslash is taken above).
                 '\'' if quoting != Quoting::Double => {
                     quoting = match quoting {
                         Quoting::Single => Quoting::Bare,
@@ -234,6 +252,13 @@ impl Template {
                         j += 1;
                     }
                     let end = (j + 1).min(chars.len());
+                    // Quotes inside `${…}` (`${f%'}'}`) hide where it ends
+                    // from this count: the fields after it are refused.
+                    if brace_quotes.is_none()
+                        && chars[i..end].iter().any(|c| matches!(c, '\'' | '"' | '\\'))
+                    {
+                        brace_quotes = Some(i);
+                    }
                     lit.extend(&chars[i..end]);
                     i = end;
                 }
@@ -273,6 +298,17 @@ impl Template {
                             }
                         },
                     };
+                    if let Some(at) = brace_quotes {
+                        return Err(TemplateError {
+                            offset: i as u32,
+                            message: format!(
+                                "`{{{name}}}` after a `${{…}}` holding quotes or a backslash \
+                                 (column {}): where it ends cannot be told by counting \
+                                 braces; set a variable in a script of its own instead",
+                                at + 1
+                            ),
+                        });
+                    }
                     if let Some(at) = ansi_c {
                         return Err(TemplateError {
                             offset: i as u32,
@@ -531,6 +567,21 @@ mod tests {
             "/tmp/a b/$(x)'\n/tmp/a b/$(x)'\n/tmp/a b/$(x)'\na /tmp/a b/$(x)'b\nx/tmp/a b/$(x)'\n",
             "{cmd}"
         );
+        // A backslash outside quotes takes the next character, a
+        // parenthesis too: `\(` inside `$(…)` closes nothing.
+        let t = Template::parse(r#"echo "$(echo \( {id})""#).unwrap();
+        assert!(t.parts.iter().any(|p| matches!(
+            p,
+            Part::Field {
+                quoting: Quoting::Bare,
+                ..
+            }
+        )));
+        assert!(Template::parse(r"echo \{id}").is_err());
+        assert!(Template::parse(r"echo \\{id}").is_ok());
+        let e = Template::parse(r"echo ${f%'}'} {id}").unwrap_err();
+        assert!(e.message.contains("${…}"), "{}", e.message);
+        assert!(Template::parse(r"echo ${HOME} {id}").is_ok());
         // bash's `$'…'`, where `\'` does not end the quotes.
         let e = Template::parse(r"echo $'it\'s {id}'").unwrap_err();
         assert!(e.message.contains("$'…'"), "{}", e.message);
