@@ -86,6 +86,24 @@ fn only<'a>(l: Latest<'a>) -> Rc<BTreeSet<Latest<'a>>> {
     Rc::new(BTreeSet::from([l]))
 }
 
+/// Whether two path templates name one place: their text with `//` as `/`
+/// and no trailing `/` (a directory `out` ends in one).
+fn same_path(a: &str, b: &str) -> bool {
+    fn plain(p: &str) -> String {
+        let mut s = String::with_capacity(p.len());
+        for c in p.chars() {
+            if !(c == '/' && s.ends_with('/')) {
+                s.push(c);
+            }
+        }
+        if s.len() > 1 {
+            s.truncate(s.trim_end_matches('/').len().max(1));
+        }
+        s
+    }
+    plain(a) == plain(b)
+}
+
 /// The either branches a step is inside, outermost first: the `either`'s
 /// span and the branch's index.
 type Chain = Vec<(Span, usize)>;
@@ -494,7 +512,7 @@ impl<'a> Checker<'a> {
                     )),
                     // Its own output would be what it deletes.
                     Latest::Out { by, path, .. }
-                        if s.out.as_ref().is_some_and(|o| o.text == *path) =>
+                        if s.out.as_ref().is_some_and(|o| same_path(&o.text, path)) =>
                     {
                         msgs.push(format!(
                             "`consume` in stage `{}` would delete its own output: its `out` is \
@@ -563,7 +581,7 @@ impl<'a> Checker<'a> {
                 // would copy the output onto itself, then remove its source,
                 // which is the copy.
                 Latest::Out { by, host, path, .. }
-                    if *path == m.path.text && self.same_place(host, &m.host) =>
+                    if same_path(path, &m.path.text) && self.same_place(host, &m.host) =>
                 {
                     msgs.push((
                         move_loc(m, Piece::MoveHost),
@@ -1086,6 +1104,13 @@ mod tests {
                 "{HEAD}stage s on a out /d/{{id}}: x\nmove m to b:/d/{{id}}\n"
             )),
             vec![]
+        );
+        // A directory `out` and the same path without its `/`.
+        one(
+            &format!("{alias}stage s on a out /d//{{id}}/: x\nmove m to b:/d/{{id}}\n"),
+            5,
+            11,
+            "the same place as host `a`",
         );
         let ssh = "host a = ssh://me@box key k\nhost b = ssh://me@box:22 key k2\nitems on a: ls\n";
         one(

@@ -176,7 +176,9 @@ mod unix {
                     others: &o.temp,
                     dir: o.dir,
                 });
-                let script = script::run(&marker, command, out, consume.as_deref());
+                // Only a retry can follow an attempt that finished unreported.
+                let retry = ctx.attempt > 1;
+                let script = script::run(&marker, command, out, consume.as_deref(), retry);
                 run_plain(ctx, &place, &marker, &script, timeout).await
             }
             StepAction::Send { path } => transfer::send(ctx, &place, &marker, path, timeout).await,

@@ -140,13 +140,19 @@ pub struct Out<'a> {
 /// directory) before `command` runs and renamed to the final path after;
 /// with `consume`, that path removed last. A non-zero exit of the command
 /// is the script's exit status.
-pub fn run(marker: &Marker, command: &str, out: Option<Out<'_>>, consume: Option<&str>) -> String {
+pub fn run(
+    marker: &Marker,
+    command: &str,
+    out: Option<Out<'_>>,
+    consume: Option<&str>,
+    retry: bool,
+) -> String {
     let mut parts = Vec::new();
-    // An earlier attempt that renamed its output into place and consumed
-    // its input, but whose report was lost (its agent killed at that
-    // moment), left the item done: running the command again would fail
-    // for want of the input, so this attempt ends as that one did.
-    if let (Some(o), Some(c)) = (out, consume) {
+    // On a retry: an earlier attempt that renamed its output into place and
+    // consumed its input, but whose report was lost (its agent killed at
+    // that moment), left the item done: running the command again would
+    // fail for want of the input, so this attempt ends as that one did.
+    if let (Some(o), Some(c), true) = (out, consume, retry) {
         let (path, input) = (q(o.path), q(c));
         parts.push(format!(
             "if [ ! -e {input} ] && [ ! -L {input} ] && {{ [ -e {path} ] || [ -L {path} ]; }}; then \
@@ -364,7 +370,13 @@ mod tests {
             dir: true,
         };
         let (rc, _, err) = sh(
-            &run(&m, "cp in \"$FLOTILLA_OUT/new\"", Some(out), Some("in")),
+            &run(
+                &m,
+                "cp in \"$FLOTILLA_OUT/new\"",
+                Some(out),
+                Some("in"),
+                false,
+            ),
             d,
         );
         assert_eq!(rc, 0, "{err}");
@@ -391,8 +403,27 @@ mod tests {
             dir: false,
         };
         std::fs::write(d.join("o"), "made").unwrap();
+        // A first attempt runs its command whatever is there (an output
+        // left by another run is no sign this one finished).
+        let (rc, _, _) = sh(
+            &run(
+                &m,
+                "cat in > \"$FLOTILLA_OUT\"",
+                Some(out),
+                Some("in"),
+                false,
+            ),
+            d,
+        );
+        assert_ne!(rc, 0, "the command ran, and found no input");
         let (rc, _, err) = sh(
-            &run(&m, "cat in > \"$FLOTILLA_OUT\"", Some(out), Some("in")),
+            &run(
+                &m,
+                "cat in > \"$FLOTILLA_OUT\"",
+                Some(out),
+                Some("in"),
+                true,
+            ),
             d,
         );
         assert_eq!(rc, 0, "{err}");
@@ -401,10 +432,16 @@ mod tests {
             "{err}"
         );
         assert_eq!(std::fs::read_to_string(d.join("o")).unwrap(), "made");
-        // With its input there, it runs as ever.
+        // With its input there, a retry runs as ever.
         std::fs::write(d.join("in"), "new").unwrap();
         let (rc, _, err) = sh(
-            &run(&m, "cat in > \"$FLOTILLA_OUT\"", Some(out), Some("in")),
+            &run(
+                &m,
+                "cat in > \"$FLOTILLA_OUT\"",
+                Some(out),
+                Some("in"),
+                true,
+            ),
             d,
         );
         assert_eq!(rc, 0, "{err}");
@@ -435,6 +472,7 @@ mod tests {
                 "cat alias/x > \"$FLOTILLA_OUT\"; echo new >> \"$FLOTILLA_OUT\"",
                 Some(out),
                 Some("alias/x"),
+                false,
             ),
             d,
         );
@@ -455,7 +493,7 @@ mod tests {
             others: "o.t",
             dir: false,
         };
-        let (rc, _, err) = sh(&run(&m, "true", Some(out), None), dir.path());
+        let (rc, _, err) = sh(&run(&m, "true", Some(out), None, false), dir.path());
         assert_ne!(rc, 0);
         assert_eq!(
             m.parse(err.trim()),
@@ -464,7 +502,13 @@ mod tests {
             ))
         );
         let (rc, _, err) = sh(
-            &run(&m, "echo x > o.tmp; exit 9", Some(out), Some("o.tmp")),
+            &run(
+                &m,
+                "echo x > o.tmp; exit 9",
+                Some(out),
+                Some("o.tmp"),
+                false,
+            ),
             dir.path(),
         );
         assert_eq!((rc, err.as_str()), (9, ""));
