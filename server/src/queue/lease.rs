@@ -453,7 +453,8 @@ pub async fn fail(
         "WITH back AS (SELECT {} FROM jobs WHERE id = $1),
          j AS (
              UPDATE jobs SET
-                 max_attempts = max_attempts + back.n,
+                 max_attempts = max_attempts
+                                + CASE WHEN cancel_requested OR $6 THEN 0 ELSE back.n END,
                  state = CASE WHEN cancel_requested OR $6 THEN 'cancelled'
                               WHEN $4 AND attempt < max_attempts + back.n THEN 'retrying'
                               ELSE 'failed' END,

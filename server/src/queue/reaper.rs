@@ -23,7 +23,8 @@ pub async fn reap_once(
              FOR UPDATE SKIP LOCKED),
          j AS (
              UPDATE jobs SET
-                 max_attempts = max_attempts + expired.n,
+                 max_attempts = max_attempts
+                                + CASE WHEN cancel_requested THEN 0 ELSE expired.n END,
                  state = CASE WHEN cancel_requested THEN 'cancelled'
                               WHEN attempt < max_attempts + expired.n THEN 'retrying'
                               ELSE 'failed' END,
