@@ -242,6 +242,21 @@ pub struct Fail {
     pub exit_code: Option<i32>,
 }
 
+impl Fail {
+    /// The report of a failed attempt of lease `lease_token`, its message
+    /// cut to [`MAX_FAIL_MESSAGE_BYTES`] on a character boundary.
+    pub fn new(lease_token: Uuid, class: FailureClass, message: impl Into<String>) -> Fail {
+        let mut message = message.into();
+        crate::text::truncate_on_char_boundary(&mut message, MAX_FAIL_MESSAGE_BYTES);
+        Fail {
+            lease_token,
+            class,
+            message,
+            exit_code: None,
+        }
+    }
+}
+
 /// The answer to `start` and `log`: accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ack {

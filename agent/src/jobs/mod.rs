@@ -28,8 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_core::job::{FailureClass, JobKind, JobSpec};
-use flotilla_core::protocol::{Complete, Fail, LeaseRef, LeasedJob, MAX_FAIL_MESSAGE_BYTES};
-use flotilla_core::text::truncate_on_char_boundary;
+use flotilla_core::protocol::{Complete, Fail, LeaseRef, LeasedJob};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -248,14 +247,7 @@ impl JobContext {
 
     /// The report of a failed attempt.
     pub fn fail(&self, class: FailureClass, message: impl Into<String>) -> Fail {
-        let mut message = message.into();
-        truncate_on_char_boundary(&mut message, MAX_FAIL_MESSAGE_BYTES);
-        Fail {
-            lease_token: self.lease.lease_token,
-            class,
-            message,
-            exit_code: None,
-        }
+        Fail::new(self.lease.lease_token, class, message)
     }
 
     /// The report of a successful attempt.

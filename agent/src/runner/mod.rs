@@ -472,17 +472,11 @@ impl<S: Server, E: Execute> Loops<S, E> {
         ) = (&report, &answer)
         {
             tracing::warn!(job = %job.job_id, %message, "the server refused the report; reporting a failure");
-            let mut why = format!("the server refused this job's report: {message}");
-            flotilla_core::text::truncate_on_char_boundary(
-                &mut why,
-                flotilla_core::protocol::MAX_FAIL_MESSAGE_BYTES,
+            let fail = Fail::new(
+                lease.lease_token,
+                FailureClass::Fatal,
+                format!("the server refused this job's report: {message}"),
             );
-            let fail = Fail {
-                lease_token: lease.lease_token,
-                class: FailureClass::Fatal,
-                message: why,
-                exit_code: None,
-            };
             answer = call(JobCall::Fail(&fail)).await;
         }
         match answer {

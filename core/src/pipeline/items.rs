@@ -48,6 +48,20 @@ pub fn json_bytes(s: &str) -> usize {
     s.len() + s.bytes().filter(|b| matches!(b, b'"' | b'\\')).count() + 3
 }
 
+/// The size, as the report carries it, of a list of strings being made:
+/// what a listing's ids or a probe's found paths take as JSON, to be held
+/// under [`MAX_LIST_JSON_BYTES`] as they arrive.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ListSize(usize);
+
+impl ListSize {
+    /// Counts `s` in; whether the list still fits.
+    pub fn add(&mut self, s: &str) -> bool {
+        self.0 += json_bytes(s);
+        self.0 <= MAX_LIST_JSON_BYTES
+    }
+}
+
 /// Checks a listing's ids as the server receives them: the first that is
 /// not an id, or a count past [`MAX_ITEMS`], is the error, naming it.
 pub fn check_ids(ids: &[String]) -> Result<(), String> {

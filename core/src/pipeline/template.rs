@@ -118,33 +118,42 @@ impl Template {
         // text): the quotes they stood in, and for `$(…)` the parentheses
         // open inside, come back at their end.
         let mut outer: Vec<(Quoting, Option<usize>)> = Vec::new();
-        // A `case` inside `$(…)`: its patterns' `)` close no parenthesis,
-        // so from there on the quotes a field stands in cannot be told by
-        // counting, and a field is refused rather than quoted wrongly.
-        let mut case_in_sub: Option<usize> = None;
-        let mut ansi_c: Option<usize> = None;
-        let mut brace_quotes: Option<usize> = None;
+        // The first construct after which the quotes a field stands in
+        // cannot be told by reading (its column, and what it is and what to
+        // do instead): every field after it is refused rather than quoted
+        // wrongly.
+        let mut unreadable: Option<(usize, &str)> = None;
         let word = |c: char| c.is_alphanumeric() || c == '_';
         let mut i = 0;
         while i < chars.len() {
             let c = chars[i];
-            if case_in_sub.is_none()
+            // A `case` inside `$(…)`: its patterns' `)` close no
+            // parenthesis of this count.
+            if unreadable.is_none()
                 && quoting == Quoting::Bare
                 && outer.iter().any(|(_, sub)| sub.is_some())
                 && chars[i..].starts_with(&['c', 'a', 's', 'e'])
                 && (i == 0 || !word(chars[i - 1]))
                 && chars.get(i + 4).is_none_or(|&n| !word(n))
             {
-                case_in_sub = Some(i);
+                unreadable = Some((
+                    i,
+                    "a `case` inside `$(…)`: its patterns' `)` hide which quotes the field is \
+                     in; move the `case` into a script of its own, or out of `$(…)`",
+                ));
             }
             // bash's `$'…'` (sh is bash on some hosts): a backslash escapes
             // its quote, which plain sh does not read so.
-            if ansi_c.is_none()
+            if unreadable.is_none()
                 && quoting == Quoting::Bare
                 && c == '$'
                 && chars.get(i + 1) == Some(&'\'')
             {
-                ansi_c = Some(i);
+                unreadable = Some((
+                    i,
+                    "a `$'…'`: bash and sh read its quotes differently; write the text in '…' \
+                     or \"…\" instead",
+                ));
             }
             // A backslash, read first, as `sh` does: outside quotes it
             // takes whatever follows as text (a quote, a parenthesis that
@@ -254,10 +263,15 @@ impl Template {
                     let end = (j + 1).min(chars.len());
                     // Quotes inside `${…}` (`${f%'}'}`) hide where it ends
                     // from this count: the fields after it are refused.
-                    if brace_quotes.is_none()
+                    if unreadable.is_none()
                         && chars[i..end].iter().any(|c| matches!(c, '\'' | '"' | '\\'))
                     {
-                        brace_quotes = Some(i);
+                        unreadable = Some((
+                            i,
+                            "a `${…}` holding quotes or a backslash: where it ends cannot be \
+                             told by counting braces; set a variable in a script of its own \
+                             instead",
+                        ));
                     }
                     lit.extend(&chars[i..end]);
                     i = end;
@@ -298,36 +312,10 @@ impl Template {
                             }
                         },
                     };
-                    if let Some(at) = brace_quotes {
+                    if let Some((at, what)) = unreadable {
                         return Err(TemplateError {
                             offset: i as u32,
-                            message: format!(
-                                "`{{{name}}}` after a `${{…}}` holding quotes or a backslash \
-                                 (column {}): where it ends cannot be told by counting \
-                                 braces; set a variable in a script of its own instead",
-                                at + 1
-                            ),
-                        });
-                    }
-                    if let Some(at) = ansi_c {
-                        return Err(TemplateError {
-                            offset: i as u32,
-                            message: format!(
-                                "`{{{name}}}` after a `$'…'` (column {}): bash and sh read its \
-                                 quotes differently; write the text in '…' or \"…\" instead",
-                                at + 1
-                            ),
-                        });
-                    }
-                    if let Some(at) = case_in_sub {
-                        return Err(TemplateError {
-                            offset: i as u32,
-                            message: format!(
-                                "`{{{name}}}` after a `case` inside `$(…)` (column {}): its \
-                                 patterns' `)` hide which quotes the field is in; move the \
-                                 `case` into a script of its own, or out of `$(…)`",
-                                at + 1
-                            ),
+                            message: format!("`{{{name}}}` after {what} (column {})", at + 1),
                         });
                     }
                     // Inside backquotes the shell reads `\`` and `\\` before

@@ -82,12 +82,7 @@ pub async fn history(
         .ok_or_else(|| ApiError::NotFound(format!("no agent named `{name}`")))?;
     // One more than asked says whether there is a next page.
     let mut samples = agent_health::since(&state.db, agent, since, limit + 1).await?;
-    let next_since = if samples.len() > limit as usize {
-        samples.truncate(limit as usize);
-        samples.last().map(|s| s.at)
-    } else {
-        None
-    };
+    let next_since = super::next_page(&mut samples, limit, |s| s.at);
     Ok(Json(HealthHistory {
         agent: name,
         sample_interval_ms: u64::try_from(state.settings.health_samples.interval.as_millis())

@@ -53,12 +53,7 @@ pub async fn list(
         Some(i64::from(limit) + 1),
     )
     .await?;
-    let next = if page.len() > limit as usize {
-        page.truncate(limit as usize);
-        page.last().map(|a| a.name.clone())
-    } else {
-        None
-    };
+    let next = super::next_page(&mut page, limit, |a| a.name.clone());
     Ok(Json(AgentList { agents: page, next }))
 }
 

@@ -70,12 +70,7 @@ pub async fn list(
         }
     }
     let mut page = datasets::page(&state.db, after, i64::from(limit) + 1).await?;
-    let next = if page.len() > limit as usize {
-        page.truncate(limit as usize);
-        page.last().map(|d| d.name.clone())
-    } else {
-        None
-    };
+    let next = super::next_page(&mut page, limit, |d| d.name.clone());
     Ok(Json(DatasetList {
         datasets: page.into_iter().map(DatasetView::from).collect(),
         next,

@@ -247,6 +247,20 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     ApiError::MethodNotAllowed(format!("`{}` does not take {method}", uri.path()))
 }
 
+/// A list read with one row more than `limit` asked for: cut to `limit`,
+/// and the next page's cursor (`key` of its last row) if there was more.
+pub(crate) fn next_page<T, K>(
+    rows: &mut Vec<T>,
+    limit: u32,
+    key: impl FnOnce(&T) -> K,
+) -> Option<K> {
+    if rows.len() <= limit as usize {
+        return None;
+    }
+    rows.truncate(limit as usize);
+    rows.last().map(key)
+}
+
 pub(crate) fn created<T: serde::Serialize>(body: T) -> (StatusCode, axum::Json<T>) {
     (StatusCode::CREATED, axum::Json(body))
 }

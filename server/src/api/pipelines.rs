@@ -131,12 +131,7 @@ pub async fn list(
     let limit = q.limit.unwrap_or(100).clamp(1, MAX_PIPELINE_PAGE);
     // One more than asked: whether there is a next page.
     let mut runs = read::list(&state.db, own, q.before, limit + 1).await?;
-    let next = if runs.len() > limit as usize {
-        runs.truncate(limit as usize);
-        runs.last().map(|r| r.id)
-    } else {
-        None
-    };
+    let next = super::next_page(&mut runs, limit, |r| r.id);
     Ok(Json(PipelineList { runs, next }))
 }
 

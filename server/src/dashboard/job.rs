@@ -517,11 +517,7 @@ pub async fn retry(
     if let Err(refused) = visible(&state, &who, id).await? {
         return Ok(refused);
     }
-    // An open dashboard has no token: its retries belong to admins.
-    let (owner, submitter, cap) = match &who.caller {
-        Some(c) => (Some(c.token_id), c.submitter(), state.waiting_cap(c.role)),
-        None => (None, "dashboard".to_string(), None),
-    };
+    let (owner, submitter, cap) = who.submitting(&state);
     let new = crate::queue::retry::requeue(&state.db, id, owner, submitter, cap).await?;
     Ok(Redirect::to(&format!("/ui/jobs/{new}")).into_response())
 }

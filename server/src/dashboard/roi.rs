@@ -368,11 +368,7 @@ pub async fn again(
         exceed_tile_cap: who.is_admin(),
     };
     let valid = crate::tiles::plan::ValidRoi::try_from(request)?;
-    // An open dashboard has no token: its submissions belong to admins.
-    let (owner, submitter, cap) = match &who.caller {
-        Some(c) => (Some(c.token_id), c.submitter(), state.waiting_cap(c.role)),
-        None => (None, "dashboard".to_string(), None),
-    };
+    let (owner, submitter, cap) = who.submitting(&state);
     let made = crate::api::rois::submit_valid(&state, &valid, &submitter, owner, cap).await?;
     tracing::info!(roi = %made.id, from = %id, "ROI submitted again from the dashboard");
     Ok(Redirect::to(&format!("/ui/rois/{}", made.id)).into_response())

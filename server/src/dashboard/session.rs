@@ -118,6 +118,23 @@ impl Who {
         }
     }
 
+    /// Who what this viewer submits belongs to, and how it is counted:
+    /// (owner token, submitter, waiting cap). An open dashboard has no
+    /// token: its submissions belong to admins.
+    pub fn submitting<'s>(
+        &self,
+        state: &'s AppState,
+    ) -> (
+        Option<Uuid>,
+        String,
+        Option<crate::queue::submit::WaitingCap<'s>>,
+    ) {
+        match &self.caller {
+            Some(c) => (Some(c.token_id), c.submitter(), state.waiting_cap(c.role)),
+            None => (None, "dashboard".to_string(), None),
+        }
+    }
+
     /// Whether this viewer may see and act on a job of `owner`: as the
     /// API has it, an admin all jobs, a client its own.
     pub fn may_see(&self, owner: Option<Uuid>) -> bool {

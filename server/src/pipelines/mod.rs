@@ -342,7 +342,7 @@ pub async fn cancel_item(db: &PgPool, id: Uuid, item: &str) -> Result<RunCancel,
         .await?;
     let mut jobs = 0;
     if let Some(job) = job {
-        if cancel::cancel_in(&mut tx, job).await? {
+        if cancel::cancel_in(&mut tx, job).await?.is_some() {
             jobs = 1;
         }
     }

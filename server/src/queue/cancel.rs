@@ -35,16 +35,8 @@ pub enum Cancelled {
 }
 
 pub async fn cancel(db: &PgPool, id: Uuid) -> Result<Cancelled, sqlx::Error> {
-    let row: Option<(String,)> = sqlx::query_as(cancel_where!("id = $1"))
-        .bind(id)
-        .fetch_optional(db)
-        .await?;
-    if let Some((state,)) = row {
-        return Ok(if state == "cancelled" {
-            Cancelled::Now
-        } else {
-            Cancelled::Requested
-        });
+    if let Some(done) = cancel_in(&mut *db.acquire().await?, id).await? {
+        return Ok(done);
     }
     let state: Option<String> = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1")
         .bind(id)
@@ -77,12 +69,22 @@ pub async fn cancel_run_jobs(conn: &mut PgConnection, run: Uuid) -> Result<u64, 
     Ok(rows.len() as u64)
 }
 
-/// [`cancel`] of one job inside the caller's transaction: whether it was
-/// cancelled now or asked to stop (false: it had already ended).
-pub async fn cancel_in(conn: &mut PgConnection, id: Uuid) -> Result<bool, sqlx::Error> {
-    let row: Option<String> = sqlx::query_scalar(cancel_where!("id = $1"))
+/// [`cancel`] of one job on the caller's connection (its transaction, if
+/// any): `Now` or `Requested`, or `None` if it had already ended or is not
+/// there.
+pub async fn cancel_in(
+    conn: &mut PgConnection,
+    id: Uuid,
+) -> Result<Option<Cancelled>, sqlx::Error> {
+    let state: Option<String> = sqlx::query_scalar(cancel_where!("id = $1"))
         .bind(id)
         .fetch_optional(conn)
         .await?;
-    Ok(row.is_some())
+    Ok(state.map(|s| {
+        if s == "cancelled" {
+            Cancelled::Now
+        } else {
+            Cancelled::Requested
+        }
+    }))
 }

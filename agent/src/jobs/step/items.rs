@@ -1,6 +1,6 @@
 //! A listing's stdout as item ids: one a line, checked as the line arrives.
 
-use flotilla_core::pipeline::items::{id_problem, json_bytes};
+use flotilla_core::pipeline::items::{id_problem, ListSize};
 pub use flotilla_core::pipeline::items::{MAX_ID_BYTES, MAX_ITEMS, MAX_LIST_JSON_BYTES};
 
 /// Why a listing's line is not an item id.
@@ -28,8 +28,8 @@ pub enum ItemError {
 pub struct Items {
     items: Vec<String>,
     lines: usize,
-    /// What `items` takes as a JSON list, less its brackets.
-    json_bytes: usize,
+    /// What `items` takes in the report.
+    size: ListSize,
 }
 
 impl Items {
@@ -52,8 +52,7 @@ impl Items {
         if self.items.len() == MAX_ITEMS {
             return Err(ItemError::TooMany);
         }
-        self.json_bytes += json_bytes(id);
-        if self.json_bytes > MAX_LIST_JSON_BYTES {
+        if !self.size.add(id) {
             return Err(ItemError::TooLarge { line: self.lines });
         }
         self.items.push(id.to_string());
@@ -113,7 +112,7 @@ mod tests {
         let mut items = Items {
             items: vec![String::new(); MAX_ITEMS],
             lines: MAX_ITEMS,
-            json_bytes: 0,
+            size: ListSize::default(),
         };
         assert_eq!(items.push_line("one more"), Err(ItemError::TooMany));
     }
@@ -125,7 +124,7 @@ mod tests {
     fn more_than_a_report_carries_fails_naming_the_limit() {
         let id = "x".repeat(200);
         let mut items = Items::default();
-        let fit = MAX_LIST_JSON_BYTES / json_bytes(&id);
+        let fit = MAX_LIST_JSON_BYTES / flotilla_core::pipeline::items::json_bytes(&id);
         for _ in 0..fit {
             items.push_line(&id).unwrap();
         }

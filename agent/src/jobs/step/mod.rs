@@ -230,7 +230,7 @@ mod unix {
             )
         })?;
         let mut exist = Vec::new();
-        let mut exist_bytes = 0;
+        let mut exist_size = flotilla_core::pipeline::items::ListSize::default();
         let io = Io {
             stdin: Some(file),
             stdout: None,
@@ -244,8 +244,7 @@ mod unix {
             timeout,
             |line| {
                 // The report carries the list whole (see `Items`).
-                exist_bytes += flotilla_core::pipeline::items::json_bytes(line);
-                if exist_bytes > items::MAX_LIST_JSON_BYTES {
+                if !exist_size.add(line) {
                     return Err(format!(
                         "the outputs found take more than {} MiB as the report carries them \
                          ({} so far); run the rest of this file as a new run in another \
