@@ -28,6 +28,7 @@ mod openapi;
 mod ownership;
 mod pipelines;
 mod pipelines_edges;
+mod pipelines_engine;
 mod pipelines_ssh;
 mod prometheus;
 mod queue_policy;

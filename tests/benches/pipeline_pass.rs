@@ -1,0 +1,145 @@
+//! One engine pass against how many items wait: the same pipeline run
+//! with few items (the peer) and with many, each advanced by
+//! `pipelines::engine::advance` against its own database of the shared
+//! cluster, with no server and no agent: between passes the bench ends
+//! the run's queued step jobs itself (`succeeded`, in SQL), as agents
+//! would, so every pass has items to move on and room to fill.
+//!
+//! The pipeline: `items: seq`, a stage of `jobs 4`, a `limit 2` around a
+//! second stage, and an `either` of two stages of `jobs 2`. At the front
+//! of a run almost every item waits for the first stage, which is what a
+//! pass must not pay for: it prints the median and p90 of the first
+//! PASS_COUNT passes for each size, and their ratio (large / small).
+//!
+//! `cargo test -p flotilla-e2e --bench pipeline_pass` (the test profile),
+//! or `cargo bench -p flotilla-e2e --bench pipeline_pass` (release).
+//! Env: PASS_ITEMS_SMALL (default 500), PASS_ITEMS_LARGE (default 50,000),
+//! PASS_COUNT (default 200).
+
+use std::time::{Duration, Instant};
+
+use flotilla_core::api::pipelines::SubmitPipeline;
+use flotilla_server::pipelines::{self, engine, ValidPipeline};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn source(items: usize) -> String {
+    format!(
+        "host a = agent pa
+items on a: seq 1 {items}
+stage s1 on a jobs 4: true
+limit 2 {{
+    stage s2 on a jobs 4: true
+}}
+either {{
+    stage s3 on a jobs 2: true
+|
+    stage s4 on a jobs 2: true
+}}
+"
+    )
+}
+
+/// A run of `items` items, listed: its listing job ended as an agent's
+/// would have.
+async fn listed_run(db: &PgPool, items: usize) -> Uuid {
+    let valid = ValidPipeline::try_from(SubmitPipeline {
+        name: format!("pass-{items}.pipeline"),
+        source: source(items),
+        priority: 0,
+    })
+    .unwrap_or_else(|_| panic!("the bench's pipeline does not check"));
+    let run = pipelines::submit(db, valid, "bench", None, None)
+        .await
+        .expect("submitting")
+        .unwrap_or_else(|e| panic!("not submitted: {e:?}"));
+    let list: Vec<String> = (1..=items).map(|i| i.to_string()).collect();
+    sqlx::query(
+        "UPDATE jobs SET state = 'succeeded', finished_at = now(), result = $2
+         WHERE id = (SELECT list_job FROM pipeline_runs WHERE id = $1)",
+    )
+    .bind(run)
+    .bind(serde_json::json!({ "items": list }))
+    .execute(db)
+    .await
+    .expect("ending the listing");
+    run
+}
+
+/// Every queued job of the run ends well, as its agent would report.
+async fn end_step_jobs(db: &PgPool, run: Uuid) -> u64 {
+    sqlx::query(
+        "UPDATE jobs SET state = 'succeeded', started_at = now(), finished_at = now()
+         WHERE parent_id = $1 AND state = 'queued'",
+    )
+    .bind(run)
+    .execute(db)
+    .await
+    .expect("ending step jobs")
+    .rows_affected()
+}
+
+struct Passes {
+    items: usize,
+    times: Vec<Duration>,
+    jobs: u64,
+}
+
+async fn passes(items: usize, count: usize) -> Passes {
+    let db = flotilla_e2e::pg::migrated_database().await;
+    let run = listed_run(&db, items).await;
+    // The first pass records the items; it is not one of those timed.
+    engine::advance(&db).await.expect("the listing pass");
+    let mut times = Vec::with_capacity(count);
+    let mut jobs = 0;
+    for _ in 0..count {
+        jobs += end_step_jobs(&db, run).await;
+        let t = Instant::now();
+        engine::advance(&db).await.expect("a pass");
+        times.push(t.elapsed());
+    }
+    db.close().await;
+    Passes { items, times, jobs }
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn main() {
+    let small = env_or("PASS_ITEMS_SMALL", 500);
+    let large = env_or("PASS_ITEMS_LARGE", 50_000);
+    let count = env_or("PASS_COUNT", 200).max(1);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let mut medians = Vec::new();
+    for items in [small, large] {
+        let p = rt.block_on(passes(items, count));
+        let mut sorted = p.times.clone();
+        sorted.sort();
+        let median = quantile(&sorted, 0.5);
+        println!(
+            "{:>7} items: {} passes, {} step jobs ended; pass median {:.2} ms, p90 {:.2} ms, max {:.2} ms",
+            p.items,
+            p.times.len(),
+            p.jobs,
+            median.as_secs_f64() * 1e3,
+            quantile(&sorted, 0.9).as_secs_f64() * 1e3,
+            sorted[sorted.len() - 1].as_secs_f64() * 1e3,
+        );
+        medians.push(median);
+    }
+    println!(
+        "pass median, {large} items / {small} items: {:.2}",
+        medians[1].as_secs_f64() / medians[0].as_secs_f64()
+    );
+}

@@ -1,0 +1,216 @@
+//! The pipeline engine driven pass by pass, with no server and no agent:
+//! the test ends the run's queued jobs itself between passes, as agents
+//! would, some well and some not. A pass reads waiting items a page per
+//! entry point at a time and stops reading an entry point at its first
+//! item without room; it must move items exactly as a pass that tries
+//! every waiting item ([`Reading::Every`]), pass after pass.
+
+use std::collections::BTreeMap;
+
+use flotilla_core::api::pipelines::SubmitPipeline;
+use flotilla_server::pipelines::engine::{advance_reading, Reading};
+use flotilla_server::pipelines::{self, ValidPipeline};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// Every entry point a pass reads: the start, after a stage into a
+/// `limit`, after a limited stage into an `either` whose first branch
+/// starts with a move (items waiting after it count against the branch),
+/// and after either branch into a last stage.
+const SOURCE: &str = "host a = agent pa
+host b = agent pb
+items on a: seq 1 60
+stage s1 on a jobs 3 out /tmp/engine/s1/{id}: true
+limit 2 {
+    stage s2 on a jobs 2 out /tmp/engine/s2/{id}: true
+}
+either {
+    move mx to b:/tmp/engine/x/{id}
+    stage sx on b jobs 1: true
+|
+    stage sy on a jobs 2: true
+}
+stage s5 on a jobs 4: true
+";
+
+const JOBS: [(&str, i64); 5] = [("s1", 3), ("s2", 2), ("sx", 1), ("sy", 2), ("s5", 4)];
+
+async fn listed_run(db: &PgPool) -> Uuid {
+    let valid = ValidPipeline::try_from(SubmitPipeline {
+        name: "engine.pipeline".into(),
+        source: SOURCE.into(),
+        priority: 0,
+    })
+    .unwrap_or_else(|_| panic!("the test's pipeline does not check"));
+    let run = pipelines::submit(db, valid, "engine-test", None, None)
+        .await
+        .expect("submitting")
+        .unwrap_or_else(|e| panic!("not submitted: {e:?}"));
+    let items: Vec<String> = (1..=60).map(|i| i.to_string()).collect();
+    sqlx::query(
+        "UPDATE jobs SET state = 'succeeded', finished_at = now(), result = $2
+         WHERE id = (SELECT list_job FROM pipeline_runs WHERE id = $1)",
+    )
+    .bind(run)
+    .bind(serde_json::json!({ "items": items }))
+    .execute(db)
+    .await
+    .expect("ending the listing");
+    run
+}
+
+/// Ends some of the run's queued jobs, as agents would: in pass `pass`,
+/// those of items whose index + pass is not a multiple of 3, and an `s2`
+/// job of an even item only every fourth pass (so items reach the either
+/// out of list order), an `sy` job only in even passes (so the either's
+/// second branch is often full); an `s2` job of every 13th item fails. Each ended job stores a sent tar, which a
+/// move's send needs and the other steps ignore.
+async fn end_some(db: &PgPool, run: Uuid, pass: i32) {
+    sqlx::query(
+        "UPDATE jobs j SET finished_at = now(),
+             state = CASE WHEN j.spec->>'step' = 's2' AND i.idx % 13 = 5 THEN 'failed' ELSE 'succeeded' END,
+             error = CASE WHEN j.spec->>'step' = 's2' AND i.idx % 13 = 5 THEN 'it broke' END
+         FROM pipeline_items i
+         WHERE i.run_id = $1 AND i.job_id = j.id AND j.state = 'queued' AND (i.idx + $2) % 3 <> 0
+           AND NOT (j.spec->>'step' = 's2' AND i.idx % 2 = 0 AND $2 % 4 <> 0)
+           AND NOT (j.spec->>'step' = 'sy' AND $2 % 2 <> 0)",
+    )
+    .bind(run)
+    .bind(pass)
+    .execute(db)
+    .await
+    .expect("ending jobs");
+    sqlx::query(
+        "INSERT INTO job_outputs (job_id, attempt, name, key, size, sha256)
+         SELECT id, attempt, 'move.tar', 'k/' || id, 10, 'ab' FROM jobs
+         WHERE parent_id = $1 AND state = 'succeeded'
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(run)
+    .execute(db)
+    .await
+    .expect("storing sent tars");
+}
+
+/// Where each item is after a pass: (state, step, phase) by index.
+type Snapshot = Vec<(i32, String, Option<i32>, i16)>;
+
+async fn snapshot(db: &PgPool, run: Uuid) -> Snapshot {
+    sqlx::query_as(
+        "SELECT idx, state, node, phase FROM pipeline_items WHERE run_id = $1 ORDER BY idx",
+    )
+    .bind(run)
+    .fetch_all(db)
+    .await
+    .expect("reading the items")
+}
+
+/// Never more items in a step than its `jobs`, nor inside the limit than 2.
+async fn assert_room_kept(db: &PgPool, run: Uuid, pass: usize) {
+    let busy: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT j.spec->>'step', count(*) FROM pipeline_items i JOIN jobs j ON j.id = i.job_id
+         WHERE i.run_id = $1 AND i.state = 'active' GROUP BY 1",
+    )
+    .bind(run)
+    .fetch_all(db)
+    .await
+    .expect("counting busy steps");
+    let busy: BTreeMap<String, i64> = busy.into_iter().collect();
+    for (step, jobs) in JOBS {
+        let n = busy.get(step).copied().unwrap_or(0);
+        assert!(
+            n <= jobs,
+            "pass {pass}: {n} items in {step}, which has jobs {jobs}"
+        );
+    }
+    let inside: i64 = sqlx::query_scalar("SELECT count(*) FROM pipeline_gates WHERE run_id = $1")
+        .bind(run)
+        .fetch_one(db)
+        .await
+        .expect("counting the gate");
+    assert!(inside <= 2, "pass {pass}: {inside} items inside `limit 2`");
+    // The either's first branch has room for one item from its move to the
+    // end of its stage, waiting after the move included (`mx` is step 2).
+    let branch: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pipeline_items i LEFT JOIN jobs j ON j.id = i.job_id
+         WHERE i.run_id = $1
+           AND ((i.state = 'active' AND j.spec->>'step' IN ('mx', 'sx'))
+                OR (i.state = 'waiting' AND i.at = 2))",
+    )
+    .bind(run)
+    .fetch_one(db)
+    .await
+    .expect("counting the branch");
+    assert!(
+        branch <= 1,
+        "pass {pass}: {branch} items in the branch of mx and sx"
+    );
+}
+
+/// Every pass's snapshot until the run ends, and how it ended.
+async fn history(reading: Reading) -> (Vec<Snapshot>, String, Option<String>) {
+    let db = flotilla_e2e::pg::migrated_database().await;
+    let run = listed_run(&db).await;
+    let mut passes = Vec::new();
+    for pass in 0..400 {
+        advance_reading(&db, reading).await.expect("a pass");
+        assert_room_kept(&db, run, pass).await;
+        passes.push(snapshot(&db, run).await);
+        let (state, error): (String, Option<String>) =
+            sqlx::query_as("SELECT state, error FROM pipeline_runs WHERE id = $1")
+                .bind(run)
+                .fetch_one(&db)
+                .await
+                .expect("reading the run");
+        if state == "probing" {
+            // Outputs of an earlier run of the file looked for: none.
+            sqlx::query(
+                "UPDATE jobs SET state = 'succeeded', finished_at = now(), result = '{\"exist\": []}'
+                 WHERE id = ANY (SELECT unnest(probe_jobs) FROM pipeline_runs WHERE id = $1)",
+            )
+            .bind(run)
+            .execute(&db)
+            .await
+            .expect("ending the probes");
+            continue;
+        }
+        if state != "running" {
+            db.close().await;
+            return (passes, state, error);
+        }
+        end_some(&db, run, pass as i32).await;
+    }
+    panic!("{reading:?}: the run had not ended after 400 passes");
+}
+
+#[tokio::test]
+async fn a_paged_pass_moves_items_as_one_that_reads_them_all() {
+    let (every, state, error) = history(Reading::Every).await;
+    // The run went through every step: 5 of its 60 items failed in s2.
+    assert_eq!(state, "failed");
+    assert_eq!(error.as_deref(), Some("5 of 60 items failed"));
+    let last = every.last().expect("a pass");
+    let done = last.iter().filter(|r| r.1 == "done").count();
+    assert_eq!(done, 55, "{last:?}");
+    // Items took both branches of the either.
+    let took: BTreeMap<Option<i32>, usize> =
+        every.iter().flatten().fold(BTreeMap::new(), |mut m, r| {
+            if r.1 == "active" {
+                *m.entry(r.2).or_default() += 1;
+            }
+            m
+        });
+    assert!(took.len() >= 6, "steps items were seen in: {took:?}");
+    for page in [1, 2, 5, 64] {
+        let (paged, paged_state, _) = history(Reading::Paged(page)).await;
+        assert_eq!(paged_state, state, "Paged({page})");
+        for (pass, (a, b)) in every.iter().zip(&paged).enumerate() {
+            let differ: Vec<_> = a.iter().zip(b).filter(|(x, y)| x != y).collect();
+            assert!(
+                differ.is_empty(),
+                "Paged({page}) differs from Every after pass {pass}, (every, paged): {differ:?}"
+            );
+        }
+        assert_eq!(paged.len(), every.len(), "Paged({page}): passes to the end");
+    }
+}
