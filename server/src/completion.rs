@@ -87,7 +87,7 @@ pub async fn fail(state: &AppState, key: LeaseKey, f: &Fail) -> Result<AttemptEn
 fn after_end(state: &AppState, ended: &AttemptEnd) {
     let run_may_advance =
         matches!(ended.kind, JobKind::Revdeps | JobKind::Step) && ended.state != JobState::Retrying;
-    if run_may_advance {
-        state.parents_signal.notify_one();
+    if let (true, Some(parent)) = (run_may_advance, ended.parent) {
+        state.parents_signal.wake(parent);
     }
 }

@@ -1,47 +1,103 @@
 //! The one loop that advances parents when their children end (revdeps
-//! runs and pipeline runs): a pass runs at once when a child
-//! ended on this server (`AppState::parents_signal`, woken by
-//! [`crate::completion`]), and every `interval` for children that ended
-//! elsewhere — on another server, by the reaper, or by a cancel. Every pass
-//! is guarded by the parents' states in SQL, so any number of servers may
-//! run this loop over one database: it is per-process and harmless.
+//! runs and pipeline runs): a pass runs at once for the parents whose
+//! child ended on this server, or that a request here changed
+//! (`AppState::parents_signal`, woken by [`crate::completion`] and the
+//! cancels), and a pass over every open parent at least every `interval`
+//! for children that ended elsewhere: on another server, by the reaper.
+//! Every pass is guarded by the parents' states in SQL, so any number of
+//! servers may run this loop over one database: it is per-process and
+//! harmless.
 
+use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
-/// Runs `pass` whenever `wake` is notified and at least every `interval`,
-/// until `shutdown`. A failed pass is logged and retried at the next turn.
+/// The parents a pass looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parents {
+    /// Every open one.
+    All,
+    /// These, woken here. A pass of every open pipeline run per ended
+    /// child cost each completion a pass of every other open run too.
+    These(Vec<Uuid>),
+}
+
+/// Wake-ups for the coordinator: which parents, and one permit so that
+/// a wake-up during a pass is not missed.
+#[derive(Debug, Default)]
+pub struct ParentWakeups {
+    notify: Notify,
+    woken: Mutex<BTreeSet<Uuid>>,
+}
+
+impl ParentWakeups {
+    /// Parent `id` may advance: a pass looks at it at once.
+    pub fn wake(&self, id: Uuid) {
+        self.woken
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(id);
+        self.notify.notify_one();
+    }
+
+    fn take(&self) -> Vec<Uuid> {
+        std::mem::take(
+            &mut *self
+                .woken
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+        .into_iter()
+        .collect()
+    }
+}
+
+/// Runs `pass` for the parents woken whenever `wake` is woken, and for
+/// all of them at least every `interval` (woken or not), until
+/// `shutdown`. A failed pass is logged and retried at the next turn.
 pub async fn run<F, Fut>(
     mut pass: F,
-    wake: Arc<Notify>,
+    wake: Arc<ParentWakeups>,
     interval: Duration,
     shutdown: CancellationToken,
 ) where
-    F: FnMut() -> Fut,
+    F: FnMut(Parents) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
+    let mut last_all = Instant::now();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             // `notify_one` keeps a permit when nobody waits, so a child that
             // ended during the previous pass is not missed.
-            _ = wake.notified() => {}
-            _ = tokio::time::sleep(interval) => {}
+            _ = wake.notify.notified() => {}
+            _ = tokio::time::sleep_until(last_all + interval) => {}
         }
-        if let Err(e) = pass().await {
+        // Every parent once an interval, however often wake-ups come.
+        let parents = if last_all.elapsed() >= interval {
+            last_all = Instant::now();
+            wake.take();
+            Parents::All
+        } else {
+            Parents::These(wake.take())
+        };
+        if let Err(e) = pass(parents).await {
             tracing::warn!(error = %e, "coordinator pass failed; will retry");
         }
     }
 }
 
-/// Every parent kind's pass, in turn.
-pub async fn advance_all(db: &sqlx::PgPool) -> anyhow::Result<()> {
+/// Every parent kind's pass, in turn. Revdeps runs are few and each pass
+/// looks at all of them.
+pub async fn advance_all(db: &sqlx::PgPool, parents: &Parents) -> anyhow::Result<()> {
     let revdeps = crate::revdeps::coordinator::advance(db).await;
-    let pipelines = crate::pipelines::engine::advance(db).await;
+    let pipelines = crate::pipelines::engine::advance(db, parents).await;
     revdeps.and(pipelines)
 }
 
@@ -52,21 +108,17 @@ mod tests {
     use super::*;
 
     /// Starts the loop with a pass that counts its calls (and fails every
-    /// other one), on tokio's paused clock.
-    fn start(
-        interval: Duration,
-    ) -> (
-        Arc<AtomicUsize>,
-        Arc<Notify>,
-        CancellationToken,
-        tokio::task::JoinHandle<()>,
-    ) {
+    /// other one) and keeps what each was for, on tokio's paused clock.
+    fn start(interval: Duration) -> Loop {
         let passes = Arc::new(AtomicUsize::new(0));
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(ParentWakeups::default());
         let shutdown = CancellationToken::new();
         let counted = passes.clone();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let kept = seen.clone();
         let task = tokio::spawn(run(
-            move || {
+            move |parents| {
+                kept.lock().unwrap().push(parents);
                 let n = counted.fetch_add(1, Ordering::SeqCst);
                 // `n % 2`, not `is_multiple_of` (Rust 1.87; we allow 1.85).
                 #[allow(clippy::manual_is_multiple_of)]
@@ -80,7 +132,23 @@ mod tests {
             interval,
             shutdown.clone(),
         ));
-        (passes, wake, shutdown, task)
+        Loop {
+            passes,
+            wake,
+            shutdown,
+            task,
+            seen,
+        }
+    }
+
+    /// A started loop: its passes' count, its wake-ups, its shutdown, its
+    /// task, and what each pass was for.
+    struct Loop {
+        passes: Arc<AtomicUsize>,
+        wake: Arc<ParentWakeups>,
+        shutdown: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+        seen: Arc<Mutex<Vec<Parents>>>,
     }
 
     /// Lets the spawned loop run until it waits again.
@@ -92,7 +160,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn passes_run_once_per_interval_and_survive_errors() {
-        let (passes, _wake, shutdown, task) = start(Duration::from_secs(2));
+        let Loop {
+            passes,
+            shutdown,
+            task,
+            seen,
+            ..
+        } = start(Duration::from_secs(2));
         settle().await;
         assert_eq!(
             passes.load(Ordering::SeqCst),
@@ -111,15 +185,23 @@ mod tests {
                 "one pass per interval, failed passes included"
             );
         }
+        assert!(seen.lock().unwrap().iter().all(|p| *p == Parents::All));
         shutdown.cancel();
         task.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_wake_up_runs_a_pass_at_once_and_one_during_a_pass_is_kept() {
-        let (passes, wake, shutdown, task) = start(Duration::from_secs(3600));
+        let Loop {
+            passes,
+            wake,
+            shutdown,
+            task,
+            seen,
+        } = start(Duration::from_secs(3600));
         settle().await;
-        wake.notify_one();
+        let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        wake.wake(a);
         settle().await;
         assert_eq!(
             passes.load(Ordering::SeqCst),
@@ -130,20 +212,67 @@ mod tests {
         // come before it waits again (as during a pass) are kept as one
         // permit: exactly one more pass, so nothing that ended is missed
         // and bursts do not pile up.
-        wake.notify_one();
-        wake.notify_one();
-        wake.notify_one();
+        wake.wake(b);
+        wake.wake(c);
+        wake.wake(b);
         settle().await;
         assert_eq!(passes.load(Ordering::SeqCst), 3);
         settle().await;
         assert_eq!(passes.load(Ordering::SeqCst), 3, "no pass without a reason");
+        let seen = seen.lock().unwrap().clone();
+        let mut bc = vec![b, c];
+        bc.sort();
+        // Each pass for the parents woken before it, each once.
+        assert_eq!(seen[0], Parents::These(vec![a]));
+        let later: Vec<Uuid> = seen[1..]
+            .iter()
+            .flat_map(|p| match p {
+                Parents::These(ids) => ids.clone(),
+                Parents::All => panic!("a pass of every parent within the hour: {seen:?}"),
+            })
+            .collect();
+        assert_eq!(later, bc, "{seen:?}");
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_parent_is_looked_at_each_interval_under_constant_wake_ups() {
+        let Loop {
+            wake,
+            shutdown,
+            task,
+            seen,
+            ..
+        } = start(Duration::from_secs(2));
+        settle().await;
+        // A child ends here every 100 ms for 10 s: before, each wake-up
+        // restarted the interval's sleep, and every pass was for all.
+        for _ in 0..100 {
+            wake.wake(Uuid::new_v4());
+            settle().await;
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+        settle().await;
+        let seen = seen.lock().unwrap().clone();
+        let all = seen.iter().filter(|p| **p == Parents::All).count();
+        assert!(
+            (4..=6).contains(&all),
+            "{all} passes of every parent in 10 s"
+        );
+        assert!(seen.len() >= 90, "{} passes", seen.len());
         shutdown.cancel();
         task.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
     async fn shutdown_stops_the_loop_between_passes() {
-        let (passes, _wake, shutdown, task) = start(Duration::from_secs(1));
+        let Loop {
+            passes,
+            shutdown,
+            task,
+            ..
+        } = start(Duration::from_secs(1));
         tokio::time::advance(Duration::from_millis(1500)).await;
         settle().await;
         shutdown.cancel();

@@ -160,7 +160,7 @@ pub async fn run(
         db: db.clone(),
         store,
         job_signal: Arc::new(Notify::new()),
-        parents_signal: Arc::new(Notify::new()),
+        parents_signal: Arc::new(crate::coordinator::ParentWakeups::default()),
         settings: Arc::new(settings),
         shutdown: shutdown.clone(),
         auth_cache: Arc::default(),
@@ -192,9 +192,9 @@ pub async fn run(
     ));
     let coordinator_db = db.clone();
     tasks.spawn(crate::coordinator::run(
-        move || {
+        move |parents| {
             let db = coordinator_db.clone();
-            async move { crate::coordinator::advance_all(&db).await }
+            async move { crate::coordinator::advance_all(&db, &parents).await }
         },
         state.parents_signal.clone(),
         state.settings.coordinator_interval,

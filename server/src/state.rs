@@ -17,9 +17,10 @@ pub struct AppState {
     /// Woken (all waiters) when jobs may have become claimable: a NOTIFY
     /// from any server instance, or an agent resumed here.
     pub job_signal: Arc<Notify>,
-    /// Woken (one permit) when a child job ended here, so the coordinator
-    /// advances its parent at once ([`crate::coordinator`]).
-    pub parents_signal: Arc<Notify>,
+    /// Woken with a parent's id when a child job of it ended here (or a
+    /// request changed it), so the coordinator advances it at once
+    /// ([`crate::coordinator`]).
+    pub parents_signal: Arc<crate::coordinator::ParentWakeups>,
     pub settings: Arc<Settings>,
     pub shutdown: CancellationToken,
     pub auth_cache: Arc<crate::auth::AuthCache>,

@@ -11,14 +11,21 @@
 //! pass must not pay for: it prints the median and p90 of the first
 //! PASS_COUNT passes for each size, and their ratio (large / small).
 //!
+//! Then what a completion's pass costs beside other open runs: PASS_RUNS
+//! runs of 500 items, one of them busy, the others with their first
+//! stage full and nothing ended; the busy run advanced by a pass of every
+//! open run (`Parents::All`, as every completion's pass was before) and by
+//! a pass of its own (`Parents::These`, as a completion's pass is now).
+//!
 //! `cargo test -p flotilla-e2e --bench pipeline_pass` (the test profile),
 //! or `cargo bench -p flotilla-e2e --bench pipeline_pass` (release).
 //! Env: PASS_ITEMS_SMALL (default 500), PASS_ITEMS_LARGE (default 50,000),
-//! PASS_COUNT (default 200).
+//! PASS_COUNT (default 200), PASS_RUNS (default 50).
 
 use std::time::{Duration, Instant};
 
 use flotilla_core::api::pipelines::SubmitPipeline;
+use flotilla_server::coordinator::Parents;
 use flotilla_server::pipelines::{self, engine, ValidPipeline};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -50,9 +57,14 @@ either {{
 /// A run of `items` items, listed: its listing job ended as an agent's
 /// would have.
 async fn listed_run(db: &PgPool, items: usize) -> Uuid {
+    listed_run_named(db, items, &format!("pass-{items}.pipeline")).await
+}
+
+async fn listed_run_named(db: &PgPool, items: usize, name: &str) -> Uuid {
     let valid = ValidPipeline::try_from(SubmitPipeline {
-        name: format!("pass-{items}.pipeline"),
-        source: source(items),
+        name: name.to_string(),
+        // One open run per file: each run a file of its own.
+        source: format!("# {name}\n{}", source(items)),
         priority: 0,
     })
     .unwrap_or_else(|_| panic!("the bench's pipeline does not check"));
@@ -96,17 +108,52 @@ async fn passes(items: usize, count: usize) -> Passes {
     let db = flotilla_e2e::pg::migrated_database().await;
     let run = listed_run(&db, items).await;
     // The first pass records the items; it is not one of those timed.
-    engine::advance(&db).await.expect("the listing pass");
+    engine::advance(&db, &Parents::All)
+        .await
+        .expect("the listing pass");
     let mut times = Vec::with_capacity(count);
     let mut jobs = 0;
     for _ in 0..count {
         jobs += end_step_jobs(&db, run).await;
         let t = Instant::now();
-        engine::advance(&db).await.expect("a pass");
+        engine::advance(&db, &Parents::All).await.expect("a pass");
         times.push(t.elapsed());
     }
     db.close().await;
     Passes { items, times, jobs }
+}
+
+/// The median pass that advances the busy one of `runs` open runs, by
+/// `parents` (`None`: that run alone).
+async fn among_runs(runs: usize, count: usize, all: bool) -> Duration {
+    let db = flotilla_e2e::pg::migrated_database().await;
+    let mut ids = Vec::new();
+    for r in 0..runs {
+        ids.push(listed_run_named(&db, 500, &format!("run-{r}.pipeline")).await);
+    }
+    // Every run listed, its first stage filled: the idle ones stay so.
+    engine::advance(&db, &Parents::All)
+        .await
+        .expect("the listing pass");
+    engine::advance(&db, &Parents::All)
+        .await
+        .expect("the first pass");
+    let busy = ids[0];
+    let parents = if all {
+        Parents::All
+    } else {
+        Parents::These(vec![busy])
+    };
+    let mut times = Vec::with_capacity(count);
+    for _ in 0..count {
+        end_step_jobs(&db, busy).await;
+        let t = Instant::now();
+        engine::advance(&db, &parents).await.expect("a pass");
+        times.push(t.elapsed());
+    }
+    db.close().await;
+    times.sort();
+    quantile(&times, 0.5)
 }
 
 fn quantile(sorted: &[Duration], q: f64) -> Duration {
@@ -141,5 +188,15 @@ fn main() {
     println!(
         "pass median, {large} items / {small} items: {:.2}",
         medians[1].as_secs_f64() / medians[0].as_secs_f64()
+    );
+    let runs = env_or("PASS_RUNS", 50).max(1);
+    let count = count.min(100);
+    let all = rt.block_on(among_runs(runs, count, true));
+    let own = rt.block_on(among_runs(runs, count, false));
+    println!(
+        "{runs} open runs, one busy, {count} passes: every run's pass median {:.2} ms, its own {:.2} ms; ratio {:.2}",
+        all.as_secs_f64() * 1e3,
+        own.as_secs_f64() * 1e3,
+        all.as_secs_f64() / own.as_secs_f64()
     );
 }

@@ -87,7 +87,7 @@ pub async fn submit(
             )))
         }
     };
-    state.parents_signal.notify_one();
+    state.parents_signal.wake(id);
     Ok(created(Created { id }))
 }
 
@@ -188,7 +188,7 @@ pub async fn cancel(
     let id = parse_id(&id, "a pipeline run")?;
     check_owner(&state, &caller, id).await?;
     let done = pipelines::cancel(&state.db, id).await?;
-    state.parents_signal.notify_one();
+    state.parents_signal.wake(id);
     cancel_reply(id, done, None)
 }
 
@@ -215,7 +215,7 @@ pub async fn cancel_item(
     let id = parse_id(&id, "a pipeline run")?;
     check_owner(&state, &caller, id).await?;
     let done = pipelines::cancel_item(&state.db, id, &item).await?;
-    state.parents_signal.notify_one();
+    state.parents_signal.wake(id);
     cancel_reply(id, done, Some(&item))
 }
 

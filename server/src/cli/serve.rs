@@ -106,6 +106,12 @@ pub struct ServeArgs {
     /// keeps every job.
     #[arg(long, env = "FLOTILLA_RETENTION", default_value = "30d", value_parser = parse_retention)]
     pub retention: Duration,
+    /// How often every open pipeline and revdeps run is looked at for
+    /// children that ended on another server or by the reaper (one whose
+    /// child ends on this server, or that a request here changed, is
+    /// looked at once it does). E.g. 500ms, 5s.
+    #[arg(long, env = "FLOTILLA_COORDINATOR_INTERVAL", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub coordinator_interval: Duration,
     /// How often finished jobs past --retention are archived.
     #[arg(long, env = "FLOTILLA_RETENTION_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
     pub retention_interval: Duration,
@@ -213,6 +219,7 @@ impl ServeArgs {
         };
         s.max_waiting_per_submitter =
             (self.max_waiting_per_submitter > 0).then_some(self.max_waiting_per_submitter);
+        s.coordinator_interval = self.coordinator_interval.max(Duration::from_millis(10));
         s.live_streams = StreamLimits {
             per_token: (self.max_streams_per_token > 0).then_some(self.max_streams_per_token),
             total: match self.max_streams {

@@ -230,7 +230,7 @@ pub async fn cancel(
         | crate::pipelines::RunCancel::AlreadyFinal(_) => {}
     }
     // As the API's cancel: the engine looks at the run now.
-    state.parents_signal.notify_one();
+    state.parents_signal.wake(id);
     tracing::info!(run = %id, "pipeline run cancelled from the dashboard");
     Ok(axum::response::Redirect::to(&format!("/ui/pipelines/{id}")).into_response())
 }

@@ -29,6 +29,7 @@ use uuid::Uuid;
 use super::jobs::{phases, ItemPlace, RunJobs};
 use super::resume;
 use super::Location;
+use crate::coordinator::Parents;
 use crate::queue::submit::submit_in;
 
 /// How many waiting items of one entry point a pass reads at a time. A
@@ -36,18 +37,30 @@ use crate::queue::submit::submit_in;
 /// waiting item to find them cost 136 ms a pass at 50,000 items.
 pub const WAITING_PAGE: i64 = 64;
 
-/// One pass over every open run. A run that cannot be advanced for a
-/// reason other than the database fails with the reason, never blocking
-/// the others.
-pub async fn advance(db: &PgPool) -> anyhow::Result<()> {
-    advance_reading(db, Reading::Paged(WAITING_PAGE)).await
+/// One pass over the open runs of `parents`. A run that cannot be
+/// advanced for a reason other than the database fails with the reason,
+/// never blocking the others.
+pub async fn advance(db: &PgPool, parents: &Parents) -> anyhow::Result<()> {
+    advance_reading(db, parents, Reading::Paged(WAITING_PAGE)).await
 }
 
 /// [`advance`], reading waiting items as `reading` says.
-pub async fn advance_reading(db: &PgPool, reading: Reading) -> anyhow::Result<()> {
+pub async fn advance_reading(
+    db: &PgPool,
+    parents: &Parents,
+    reading: Reading,
+) -> anyhow::Result<()> {
+    let these = match parents {
+        Parents::All => None,
+        Parents::These(ids) if ids.is_empty() => return Ok(()),
+        Parents::These(ids) => Some(ids),
+    };
     let runs: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM pipeline_runs WHERE state IN ('listing', 'probing', 'running') ORDER BY created_at",
+        "SELECT id FROM pipeline_runs
+         WHERE state IN ('listing', 'probing', 'running') AND ($1::uuid[] IS NULL OR id = ANY ($1))
+         ORDER BY created_at",
     )
+    .bind(these)
     .fetch_all(db)
     .await?;
     for run in runs {

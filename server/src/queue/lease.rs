@@ -32,10 +32,12 @@ pub struct AttemptEnd {
     pub kind: JobKind,
     /// A tile job's spec (only tile jobs need theirs at completion).
     pub tile: Option<TileJob>,
+    /// The job that made it (a revdeps run, a pipeline run, an ROI).
+    pub parent: Option<Uuid>,
 }
 
 /// The columns a finishing statement returns for [`AttemptEnd`].
-type EndRow = (i32, String, String, Option<serde_json::Value>);
+type EndRow = (i32, String, String, Option<serde_json::Value>, Option<Uuid>);
 
 /// The attempt a step job gets back for an interruption (its agent shut
 /// down, restarted or went silent), as a select-list item `n` over `jobs`:
@@ -56,10 +58,10 @@ pub(crate) fn given_back(condition: &str) -> String {
 /// What the finishing `UPDATE jobs` returns: the spec only for tiles (a
 /// revdeps shard's spec holds thousands of candidates).
 const END_RETURNING: &str =
-    "RETURNING id, attempt, state, kind, CASE WHEN kind = 'tile' THEN spec END AS tile_spec";
+    "RETURNING id, attempt, state, kind, CASE WHEN kind = 'tile' THEN spec END AS tile_spec, parent_id";
 
 fn attempt_end(row: EndRow) -> Result<AttemptEnd, sqlx::Error> {
-    let (attempt, state, kind, spec) = row;
+    let (attempt, state, kind, spec, parent) = row;
     let tile = match spec.map(serde_json::from_value::<JobSpec>) {
         Some(Ok(JobSpec::Tile(t))) => Some(t),
         Some(Ok(_)) | None => None,
@@ -70,6 +72,7 @@ fn attempt_end(row: EndRow) -> Result<AttemptEnd, sqlx::Error> {
         state: state.parse().map_err(|e| column_error("state", e))?,
         kind: kind.parse().map_err(|e| column_error("kind", e))?,
         tile,
+        parent,
     })
 }
 
@@ -253,7 +256,7 @@ pub async fn held_attempt(
     key: LeaseKey,
 ) -> Result<Option<(i32, Option<TileJob>)>, sqlx::Error> {
     let row: Option<EndRow> = sqlx::query_as(
-        "SELECT attempt, state, kind, CASE WHEN kind = 'tile' THEN spec END AS tile_spec
+        "SELECT attempt, state, kind, CASE WHEN kind = 'tile' THEN spec END AS tile_spec, parent_id
          FROM jobs WHERE id = $1 AND lease_token = $2 AND agent_id = $3
            AND state IN ('leased', 'running')",
     )
@@ -370,7 +373,7 @@ pub async fn complete_in(
          a AS (
              UPDATE job_attempts a SET finished_at = now(), outcome = 'succeeded', exit_code = $4
              FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt)
-         SELECT attempt, state, kind, tile_spec FROM j"
+         SELECT attempt, state, kind, tile_spec, parent_id FROM j"
     ))
     .bind(key.job)
     .bind(key.token)
@@ -470,7 +473,7 @@ pub async fn fail(
              UPDATE job_attempts a SET finished_at = now(), outcome = $10, exit_code = $9,
                                        message = $5
              FROM j WHERE a.job_id = j.id AND a.attempt = j.attempt)
-         SELECT attempt, state, kind, tile_spec FROM j",
+         SELECT attempt, state, kind, tile_spec, parent_id FROM j",
         given_back("$11::boolean")
     ))
     .bind(key.job)

@@ -4,12 +4,13 @@
 //! takes a listing larger than other agent reports; a run cancelled as its
 //! server dies is closed with its jobs or not at all; restarting an agent
 //! does not fail the items it was running; a failed probe ends the run with
-//! its items.
+//! its items; a run advances as its own jobs end, with no pass over every
+//! open run to find them.
 
 use std::time::Duration;
 
 use flotilla_e2e::driven::Driven;
-use flotilla_e2e::procs::{server_on_shared, Agent};
+use flotilla_e2e::procs::{opts_on_shared, server_on_shared, Agent, Server};
 use flotilla_e2e::scratch;
 use serde_json::{json, Value};
 
@@ -423,4 +424,27 @@ async fn a_failed_probe_ends_the_run_with_its_items() {
     );
     assert_eq!(view["counts"]["waiting"], 0, "{view:#}");
     assert_eq!(view["counts"]["failed"], 2, "{view:#}");
+}
+
+/// With the pass over every open run an hour apart, a run still goes from
+/// its listing through both stages to done: each of its jobs that ends on
+/// this server wakes a pass for its run (by the job's parent) at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_advances_as_its_jobs_end_with_no_pass_over_every_run() {
+    let dir = scratch("e2e-pipeline-woken-");
+    let mut opts = opts_on_shared(dir.path(), 10_000).await;
+    opts.env
+        .push(("FLOTILLA_COORDINATOR_INTERVAL".into(), "1h".into()));
+    let server = Server::start(dir.path(), opts).await;
+    let _a = Agent::start(&server, "woken-a", 2, &[]).await;
+    let api = server.api();
+    let source = "host a = agent woken-a
+items on a: seq 1 4
+stage one on a jobs 2: true
+stage two on a jobs 1: true
+";
+    let run = run_file(&api, "woken.pipeline", source).await;
+    let view = finished(&api, &run).await;
+    assert_eq!(view["state"], "done", "{view:#}");
+    assert_eq!(view["counts"]["done"], 4, "{view:#}");
 }

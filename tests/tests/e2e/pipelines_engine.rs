@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use flotilla_core::api::pipelines::SubmitPipeline;
+use flotilla_server::coordinator::Parents;
 use flotilla_server::pipelines::engine::{advance_reading, Reading};
 use flotilla_server::pipelines::{self, ValidPipeline};
 use sqlx::PgPool;
@@ -153,7 +154,9 @@ async fn history(reading: Reading) -> (Vec<Snapshot>, String, Option<String>) {
     let run = listed_run(&db).await;
     let mut passes = Vec::new();
     for pass in 0..400 {
-        advance_reading(&db, reading).await.expect("a pass");
+        advance_reading(&db, &Parents::All, reading)
+            .await
+            .expect("a pass");
         assert_room_kept(&db, run, pass).await;
         passes.push(snapshot(&db, run).await);
         let (state, error): (String, Option<String>) =
