@@ -130,6 +130,7 @@ impl From<crate::queue::retry::RetryError> for ApiError {
         match e {
             RetryError::NotFound(_) => ApiError::NotFound(e.to_string()),
             RetryError::NotEnded { .. } => ApiError::Conflict(e.to_string()),
+            RetryError::AlreadyRetried { .. } => ApiError::Conflict(e.to_string()),
             RetryError::NotCommand { .. } => FieldError::new("kind", e.to_string()).into(),
             RetryError::Invalid(field) => field.into(),
             RetryError::Capped(over) => over.into(),

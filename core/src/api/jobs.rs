@@ -81,6 +81,14 @@ pub struct JobView {
     /// from lists (one more query per job).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<Vec<AttemptView>>,
+    /// The job this one retries (`POST /api/v1/jobs/{id}/retry`): in
+    /// `GET /api/v1/jobs/{id}`, absent from lists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_of: Option<Uuid>,
+    /// The job that retries this one (a job is retried once): in
+    /// `GET /api/v1/jobs/{id}`, absent from lists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried_as: Option<Uuid>,
 }
 
 /// One attempt of a job: which agent, when, how it ended.

@@ -268,7 +268,8 @@ fn own_only(caller: &Caller) -> Option<Uuid> {
 
 /// Queues failed or cancelled job `id` again as a new job (`201 {id}`):
 /// the same spec, labels, priority, cost and attempts, owned by the
-/// caller and accounted to it. The owner of the job or an admin.
+/// caller and accounted to it. The owner of the job or an admin; once per
+/// job (the job's view then names its retry, `retried_as`).
 #[utoipa::path(
     post,
     path = "/api/v1/jobs/{id}/retry",
@@ -276,7 +277,7 @@ fn own_only(caller: &Caller) -> Option<Uuid> {
     params(("id" = Uuid, Path, description = "The failed or cancelled job")),
     responses(
         (status = 201, description = "The new job's id", body = Created),
-        (status = 409, description = "The job has not failed or been cancelled", body = flotilla_core::api::ErrorBody),
+        (status = 409, description = "The job has not failed or been cancelled, or was retried already (a job is retried once; the message names its retry)", body = flotilla_core::api::ErrorBody),
         (status = 429, description = "The submitter has as many jobs waiting as one may (`--max-waiting-per-submitter`)", body = flotilla_core::api::ErrorBody),
         Errors
     )

@@ -99,9 +99,12 @@ struct JobPage {
     attempts: Vec<AttemptRow>,
     outputs: Vec<OutputRow>,
     /// Whether the page offers Cancel (not final yet) and Retry (a failed
-    /// or cancelled command job).
+    /// or cancelled command job not retried yet).
     can_cancel: bool,
     can_retry: bool,
+    /// The job this one retries, and the one that retries it.
+    retry_of: Option<Uuid>,
+    retried_as: Option<Uuid>,
     csrf: String,
     log: String,
     last_seq: i64,
@@ -317,7 +320,10 @@ pub async fn page(
             .collect(),
         can_cancel: !j.state.is_final() && !j.cancel_requested,
         can_retry: matches!(j.state, JobState::Failed | JobState::Cancelled)
-            && matches!(j.spec, JobSpec::Command(_)),
+            && matches!(j.spec, JobSpec::Command(_))
+            && j.retried_as.is_none(),
+        retry_of: j.retry_of,
+        retried_as: j.retried_as,
         csrf: who.csrf,
         log,
         last_seq,

@@ -71,6 +71,8 @@ fn view(row: JobRow, outputs: Vec<OutputView>) -> Result<JobView, sqlx::Error> {
         result: row.result,
         unmatchable: row.unmatchable,
         attempts: None,
+        retry_of: None,
+        retried_as: None,
     })
 }
 
@@ -136,14 +138,30 @@ pub async fn stage(db: &PgPool, id: Uuid) -> Result<Option<(JobState, i32)>, sql
     .transpose()
 }
 
-/// Job `id` with every attempt (`attempts` set): for one job's page and
-/// `GET /api/v1/jobs/{id}`; [`get`] leaves them out.
+/// Job `id` with every attempt (`attempts` set) and its retry links: for
+/// one job's page and `GET /api/v1/jobs/{id}`; [`get`] leaves them out.
 pub async fn detail(db: &PgPool, id: Uuid) -> Result<Option<JobView>, sqlx::Error> {
     let Some(mut job) = get(db, id).await? else {
         return Ok(None);
     };
     job.attempts = Some(attempts(db, id).await?);
+    (job.retry_of, job.retried_as) = sqlx::query_as(
+        "SELECT j.retry_of, (SELECT r.id FROM jobs r WHERE r.retry_of = j.id)
+         FROM jobs j WHERE j.id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await?
+    .unwrap_or((None, None));
     Ok(Some(job))
+}
+
+/// The job that retries job `id`, if one does.
+pub async fn retried_as(db: &PgPool, id: Uuid) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM jobs WHERE retry_of = $1")
+        .bind(id)
+        .fetch_optional(db)
+        .await
 }
 
 #[derive(sqlx::FromRow)]

@@ -1,8 +1,10 @@
 //! A failed or cancelled command job queued again as a new job: the same
 //! spec, labels, priority, cost and attempts, checked again against
 //! today's limits, the agents that could take it and the submitter's
-//! waiting cap. The API's `POST /api/v1/jobs/{id}/retry` and the
-//! dashboard's Retry button both come here; each has checked the caller.
+//! waiting cap. A job is retried once: the new job records which it
+//! retries (`jobs.retry_of`, unique), and a second retry names the first.
+//! The API's `POST /api/v1/jobs/{id}/retry` and the dashboard's Retry
+//! button both come here; each has checked the caller.
 
 use flotilla_core::api::{FieldError, SubmitJob};
 use flotilla_core::job::{JobKind, JobSpec, JobState};
@@ -28,6 +30,11 @@ pub enum RetryError {
     /// could take it.
     #[error(transparent)]
     Invalid(FieldError),
+    /// Its work is queued again already: a second retry would do it twice.
+    #[error(
+        "job {id} was retried already, as job {retry}: follow that one, and retry it if it fails too"
+    )]
+    AlreadyRetried { id: Uuid, retry: Uuid },
     #[error(transparent)]
     Capped(WaitingCapExceeded),
     #[error(transparent)]
@@ -60,6 +67,9 @@ pub async fn requeue(
         JobSpec::Revdeps(_) => Some("submit the run again (POST /api/v1/revdeps)"),
         JobSpec::Step(_) => Some("run the pipeline again: it resumes after the outputs that exist"),
     };
+    if let Some(retry) = read::retried_as(db, id).await? {
+        return Err(RetryError::AlreadyRetried { id, retry });
+    }
     if let Some(how) = again {
         return Err(RetryError::NotCommand {
             kind: src.spec.kind(),
@@ -84,9 +94,27 @@ pub async fn requeue(
     if let Some(refused) = classes::refusal(db, &job).await? {
         return Err(RetryError::Invalid(refused));
     }
-    let ids = submit::submit_within(db, &[job], cap)
-        .await?
-        .map_err(RetryError::Capped)?;
-    tracing::info!(job = %id, retry = %ids[0], "job retried");
-    Ok(ids[0])
+    let mut tx = db.begin().await?;
+    if let Err(over) = submit::within_waiting_cap(&mut tx, &job.submitter, 1, cap).await? {
+        return Err(RetryError::Capped(over));
+    }
+    let new = submit::submit_in(&mut tx, &[job]).await?[0];
+    // With the new job or not at all: of two retries at once, the one that
+    // commits second finds the first here (`jobs_retried_once`).
+    let linked = sqlx::query("UPDATE jobs SET retry_of = $2 WHERE id = $1")
+        .bind(new)
+        .bind(id)
+        .execute(&mut *tx)
+        .await;
+    match linked {
+        Err(sqlx::Error::Database(e)) if e.constraint() == Some("jobs_retried_once") => {
+            drop(tx);
+            let retry = read::retried_as(db, id).await?.unwrap_or(new);
+            return Err(RetryError::AlreadyRetried { id, retry });
+        }
+        linked => linked?,
+    };
+    tx.commit().await?;
+    tracing::info!(job = %id, retry = %new, "job retried");
+    Ok(new)
 }

@@ -2,7 +2,8 @@
 //! jobs, cursor pages that walk every job once, retry, the job page's
 //! attempts and downloads, cancel and drain from the dashboard's forms
 //! (refused without the session's form token), an agent that stopped
-//! answering, and that the list reads an index on a large table.
+//! answering, that the list reads an index on a large table, and that a
+//! job is retried once, each of the two linking the other.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -760,4 +761,101 @@ fn command_of(spec: &JobSpec) -> Option<&CommandJob> {
         JobSpec::Command(c) => Some(c),
         _ => None,
     }
+}
+
+/// A job is retried once: of eight retries of it at once one queues the
+/// work again and seven are refused naming that one; a later retry is
+/// refused too. The API and the job pages link each to the other, and the
+/// retried job's page offers no second Retry; the retry itself may be
+/// retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_is_retried_once_and_each_links_the_other() {
+    let dir = scratch("e2e-retry-once-");
+    let server = server_on_shared(dir.path(), 10_000).await;
+    let admin = server.api();
+    // Registered, so that the retry's check finds an agent that could take
+    // it; it never leases, so a job is cancelled while it waits.
+    let _agent = flotilla_e2e::driven::Driven::register(
+        &server,
+        "retry-agent",
+        &["command"],
+        Duration::from_secs(10),
+    )
+    .await;
+    let job = admin
+        .submit(json!({"kind": "command", "command": "true"}))
+        .await;
+    admin
+        .post(&format!("/api/v1/jobs/{job}/cancel"), json!({}))
+        .await;
+    assert_eq!(admin.job(&job).await.state, JobState::Cancelled);
+
+    let mut tries = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (api, path) = (admin.clone(), format!("/api/v1/jobs/{job}/retry"));
+        tries.spawn(async move { api.raw(reqwest::Method::POST, &path, Some(json!({}))).await });
+    }
+    let answers = tries.join_all().await;
+    let made: Vec<String> = answers
+        .iter()
+        .filter(|(status, _)| *status == 201)
+        .map(|(_, v)| v["id"].as_str().expect("an id").to_string())
+        .collect();
+    assert_eq!(made.len(), 1, "one retry of eight at once: {answers:?}");
+    let retry = &made[0];
+    for (status, v) in answers.iter().filter(|(status, _)| *status != 201) {
+        assert_eq!(*status, 409, "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(retry.as_str()), "names the retry: {v}");
+    }
+    let (status, v) = admin
+        .raw(
+            reqwest::Method::POST,
+            &format!("/api/v1/jobs/{job}/retry"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, 409, "a later retry: {v}");
+    let queued: Value = admin.get("/api/v1/jobs?state=queued&limit=10").await;
+    assert_eq!(
+        queued["jobs"].as_array().map(Vec::len),
+        Some(1),
+        "the work queued once: {queued}"
+    );
+
+    let original: JobView =
+        serde_json::from_value(admin.get(&format!("/api/v1/jobs/{job}")).await).unwrap();
+    let copy: JobView =
+        serde_json::from_value(admin.get(&format!("/api/v1/jobs/{retry}")).await).unwrap();
+    assert_eq!(
+        original.retried_as.map(|u| u.to_string()).as_deref(),
+        Some(retry.as_str())
+    );
+    assert_eq!(original.retry_of, None);
+    assert_eq!(
+        copy.retry_of.map(|u| u.to_string()).as_deref(),
+        Some(job.as_str())
+    );
+    assert_eq!(copy.retried_as, None);
+
+    let ui = Browser::login(&server, &server.admin_token).await;
+    let (_, html) = ui.page(&format!("/ui/jobs/{job}")).await;
+    assert!(
+        html.contains(&format!("id=\"retried-as\"><a href=\"/ui/jobs/{retry}\"")),
+        "{html}"
+    );
+    assert!(!html.contains("/retry\""), "no second Retry: {html}");
+    // The retry, cancelled too, may be retried in its turn.
+    admin
+        .post(&format!("/api/v1/jobs/{retry}/cancel"), json!({}))
+        .await;
+    let (_, html) = ui.page(&format!("/ui/jobs/{retry}")).await;
+    assert!(
+        html.contains(&format!("id=\"retry-of\"><a href=\"/ui/jobs/{job}\"")),
+        "{html}"
+    );
+    assert!(
+        html.contains(&format!("action=\"/ui/jobs/{retry}/retry\"")),
+        "{html}"
+    );
 }
