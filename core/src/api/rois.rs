@@ -87,6 +87,10 @@ pub struct RoiView {
     pub in_flight: i64,
     pub submitted: i64,
     pub created_at: DateTime<Utc>,
+    /// What its tile jobs were queued with (0 for an ROI from before
+    /// 2026-12-08 whose jobs are no longer kept).
+    #[serde(default)]
+    pub priority: i32,
     /// This ROI's jobs by state.
     pub jobs: BTreeMap<String, i64>,
     /// Pixels encoded of the pixels known, over this ROI's running and

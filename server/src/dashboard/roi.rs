@@ -162,6 +162,8 @@ struct AgentBar {
 #[template(path = "roi.html")]
 struct RoiPage {
     roi: RoiRow,
+    /// What its tile jobs were queued with (and Submit again queues with).
+    priority: i32,
     counts: Vec<(&'static str, u64)>,
     eta: String,
     pace: String,
@@ -309,6 +311,7 @@ pub async fn page(
     let pace = pace_text(&pace);
     let again = counts.get(TileState::Missing) + counts.get(TileState::Failed) > 0;
     Ok(render(&RoiPage {
+        priority: roi.priority,
         again,
         csrf: who.csrf,
         counts: TileState::ALL
@@ -363,7 +366,8 @@ pub async fn again(
             .get("bbox")
             .and_then(|b| serde_json::from_value(b.clone()).ok()),
         dry_run: false,
-        priority: 0,
+        // Its missing tiles at the priority its tiles were queued with.
+        priority: roi.priority,
         // The region was accepted once; past the tile cap only for an admin.
         exceed_tile_cap: who.is_admin(),
     };

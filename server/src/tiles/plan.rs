@@ -217,8 +217,8 @@ pub async fn submit(
     let id = Uuid::new_v4();
     sqlx::query(
         "INSERT INTO rois (id, name, dataset, year, region, total, present, in_flight, submitted,
-                           submitter)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                           submitter, priority)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(id)
     .bind(&roi.name)
@@ -230,6 +230,7 @@ pub async fn submit(
     .bind(plan.counts.in_flight as i64)
     .bind(plan.counts.missing as i64)
     .bind(submitter)
+    .bind(roi.priority)
     .execute(&mut *tx)
     .await?;
     for chunk in plan.missing.chunks(INSERT_BATCH) {

@@ -30,6 +30,8 @@ pub struct Roi {
     pub tiles: TileSet,
     /// The region as it was given (`{"geojson": …}` or `{"bbox": […]}`).
     pub region: serde_json::Value,
+    /// What its tile jobs were queued with.
+    pub priority: i32,
 }
 
 /// One tile as the map shows it: its state and the job to open, if any
@@ -78,9 +80,10 @@ struct RoiRow {
     submitter: String,
     created_at: DateTime<Utc>,
     region: serde_json::Value,
+    priority: i32,
 }
 
-const ROI_COLUMNS: &str = "id, name, dataset, year, submitter, created_at, region";
+const ROI_COLUMNS: &str = "id, name, dataset, year, submitter, created_at, region, priority";
 
 /// A stored region that no longer parses is a row that does not decode:
 /// it was checked when it was submitted.
@@ -118,6 +121,7 @@ impl TryFrom<RoiRow> for Roi {
             year: r.year,
             submitter: r.submitter,
             created_at: r.created_at,
+            priority: r.priority,
         })
     }
 }
@@ -146,9 +150,10 @@ pub async fn view(db: &PgPool, id: Uuid) -> Result<Option<RoiView>, sqlx::Error>
         in_flight: i64,
         submitted: i64,
         created_at: chrono::DateTime<chrono::Utc>,
+        priority: i32,
     }
     let row: Option<Row> = sqlx::query_as(
-        "SELECT id, name, dataset, year, total, present, in_flight, submitted, created_at
+        "SELECT id, name, dataset, year, total, present, in_flight, submitted, created_at, priority
          FROM rois WHERE id = $1",
     )
     .bind(id)
@@ -178,6 +183,7 @@ pub async fn view(db: &PgPool, id: Uuid) -> Result<Option<RoiView>, sqlx::Error>
         in_flight: roi.in_flight,
         submitted: roi.submitted,
         created_at: roi.created_at,
+        priority: roi.priority,
         pixels_done: states.iter().map(|s| s.2).sum(),
         pixels_total: states.iter().map(|s| s.3).sum(),
         jobs: states.into_iter().map(|(s, n, _, _)| (s, n)).collect(),

@@ -237,9 +237,9 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
 
     // The second ROI covers the first's two tiles (done: no new job), three
     // more, and one without inputs, which fails.
-    let second = api
-        .post("/api/v1/rois", roi("second", [0.01, 52.01, 0.29, 52.19]))
-        .await;
+    let mut second_request = roi("second", [0.01, 52.01, 0.29, 52.19]);
+    second_request["priority"] = json!(7);
+    let second = api.post("/api/v1/rois", second_request).await;
     assert_eq!(second["total"], 6, "{second}");
     assert_eq!(second["present"], 2, "{second}");
     assert_eq!(second["submitted"], 4, "{second}");
@@ -526,4 +526,14 @@ async fn roi_list_and_tile_map_follow_the_tiles() {
     assert_eq!(new["name"], "second", "{new}");
     assert_eq!(new["submitted"], 1, "the failed tile again: {new}");
     assert_eq!(new["total"], 6, "{new}");
+    // At the priority the second was submitted with, not 0.
+    assert_eq!(new["priority"], 7, "{new}");
+    // Its one job is the newest tile job (lists are newest first).
+    let newest = api.get("/api/v1/jobs?kind=tile&limit=1").await;
+    assert_eq!(newest["jobs"][0]["priority"], 7, "{newest}");
+    let new_page = ui.page(&format!("/ui/rois/{new_id}")).await;
+    assert!(
+        new_page.contains("priority <span id=\"roi-priority\">7</span>"),
+        "{new_page}"
+    );
 }
