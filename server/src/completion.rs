@@ -2,8 +2,9 @@
 //! `fail`. The finishing statement returns what it finished (kind, state,
 //! a tile's spec), and the kind's own work is dispatched from here: a tile
 //! job's results are published in the transaction that marks it succeeded;
-//! a revdeps step wakes the coordinator ([`crate::coordinator`]) so its run
-//! advances at once instead of at the next interval.
+//! a revdeps or pipeline step that ended for good wakes the coordinator for
+//! its run ([`crate::coordinator`]), which advances at once instead of at
+//! the next pass over every run.
 
 use flotilla_core::job::{JobKind, JobState};
 use flotilla_core::protocol::{Complete, Fail};

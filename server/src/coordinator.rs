@@ -46,6 +46,19 @@ impl ParentWakeups {
         self.notify.notify_one();
     }
 
+    /// Parents to look at again in the next pass (no wake-up of their own:
+    /// [`run`] looks at them after [`RETRY_AFTER`], since a pass at once
+    /// would likely meet the same fault).
+    fn keep(&self, again: Vec<Uuid>) {
+        if again.is_empty() {
+            return;
+        }
+        self.woken
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .extend(again);
+    }
+
     fn take(&self) -> Vec<Uuid> {
         std::mem::take(
             &mut *self
@@ -58,9 +71,15 @@ impl ParentWakeups {
     }
 }
 
+/// How long after a pass the parents it could not advance (the database
+/// failed a statement) are looked at again.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// Runs `pass` for the parents woken whenever `wake` is woken, and for
-/// all of them at least every `interval` (woken or not), until
-/// `shutdown`. A failed pass is logged and retried at the next turn.
+/// all of them at once and then at least every `interval` (woken or not),
+/// until `shutdown`. The parents a pass returns (the database kept it
+/// from advancing them) are looked at again by the next. A failed pass is
+/// logged and retried at the next turn.
 pub async fn run<F, Fut>(
     mut pass: F,
     wake: Arc<ParentWakeups>,
@@ -68,34 +87,46 @@ pub async fn run<F, Fut>(
     shutdown: CancellationToken,
 ) where
     F: FnMut(Parents) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>>,
+    Fut: Future<Output = anyhow::Result<Vec<Uuid>>>,
 {
-    let mut last_all = Instant::now();
+    // A server that starts looks at every open parent first: children may
+    // have ended while none ran.
+    let mut next_all = Instant::now();
+    // When parents a pass could not advance are looked at again.
+    let mut retry_at: Option<Instant> = None;
     loop {
+        let next = retry_at.map_or(next_all, |r| r.min(next_all));
         tokio::select! {
             _ = shutdown.cancelled() => return,
             // `notify_one` keeps a permit when nobody waits, so a child that
             // ended during the previous pass is not missed.
             _ = wake.notify.notified() => {}
-            _ = tokio::time::sleep_until(last_all + interval) => {}
+            _ = tokio::time::sleep_until(next) => {}
         }
+        retry_at = None;
         // Every parent once an interval, however often wake-ups come.
-        let parents = if last_all.elapsed() >= interval {
-            last_all = Instant::now();
+        let parents = if Instant::now() >= next_all {
+            next_all = Instant::now() + interval;
             wake.take();
             Parents::All
         } else {
             Parents::These(wake.take())
         };
-        if let Err(e) = pass(parents).await {
-            tracing::warn!(error = %e, "coordinator pass failed; will retry");
+        match pass(parents).await {
+            Ok(again) if !again.is_empty() => {
+                wake.keep(again);
+                retry_at = Some(Instant::now() + RETRY_AFTER);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "coordinator pass failed; will retry"),
         }
     }
 }
 
 /// Every parent kind's pass, in turn. Revdeps runs are few and each pass
-/// looks at all of them.
-pub async fn advance_all(db: &sqlx::PgPool, parents: &Parents) -> anyhow::Result<()> {
+/// looks at all of them; the pipeline runs the database kept from
+/// advancing are returned.
+pub async fn advance_all(db: &sqlx::PgPool, parents: &Parents) -> anyhow::Result<Vec<Uuid>> {
     let revdeps = crate::revdeps::coordinator::advance(db).await;
     let pipelines = crate::pipelines::engine::advance(db, parents).await;
     revdeps.and(pipelines)
@@ -116,6 +147,8 @@ mod tests {
         let counted = passes.clone();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let kept = seen.clone();
+        let again = Arc::new(Mutex::new(Vec::new()));
+        let given_back = again.clone();
         let task = tokio::spawn(run(
             move |parents| {
                 kept.lock().unwrap().push(parents);
@@ -123,9 +156,10 @@ mod tests {
                 // `n % 2`, not `is_multiple_of` (Rust 1.87; we allow 1.85).
                 #[allow(clippy::manual_is_multiple_of)]
                 let even = n % 2 == 0;
+                let back = std::mem::take(&mut *given_back.lock().unwrap());
                 async move {
                     anyhow::ensure!(even, "pass {n} fails");
-                    Ok(())
+                    Ok(back)
                 }
             },
             wake.clone(),
@@ -138,17 +172,20 @@ mod tests {
             shutdown,
             task,
             seen,
+            again,
         }
     }
 
     /// A started loop: its passes' count, its wake-ups, its shutdown, its
-    /// task, and what each pass was for.
+    /// task, what each pass was for, and what the next pass that succeeds
+    /// returns as not advanced.
     struct Loop {
         passes: Arc<AtomicUsize>,
         wake: Arc<ParentWakeups>,
         shutdown: CancellationToken,
         task: tokio::task::JoinHandle<()>,
         seen: Arc<Mutex<Vec<Parents>>>,
+        again: Arc<Mutex<Vec<Uuid>>>,
     }
 
     /// Lets the spawned loop run until it waits again.
@@ -170,13 +207,13 @@ mod tests {
         settle().await;
         assert_eq!(
             passes.load(Ordering::SeqCst),
-            0,
-            "no pass before the first interval"
+            1,
+            "a pass over every parent at start"
         );
         tokio::time::advance(Duration::from_millis(1999)).await;
         settle().await;
-        assert_eq!(passes.load(Ordering::SeqCst), 0);
-        for expected in 1..=4 {
+        assert_eq!(passes.load(Ordering::SeqCst), 1);
+        for expected in 2..=5 {
             tokio::time::advance(Duration::from_secs(2)).await;
             settle().await;
             assert_eq!(
@@ -198,14 +235,16 @@ mod tests {
             shutdown,
             task,
             seen,
+            ..
         } = start(Duration::from_secs(3600));
         settle().await;
+        assert_eq!(passes.load(Ordering::SeqCst), 1, "the pass at start");
         let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
         wake.wake(a);
         settle().await;
         assert_eq!(
             passes.load(Ordering::SeqCst),
-            1,
+            2,
             "woken: no wait for the hour"
         );
         // The first of three wake-ups wakes the waiting loop; the two that
@@ -216,15 +255,16 @@ mod tests {
         wake.wake(c);
         wake.wake(b);
         settle().await;
-        assert_eq!(passes.load(Ordering::SeqCst), 3);
+        assert_eq!(passes.load(Ordering::SeqCst), 4);
         settle().await;
-        assert_eq!(passes.load(Ordering::SeqCst), 3, "no pass without a reason");
+        assert_eq!(passes.load(Ordering::SeqCst), 4, "no pass without a reason");
         let seen = seen.lock().unwrap().clone();
         let mut bc = vec![b, c];
         bc.sort();
         // Each pass for the parents woken before it, each once.
-        assert_eq!(seen[0], Parents::These(vec![a]));
-        let later: Vec<Uuid> = seen[1..]
+        assert_eq!(seen[0], Parents::All);
+        assert_eq!(seen[1], Parents::These(vec![a]));
+        let later: Vec<Uuid> = seen[2..]
             .iter()
             .flat_map(|p| match p {
                 Parents::These(ids) => ids.clone(),
@@ -261,6 +301,45 @@ mod tests {
             "{all} passes of every parent in 10 s"
         );
         assert!(seen.len() >= 90, "{} passes", seen.len());
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn parents_a_pass_could_not_advance_are_looked_at_again() {
+        let Loop {
+            wake,
+            shutdown,
+            task,
+            seen,
+            again,
+            ..
+        } = start(Duration::from_secs(3600));
+        settle().await;
+        // The second pass fails (as every other one does); the third gives
+        // `stuck` back, and no wake-up follows.
+        let (first, woken, stuck) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        wake.wake(first);
+        settle().await;
+        again.lock().unwrap().push(stuck);
+        wake.wake(woken);
+        settle().await;
+        assert_eq!(seen.lock().unwrap().len(), 3);
+        tokio::time::advance(RETRY_AFTER / 2).await;
+        settle().await;
+        assert_eq!(seen.lock().unwrap().len(), 3, "not at once");
+        tokio::time::advance(RETRY_AFTER).await;
+        settle().await;
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            [
+                Parents::All,
+                Parents::These(vec![first]),
+                Parents::These(vec![woken]),
+                Parents::These(vec![stuck])
+            ]
+        );
         shutdown.cancel();
         task.await.unwrap();
     }

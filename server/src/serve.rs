@@ -132,7 +132,34 @@ pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
         .execute(&mut *conn)
         .await
         .context("restoring the statement timeout after the migrations")?;
-    migrated
+    migrated?;
+    for name in invalid_indexes(db)
+        .await
+        .context("looking for invalid indexes")?
+    {
+        tracing::error!(
+            index = %name,
+            "index {name} is invalid: a CREATE INDEX CONCURRENTLY of a migration was interrupted \
+             (or another server is building it now). Queries do not use it, and a unique one \
+             does not hold; rebuild it with `REINDEX INDEX CONCURRENTLY {name}`"
+        );
+    }
+    Ok(())
+}
+
+/// Indexes of this schema that are not valid: what an interrupted
+/// `CREATE INDEX CONCURRENTLY` leaves, which the migration's `IF NOT
+/// EXISTS` then takes for built.
+pub async fn invalid_indexes(db: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_index i
+         JOIN pg_class c ON c.oid = i.indexrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE NOT i.indisvalid AND n.nspname = current_schema()
+         ORDER BY 1",
+    )
+    .fetch_all(db)
+    .await
 }
 
 /// Serves on `listener` until `shutdown` fires, over TLS with `tls`.

@@ -33,6 +33,16 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Job `id` ended here other than through its agent (a cancel): the
+    /// run it is part of, if any, is looked at now rather than at the
+    /// coordinator's next pass over every run.
+    pub async fn wake_parent_of(&self, id: uuid::Uuid) -> Result<(), sqlx::Error> {
+        if let Some(parent) = crate::queue::read::parent(&self.db, id).await? {
+            self.parents_signal.wake(parent);
+        }
+        Ok(())
+    }
+
     /// The waiting cap a submission by a token of `role` is held to
     /// (`None`: an admin's, not limited).
     pub fn waiting_cap(

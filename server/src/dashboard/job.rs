@@ -499,8 +499,9 @@ pub async fn cancel(
     }
     match cancel::cancel(&state.db, id).await? {
         Cancelled::NotFound => return Err(ApiError::NotFound(format!("no job {id}"))),
+        Cancelled::Now => state.wake_parent_of(id).await?,
         // Already over (the page was old): its page says how it ended.
-        Cancelled::Now | Cancelled::Requested | Cancelled::AlreadyFinal(_) => {}
+        Cancelled::Requested | Cancelled::AlreadyFinal(_) => {}
     }
     tracing::info!(job = %id, "cancelled from the dashboard");
     Ok(Redirect::to(&format!("/ui/jobs/{id}")).into_response())
@@ -524,7 +525,12 @@ pub async fn retry(
         return Ok(refused);
     }
     let (owner, submitter, cap) = who.submitting(&state);
-    let new = crate::queue::retry::requeue(&state.db, id, owner, submitter, cap).await?;
+    let new = match crate::queue::retry::requeue(&state.db, id, owner, submitter, cap).await {
+        Ok(new) => new,
+        // A second click, or another operator's: the retry there is.
+        Err(crate::queue::retry::RetryError::AlreadyRetried { retry, .. }) => retry,
+        Err(e) => return Err(e.into()),
+    };
     Ok(Redirect::to(&format!("/ui/jobs/{new}")).into_response())
 }
 

@@ -39,8 +39,9 @@ pub const WAITING_PAGE: i64 = 64;
 
 /// One pass over the open runs of `parents`. A run that cannot be
 /// advanced for a reason other than the database fails with the reason,
-/// never blocking the others.
-pub async fn advance(db: &PgPool, parents: &Parents) -> anyhow::Result<()> {
+/// never blocking the others. Returns the runs the database kept from
+/// advancing, to be looked at again.
+pub async fn advance(db: &PgPool, parents: &Parents) -> anyhow::Result<Vec<Uuid>> {
     advance_reading(db, parents, Reading::Paged(WAITING_PAGE)).await
 }
 
@@ -49,10 +50,10 @@ pub async fn advance_reading(
     db: &PgPool,
     parents: &Parents,
     reading: Reading,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Uuid>> {
     let these = match parents {
         Parents::All => None,
-        Parents::These(ids) if ids.is_empty() => return Ok(()),
+        Parents::These(ids) if ids.is_empty() => return Ok(Vec::new()),
         Parents::These(ids) => Some(ids),
     };
     let runs: Vec<Uuid> = sqlx::query_scalar(
@@ -63,20 +64,28 @@ pub async fn advance_reading(
     .bind(these)
     .fetch_all(db)
     .await?;
+    // A run woken for a job of its that ended waits for another server's
+    // pass over it to end rather than skipping it: that pass may have read
+    // the run's jobs before this one ended, and nothing else would look at
+    // the run until the next pass over every run.
+    let wait = these.is_some();
+    let mut again = Vec::new();
     for run in runs {
-        if let Err(e) = advance_run(db, run, reading).await {
+        if let Err(e) = advance_run(db, run, reading, wait).await {
             if e.downcast_ref::<sqlx::Error>().is_some() {
                 tracing::warn!(%run, error = %e, "advancing a pipeline run: will retry");
+                again.push(run);
                 continue;
             }
             tracing::warn!(%run, error = %e, "advancing a pipeline run: the run fails");
             let why = format!("{e:#}");
             if let Err(e) = super::close(db, run, super::Closing::Failed(&why)).await {
                 tracing::warn!(%run, error = %e, "failing a pipeline run: will retry");
+                again.push(run);
             }
         }
     }
-    Ok(())
+    Ok(again)
 }
 
 #[derive(sqlx::FromRow)]
@@ -90,13 +99,19 @@ struct RunRow {
     owner_token: Option<Uuid>,
 }
 
-async fn advance_run(db: &PgPool, run: Uuid, reading: Reading) -> anyhow::Result<()> {
+/// Advances run `run` in one transaction holding its row; with `wait`,
+/// after any other server's pass over it, else not while one runs.
+async fn advance_run(db: &PgPool, run: Uuid, reading: Reading, wait: bool) -> anyhow::Result<()> {
     let mut tx = db.begin().await?;
-    let row: Option<RunRow> = sqlx::query_as(
+    let row: Option<RunRow> = sqlx::query_as(if wait {
         "SELECT state, spec, list_job, probe_jobs, priority, submitter, owner_token
          FROM pipeline_runs
-         WHERE id = $1 AND state IN ('listing', 'probing', 'running') FOR UPDATE SKIP LOCKED",
-    )
+         WHERE id = $1 AND state IN ('listing', 'probing', 'running') FOR UPDATE"
+    } else {
+        "SELECT state, spec, list_job, probe_jobs, priority, submitter, owner_token
+         FROM pipeline_runs
+         WHERE id = $1 AND state IN ('listing', 'probing', 'running') FOR UPDATE SKIP LOCKED"
+    })
     .bind(run)
     .fetch_optional(&mut *tx)
     .await?;
@@ -113,10 +128,12 @@ async fn advance_run(db: &PgPool, run: Uuid, reading: Reading) -> anyhow::Result
         owner: row.owner_token,
     };
     let plan = Plan::new(&spec);
+    let mut listed = 0;
     let running = match row.state.as_str() {
         "listing" => match list(&mut tx, run, row.list_job).await? {
             Some(items) => {
                 record_items(&mut tx, run, &items).await?;
+                listed = items.len();
                 resume::look(&mut tx, &jobs, &plan, &items).await?
             }
             None => false,
@@ -124,14 +141,25 @@ async fn advance_run(db: &PgPool, run: Uuid, reading: Reading) -> anyhow::Result
         "probing" => resume::resume(&mut tx, &jobs, &plan, &row.probe_jobs).await?,
         _ => true,
     };
-    if !running {
-        tx.commit().await?;
-        return Ok(());
+    if running {
+        ended(&mut tx, &jobs, &plan).await?;
+        enter(&mut tx, &jobs, &plan, reading).await?;
+        finish(&mut tx, run).await?;
     }
-    ended(&mut tx, &jobs, &plan).await?;
-    enter(&mut tx, &jobs, &plan, reading).await?;
-    finish(&mut tx, run).await?;
     tx.commit().await?;
+    if listed >= ANALYZE_ITEMS {
+        // Until autovacuum sees the new rows (a minute or so), the planner
+        // takes the run's items for a few and every pass scanned them all
+        // (51 ms a pass at 50,000 items against 12 ms analysed). Not in
+        // the run's transaction (it analyses the whole table, and would
+        // hold its lock with the run's), nor in the coordinator's loop.
+        let db = db.clone();
+        tokio::spawn(async move {
+            if let Err(e) = sqlx::query("ANALYZE pipeline_items").execute(&db).await {
+                tracing::warn!(error = %e, "analysing pipeline_items after a long listing");
+            }
+        });
+    }
     Ok(())
 }
 
@@ -181,7 +209,7 @@ pub(super) async fn fail_run(tx: &mut PgConnection, run: Uuid, why: &str) -> sql
 }
 
 /// A listing of this many items or more has the items' statistics
-/// brought up to date at once.
+/// brought up to date once it is recorded.
 const ANALYZE_ITEMS: usize = 5_000;
 
 async fn record_items(tx: &mut PgConnection, run: Uuid, items: &[String]) -> sqlx::Result<()> {
@@ -200,14 +228,6 @@ async fn record_items(tx: &mut PgConnection, run: Uuid, items: &[String]) -> sql
         .bind(items.len() as i32)
         .execute(&mut *tx)
         .await?;
-    if items.len() >= ANALYZE_ITEMS {
-        // Until autovacuum sees the new rows (a minute or so), the planner
-        // takes the run's items for a few and every pass scanned them all
-        // (51 ms a pass at 50,000 items against 12 ms analysed).
-        sqlx::query("ANALYZE pipeline_items")
-            .execute(&mut *tx)
-            .await?;
-    }
     Ok(())
 }
 
@@ -644,12 +664,29 @@ async fn enter(
     .await?
     .into();
     let held_by: Vec<i32> = holders.iter().map(|h| h.idx).collect();
-    // Entry points, as stored in `at` (-1: none yet).
-    let points: Vec<i32> = std::iter::once((-1, &plan.first))
-        .chain(plan.next.iter().enumerate().map(|(i, e)| (i as i32, e)))
-        .filter(|(_, e)| **e != Entry::Done)
-        .map(|(at, _)| at)
-        .collect();
+    // Entry points that have waiting items, as stored in `at` (-1: none
+    // yet): a skip scan of the index, a probe per entry point in use
+    // rather than one per step of the file.
+    let points: Vec<i32> = sqlx::query_scalar(
+        "WITH RECURSIVE p(at) AS (
+             (SELECT COALESCE(at, -1) FROM pipeline_items
+              WHERE run_id = $1 AND state = 'waiting' ORDER BY COALESCE(at, -1) LIMIT 1)
+             UNION ALL
+             SELECT (SELECT COALESCE(i.at, -1) FROM pipeline_items i
+                     WHERE i.run_id = $1 AND i.state = 'waiting' AND COALESCE(i.at, -1) > p.at
+                     ORDER BY COALESCE(i.at, -1) LIMIT 1)
+             FROM p WHERE p.at IS NOT NULL)
+         SELECT at FROM p WHERE at IS NOT NULL",
+    )
+    .bind(jobs.id)
+    .fetch_all(&mut *tx)
+    .await?;
+    if let Some(stray) = points
+        .iter()
+        .find(|&&at| at < -1 || at >= plan.nodes.len() as i32)
+    {
+        anyhow::bail!("an item finished step {stray}, which the pipeline does not have");
+    }
     let page = match reading {
         Reading::Paged(n) => Some(n.max(1)),
         Reading::Every => None,
@@ -927,10 +964,17 @@ async fn done(tx: &mut PgConnection, run: Uuid, plan: &Plan) -> anyhow::Result<(
 /// The nodes whose waiting items count against an either's branch: each
 /// branch's lead but its stage ([`Room::branch_has_room`]).
 fn lead_nodes(plan: &Plan) -> Vec<i32> {
-    fn walk(plan: &Plan, e: &Entry, out: &mut BTreeSet<i32>) {
+    /// `seen`: the eithers walked already, by address. One either is
+    /// what every branch before it leads to (`Entry::Either` is shared);
+    /// walked from each, a file of nested eithers of 48 branches cost
+    /// 88 ms a pass (measured in a review of aea1660).
+    fn walk(plan: &Plan, e: &Entry, seen: &mut BTreeSet<usize>, out: &mut BTreeSet<i32>) {
         let Entry::Either(branches) = e else {
             return;
         };
+        if !seen.insert(branches.as_ptr() as usize) {
+            return;
+        }
         for b in branches.iter() {
             match b {
                 Entry::Node(i) => {
@@ -938,13 +982,13 @@ fn lead_nodes(plan: &Plan) -> Vec<i32> {
                         out.extend(nodes.into_iter().filter(|k| *k != stage).map(|k| k as i32));
                     }
                 }
-                nested => walk(plan, nested, out),
+                nested => walk(plan, nested, seen, out),
             }
         }
     }
-    let mut out = BTreeSet::new();
+    let (mut seen, mut out) = (BTreeSet::new(), BTreeSet::new());
     for e in std::iter::once(&plan.first).chain(plan.next.iter()) {
-        walk(plan, e, &mut out);
+        walk(plan, e, &mut seen, &mut out);
     }
     out.into_iter().collect()
 }

@@ -146,7 +146,10 @@ pub async fn detail(db: &PgPool, id: Uuid) -> Result<Option<JobView>, sqlx::Erro
     };
     job.attempts = Some(attempts(db, id).await?);
     (job.retry_of, job.retried_as) = sqlx::query_as(
-        "SELECT j.retry_of, (SELECT r.id FROM jobs r WHERE r.retry_of = j.id)
+        // LIMIT 1: one retry per job is the unique index's to keep, and a
+        // page must not fail where it was left invalid by an interrupted
+        // migration (the server warns of that at start).
+        "SELECT j.retry_of, (SELECT r.id FROM jobs r WHERE r.retry_of = j.id LIMIT 1)
          FROM jobs j WHERE j.id = $1",
     )
     .bind(id)
@@ -158,7 +161,7 @@ pub async fn detail(db: &PgPool, id: Uuid) -> Result<Option<JobView>, sqlx::Erro
 
 /// The job that retries job `id`, if one does.
 pub async fn retried_as(db: &PgPool, id: Uuid) -> Result<Option<Uuid>, sqlx::Error> {
-    sqlx::query_scalar("SELECT id FROM jobs WHERE retry_of = $1")
+    sqlx::query_scalar("SELECT id FROM jobs WHERE retry_of = $1 LIMIT 1")
         .bind(id)
         .fetch_optional(db)
         .await

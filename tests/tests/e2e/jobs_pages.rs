@@ -858,4 +858,14 @@ async fn a_job_is_retried_once_and_each_links_the_other() {
         html.contains(&format!("action=\"/ui/jobs/{retry}/retry\"")),
         "{html}"
     );
+    // A Retry posted again from an old page (a double click) shows the
+    // retry there is.
+    let token = csrf_of(&html);
+    let (status, location) = ui
+        .post(
+            &format!("/ui/jobs/{job}/retry"),
+            &[("csrf", token.as_str())],
+        )
+        .await;
+    assert_eq!((status, location), (303, format!("/ui/jobs/{retry}")));
 }

@@ -14,27 +14,49 @@ use flotilla_server::pipelines::{self, ValidPipeline};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-/// Every entry point a pass reads: the start, after a stage into a
-/// `limit`, after a limited stage into an `either` whose first branch
-/// starts with a move (items waiting after it count against the branch),
-/// and after either branch into a last stage.
+/// Every kind of entry point a pass reads: the start; inside a `limit`
+/// between two stages (items waiting there hold the gate, and are read
+/// apart from the others); after the limit into an `either` whose first
+/// branch starts with a move (items waiting after it count against the
+/// branch) and whose second is an `either` itself; and after it into a
+/// last stage. 100 items: the start's first page of 64 fills.
 const SOURCE: &str = "host a = agent pa
 host b = agent pb
-items on a: seq 1 60
+items on a: seq 1 100
 stage s1 on a jobs 3 out /tmp/engine/s1/{id}: true
 limit 2 {
     stage s2 on a jobs 2 out /tmp/engine/s2/{id}: true
+    stage s3 on a jobs 1: true
 }
 either {
     move mx to b:/tmp/engine/x/{id}
     stage sx on b jobs 1: true
 |
-    stage sy on a jobs 2: true
+    either {
+        stage sy on a jobs 1: true
+    |
+        stage sz on a jobs 1: true
+    }
 }
 stage s5 on a jobs 4: true
 ";
 
-const JOBS: [(&str, i64); 5] = [("s1", 3), ("s2", 2), ("sx", 1), ("sy", 2), ("s5", 4)];
+const ITEMS: usize = 100;
+
+/// Each stage's `jobs`.
+const JOBS: [(&str, i64); 7] = [
+    ("s1", 3),
+    ("s2", 2),
+    ("s3", 1),
+    ("sx", 1),
+    ("sy", 1),
+    ("sz", 1),
+    ("s5", 4),
+];
+
+/// Steps by index, as the plan numbers them (file order).
+const S2: i32 = 1;
+const MX: i32 = 3;
 
 async fn listed_run(db: &PgPool) -> Uuid {
     let valid = ValidPipeline::try_from(SubmitPipeline {
@@ -47,7 +69,7 @@ async fn listed_run(db: &PgPool) -> Uuid {
         .await
         .expect("submitting")
         .unwrap_or_else(|e| panic!("not submitted: {e:?}"));
-    let items: Vec<String> = (1..=60).map(|i| i.to_string()).collect();
+    let items: Vec<String> = (1..=ITEMS).map(|i| i.to_string()).collect();
     sqlx::query(
         "UPDATE jobs SET state = 'succeeded', finished_at = now(), result = $2
          WHERE id = (SELECT list_job FROM pipeline_runs WHERE id = $1)",
@@ -63,8 +85,10 @@ async fn listed_run(db: &PgPool) -> Uuid {
 /// Ends some of the run's queued jobs, as agents would: in pass `pass`,
 /// those of items whose index + pass is not a multiple of 3, and an `s2`
 /// job of an even item only every fourth pass (so items reach the either
-/// out of list order), an `sy` job only in even passes (so the either's
-/// second branch is often full); an `s2` job of every 13th item fails. Each ended job stores a sent tar, which a
+/// out of list order), an `s3` job only every fifth pass (so items wait
+/// for it inside the limit), an `sx` job every fourth and an `sy` job
+/// every seventh (so items find the either's first branches full and take
+/// the last); an `s2` job of every 13th item fails. Each ended job stores a sent tar, which a
 /// move's send needs and the other steps ignore.
 async fn end_some(db: &PgPool, run: Uuid, pass: i32) {
     sqlx::query(
@@ -74,7 +98,9 @@ async fn end_some(db: &PgPool, run: Uuid, pass: i32) {
          FROM pipeline_items i
          WHERE i.run_id = $1 AND i.job_id = j.id AND j.state = 'queued' AND (i.idx + $2) % 3 <> 0
            AND NOT (j.spec->>'step' = 's2' AND i.idx % 2 = 0 AND $2 % 4 <> 0)
-           AND NOT (j.spec->>'step' = 'sy' AND $2 % 2 <> 0)",
+           AND NOT (j.spec->>'step' = 'sy' AND $2 % 7 <> 0)
+           AND NOT (j.spec->>'step' = 'sx' AND $2 % 4 <> 0)
+           AND NOT (j.spec->>'step' = 's3' AND $2 % 5 <> 0)",
     )
     .bind(run)
     .bind(pass)
@@ -93,12 +119,13 @@ async fn end_some(db: &PgPool, run: Uuid, pass: i32) {
     .expect("storing sent tars");
 }
 
-/// Where each item is after a pass: (state, step, phase) by index.
-type Snapshot = Vec<(i32, String, Option<i32>, i16)>;
+/// Where each item is after a pass: (index, state, step it is in, step it
+/// finished, phase).
+type Snapshot = Vec<(i32, String, Option<i32>, Option<i32>, i16)>;
 
 async fn snapshot(db: &PgPool, run: Uuid) -> Snapshot {
     sqlx::query_as(
-        "SELECT idx, state, node, phase FROM pipeline_items WHERE run_id = $1 ORDER BY idx",
+        "SELECT idx, state, node, at, phase FROM pipeline_items WHERE run_id = $1 ORDER BY idx",
     )
     .bind(run)
     .fetch_all(db)
@@ -131,14 +158,15 @@ async fn assert_room_kept(db: &PgPool, run: Uuid, pass: usize) {
         .expect("counting the gate");
     assert!(inside <= 2, "pass {pass}: {inside} items inside `limit 2`");
     // The either's first branch has room for one item from its move to the
-    // end of its stage, waiting after the move included (`mx` is step 2).
+    // end of its stage, waiting after the move included.
     let branch: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pipeline_items i LEFT JOIN jobs j ON j.id = i.job_id
          WHERE i.run_id = $1
            AND ((i.state = 'active' AND j.spec->>'step' IN ('mx', 'sx'))
-                OR (i.state = 'waiting' AND i.at = 2))",
+                OR (i.state = 'waiting' AND i.at = $2))",
     )
     .bind(run)
+    .bind(MX)
     .fetch_one(db)
     .await
     .expect("counting the branch");
@@ -148,12 +176,15 @@ async fn assert_room_kept(db: &PgPool, run: Uuid, pass: usize) {
     );
 }
 
+/// More than a run of [`ITEMS`] items takes here.
+const PASSES: usize = 2_000;
+
 /// Every pass's snapshot until the run ends, and how it ended.
 async fn history(reading: Reading) -> (Vec<Snapshot>, String, Option<String>) {
     let db = flotilla_e2e::pg::migrated_database().await;
     let run = listed_run(&db).await;
     let mut passes = Vec::new();
-    for pass in 0..400 {
+    for pass in 0..PASSES {
         advance_reading(&db, &Parents::All, reading)
             .await
             .expect("a pass");
@@ -183,19 +214,20 @@ async fn history(reading: Reading) -> (Vec<Snapshot>, String, Option<String>) {
         }
         end_some(&db, run, pass as i32).await;
     }
-    panic!("{reading:?}: the run had not ended after 400 passes");
+    panic!("{reading:?}: the run had not ended after {PASSES} passes");
 }
 
 #[tokio::test]
 async fn a_paged_pass_moves_items_as_one_that_reads_them_all() {
     let (every, state, error) = history(Reading::Every).await;
-    // The run went through every step: 5 of its 60 items failed in s2.
+    // The run went through every step: 8 of its 100 items failed in s2
+    // (every 13th, from the 6th).
     assert_eq!(state, "failed");
-    assert_eq!(error.as_deref(), Some("5 of 60 items failed"));
+    assert_eq!(error.as_deref(), Some("8 of 100 items failed"));
     let last = every.last().expect("a pass");
     let done = last.iter().filter(|r| r.1 == "done").count();
-    assert_eq!(done, 55, "{last:?}");
-    // Items took both branches of the either.
+    assert_eq!(done, 92, "{last:?}");
+    // Items were in every step, and waited inside the limit holding it.
     let took: BTreeMap<Option<i32>, usize> =
         every.iter().flatten().fold(BTreeMap::new(), |mut m, r| {
             if r.1 == "active" {
@@ -203,7 +235,12 @@ async fn a_paged_pass_moves_items_as_one_that_reads_them_all() {
             }
             m
         });
-    assert!(took.len() >= 6, "steps items were seen in: {took:?}");
+    assert_eq!(took.len(), 8, "steps items were seen in: {took:?}");
+    let holding = every
+        .iter()
+        .filter(|pass| pass.iter().any(|r| r.1 == "waiting" && r.3 == Some(S2)))
+        .count();
+    assert!(holding > 0, "no item ever waited inside the limit");
     for page in [1, 2, 5, 64] {
         let (paged, paged_state, _) = history(Reading::Paged(page)).await;
         assert_eq!(paged_state, state, "Paged({page})");

@@ -1,7 +1,8 @@
 //! Several servers on one database: an agent given every server's URL
 //! works through whichever answers, and a rolling upgrade (each server
 //! stopped and started again in turn while agents run jobs) fails no job
-//! and runs none to completion twice.
+//! and runs none to completion twice; an index an interrupted migration
+//! left invalid is found.
 
 use std::time::{Duration, Instant};
 
@@ -200,4 +201,35 @@ async fn connections_have_a_statement_timeout_that_migrations_do_not() {
             .unwrap();
         assert_eq!(limit, "1ms");
     }
+}
+
+/// A `CREATE INDEX CONCURRENTLY` that fails leaves its index behind,
+/// invalid, and a migration's `IF NOT EXISTS` would then take it for
+/// built: the server looks for such indexes after migrating (and names
+/// each in an error with how to rebuild it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_left_invalid_by_an_interrupted_build_is_found() {
+    let db = flotilla_e2e::pg::migrated_database().await;
+    assert_eq!(
+        flotilla_server::serve::invalid_indexes(&db).await.unwrap(),
+        Vec::<String>::new(),
+        "every index the migrations build is valid"
+    );
+    // A unique index over a column holding one value twice: the build
+    // fails once its table is scanned, its index left behind.
+    for sql in [
+        "CREATE TABLE twice (v integer)",
+        "INSERT INTO twice VALUES (1), (1)",
+    ] {
+        sqlx::query(sql).execute(&db).await.unwrap();
+    }
+    let built = sqlx::query("CREATE UNIQUE INDEX CONCURRENTLY half_built ON twice (v)")
+        .execute(&db)
+        .await;
+    assert!(built.is_err(), "{built:?}");
+    assert_eq!(
+        flotilla_server::serve::invalid_indexes(&db).await.unwrap(),
+        ["half_built"]
+    );
+    db.close().await;
 }
