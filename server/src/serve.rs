@@ -127,30 +127,38 @@ pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
         .run(&mut *conn)
         .await
         .context("applying database migrations");
+    // Still without the limit: the catalogue may be large.
+    if migrated.is_ok() {
+        match invalid_indexes(&mut *conn).await {
+            Ok(names) => {
+                for name in names {
+                    tracing::error!(
+                        index = %name,
+                        "index {name} is invalid: a CREATE INDEX CONCURRENTLY of a migration was \
+                         interrupted (or another server is building it now). Queries do not use \
+                         it, and a unique one does not hold; rebuild it with `REINDEX INDEX \
+                         CONCURRENTLY {name}` (or, for a name ending in _ccnew, left by an \
+                         interrupted REINDEX, drop it: `DROP INDEX CONCURRENTLY {name}`)"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "looking for invalid indexes after migrating"),
+        }
+    }
     // The connection goes back to the pool: give it the limit back.
     sqlx::query("RESET statement_timeout")
         .execute(&mut *conn)
         .await
         .context("restoring the statement timeout after the migrations")?;
-    migrated?;
-    for name in invalid_indexes(db)
-        .await
-        .context("looking for invalid indexes")?
-    {
-        tracing::error!(
-            index = %name,
-            "index {name} is invalid: a CREATE INDEX CONCURRENTLY of a migration was interrupted \
-             (or another server is building it now). Queries do not use it, and a unique one \
-             does not hold; rebuild it with `REINDEX INDEX CONCURRENTLY {name}`"
-        );
-    }
-    Ok(())
+    migrated
 }
 
 /// Indexes of this schema that are not valid: what an interrupted
 /// `CREATE INDEX CONCURRENTLY` leaves, which the migration's `IF NOT
 /// EXISTS` then takes for built.
-pub async fn invalid_indexes(db: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+pub async fn invalid_indexes(
+    db: impl sqlx::Executor<'_, Database = sqlx::Postgres>,
+) -> Result<Vec<String>, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT c.relname::text FROM pg_index i
          JOIN pg_class c ON c.oid = i.indexrelid

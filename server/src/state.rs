@@ -35,12 +35,16 @@ pub struct AppState {
 impl AppState {
     /// Job `id` ended here other than through its agent (a cancel): the
     /// run it is part of, if any, is looked at now rather than at the
-    /// coordinator's next pass over every run.
-    pub async fn wake_parent_of(&self, id: uuid::Uuid) -> Result<(), sqlx::Error> {
-        if let Some(parent) = crate::queue::read::parent(&self.db, id).await? {
-            self.parents_signal.wake(parent);
+    /// coordinator's next pass over every run. The job has ended whatever
+    /// happens here: a failure to find its run is logged, not answered.
+    pub async fn wake_parent_of(&self, id: uuid::Uuid) {
+        match crate::queue::read::parent(&self.db, id).await {
+            Ok(Some(parent)) => self.parents_signal.wake(parent),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "finding a cancelled job's run to wake")
+            }
         }
-        Ok(())
     }
 
     /// The waiting cap a submission by a token of `role` is held to

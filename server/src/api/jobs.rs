@@ -328,7 +328,7 @@ pub async fn cancel(
             // Room made by the caller itself: its next submission here is
             // counted, not answered from a refusal it remembers.
             state.cap_refusals.forget(&caller.submitter());
-            state.wake_parent_of(id).await?;
+            state.wake_parent_of(id).await;
             (StatusCode::OK, "cancelled".to_string())
         }
         Cancelled::Requested => (

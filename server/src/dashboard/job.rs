@@ -499,7 +499,7 @@ pub async fn cancel(
     }
     match cancel::cancel(&state.db, id).await? {
         Cancelled::NotFound => return Err(ApiError::NotFound(format!("no job {id}"))),
-        Cancelled::Now => state.wake_parent_of(id).await?,
+        Cancelled::Now => state.wake_parent_of(id).await,
         // Already over (the page was old): its page says how it ended.
         Cancelled::Requested | Cancelled::AlreadyFinal(_) => {}
     }

@@ -1,7 +1,8 @@
 //! What happens when a pipeline run's jobs end. One pass per open run, in a
 //! transaction that holds the run's row (`FOR UPDATE SKIP LOCKED`: another
-//! server already advancing it makes this one move on), so any number of
-//! servers may run [`advance`] at once and each change happens once:
+//! server already advancing it makes this one move on, and a run woken here
+//! that it moved on from is returned, to be looked at again), so any number
+//! of servers may run [`advance`] at once and each change happens once:
 //!
 //! 1. a listing that ended becomes the run's items (or fails the run),
 //!    and outputs a run of the same file left are looked for
@@ -18,6 +19,7 @@
 //! 4. a run whose items all ended is done (or failed, naming how many).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use flotilla_core::job::{StepItems, StepJob};
 use flotilla_core::pipeline::items::check_ids;
@@ -64,24 +66,28 @@ pub async fn advance_reading(
     .bind(these)
     .fetch_all(db)
     .await?;
-    // A run woken for a job of its that ended waits for another server's
-    // pass over it to end rather than skipping it: that pass may have read
-    // the run's jobs before this one ended, and nothing else would look at
-    // the run until the next pass over every run.
-    let wait = these.is_some();
     let mut again = Vec::new();
     for run in runs {
-        if let Err(e) = advance_run(db, run, reading, wait).await {
-            if e.downcast_ref::<sqlx::Error>().is_some() {
+        match advance_run(db, run, reading).await {
+            Ok(true) => {}
+            // Another server's pass holds it, and may have read its jobs
+            // before the one that woke it here ended: looked at again.
+            Ok(false) => {
+                if these.is_some() {
+                    again.push(run);
+                }
+            }
+            Err(e) if e.downcast_ref::<sqlx::Error>().is_some() => {
                 tracing::warn!(%run, error = %e, "advancing a pipeline run: will retry");
                 again.push(run);
-                continue;
             }
-            tracing::warn!(%run, error = %e, "advancing a pipeline run: the run fails");
-            let why = format!("{e:#}");
-            if let Err(e) = super::close(db, run, super::Closing::Failed(&why)).await {
-                tracing::warn!(%run, error = %e, "failing a pipeline run: will retry");
-                again.push(run);
+            Err(e) => {
+                tracing::warn!(%run, error = %e, "advancing a pipeline run: the run fails");
+                let why = format!("{e:#}");
+                if let Err(e) = super::close(db, run, super::Closing::Failed(&why)).await {
+                    tracing::warn!(%run, error = %e, "failing a pipeline run: will retry");
+                    again.push(run);
+                }
             }
         }
     }
@@ -99,24 +105,29 @@ struct RunRow {
     owner_token: Option<Uuid>,
 }
 
-/// Advances run `run` in one transaction holding its row; with `wait`,
-/// after any other server's pass over it, else not while one runs.
-async fn advance_run(db: &PgPool, run: Uuid, reading: Reading, wait: bool) -> anyhow::Result<()> {
+/// Advances run `run` in one transaction holding its row: `false` when
+/// another server's pass holds it (this one does not wait behind it: a
+/// server stopped mid-pass would hold every other's loop up).
+async fn advance_run(db: &PgPool, run: Uuid, reading: Reading) -> anyhow::Result<bool> {
     let mut tx = db.begin().await?;
-    let row: Option<RunRow> = sqlx::query_as(if wait {
+    let row: Option<RunRow> = sqlx::query_as(
         "SELECT state, spec, list_job, probe_jobs, priority, submitter, owner_token
          FROM pipeline_runs
-         WHERE id = $1 AND state IN ('listing', 'probing', 'running') FOR UPDATE"
-    } else {
-        "SELECT state, spec, list_job, probe_jobs, priority, submitter, owner_token
-         FROM pipeline_runs
-         WHERE id = $1 AND state IN ('listing', 'probing', 'running') FOR UPDATE SKIP LOCKED"
-    })
+         WHERE id = $1 AND state IN ('listing', 'probing', 'running') FOR UPDATE SKIP LOCKED",
+    )
     .bind(run)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(row) = row else {
-        return Ok(());
+        // Held by another pass, or no longer open (ended meanwhile).
+        let open: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pipeline_runs
+                            WHERE id = $1 AND state IN ('listing', 'probing', 'running'))",
+        )
+        .bind(run)
+        .fetch_one(&mut *tx)
+        .await?;
+        return Ok(!open);
     };
     let spec: PipelineSpec = serde_json::from_value(row.spec)
         .map_err(|e| anyhow::anyhow!("the stored pipeline does not parse: {e}"))?;
@@ -148,19 +159,33 @@ async fn advance_run(db: &PgPool, run: Uuid, reading: Reading, wait: bool) -> an
     }
     tx.commit().await?;
     if listed >= ANALYZE_ITEMS {
-        // Until autovacuum sees the new rows (a minute or so), the planner
-        // takes the run's items for a few and every pass scanned them all
-        // (51 ms a pass at 50,000 items against 12 ms analysed). Not in
-        // the run's transaction (it analyses the whole table, and would
-        // hold its lock with the run's), nor in the coordinator's loop.
-        let db = db.clone();
-        tokio::spawn(async move {
-            if let Err(e) = sqlx::query("ANALYZE pipeline_items").execute(&db).await {
-                tracing::warn!(error = %e, "analysing pipeline_items after a long listing");
-            }
-        });
+        analyse_items(db);
     }
-    Ok(())
+    Ok(true)
+}
+
+/// Whether this process is analysing `pipeline_items` now.
+static ANALYSING: AtomicBool = AtomicBool::new(false);
+
+/// Brings the items' statistics up to date after a long listing. Until
+/// autovacuum sees the new rows (a minute or so), the planner takes the
+/// run's items for a few and every pass scanned them all (51 ms a pass at
+/// 50,000 items against 12 ms analysed). Not in the run's transaction (it
+/// analyses the whole table, and would hold its lock with the run's), nor
+/// in the coordinator's loop; one at a time in a process (one more while
+/// one runs would wait for its lock, holding a connection, to read what
+/// that one reads).
+fn analyse_items(db: &PgPool) {
+    if ANALYSING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let db = db.clone();
+    tokio::spawn(async move {
+        if let Err(e) = sqlx::query("ANALYZE pipeline_items").execute(&db).await {
+            tracing::warn!(error = %e, "analysing pipeline_items after a long listing");
+        }
+        ANALYSING.store(false, Ordering::Release);
+    });
 }
 
 /// A listing that ended well: its items; `None` while it has not ended,

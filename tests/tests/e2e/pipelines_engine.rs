@@ -119,6 +119,18 @@ async fn end_some(db: &PgPool, run: Uuid, pass: i32) {
     .expect("storing sent tars");
 }
 
+/// Outputs of an earlier run of the file looked for: none.
+async fn end_probes(db: &PgPool, run: Uuid) {
+    sqlx::query(
+        "UPDATE jobs SET state = 'succeeded', finished_at = now(), result = '{\"exist\": []}'
+         WHERE id = ANY (SELECT unnest(probe_jobs) FROM pipeline_runs WHERE id = $1)",
+    )
+    .bind(run)
+    .execute(db)
+    .await
+    .expect("ending the probes");
+}
+
 /// Where each item is after a pass: (index, state, step it is in, step it
 /// finished, phase).
 type Snapshot = Vec<(i32, String, Option<i32>, Option<i32>, i16)>;
@@ -197,15 +209,7 @@ async fn history(reading: Reading) -> (Vec<Snapshot>, String, Option<String>) {
                 .await
                 .expect("reading the run");
         if state == "probing" {
-            // Outputs of an earlier run of the file looked for: none.
-            sqlx::query(
-                "UPDATE jobs SET state = 'succeeded', finished_at = now(), result = '{\"exist\": []}'
-                 WHERE id = ANY (SELECT unnest(probe_jobs) FROM pipeline_runs WHERE id = $1)",
-            )
-            .bind(run)
-            .execute(&db)
-            .await
-            .expect("ending the probes");
+            end_probes(&db, run).await;
             continue;
         }
         if state != "running" {
@@ -253,4 +257,46 @@ async fn a_paged_pass_moves_items_as_one_that_reads_them_all() {
         }
         assert_eq!(paged.len(), every.len(), "Paged({page}): passes to the end");
     }
+}
+
+/// An item waiting after a step the file does not have (a database edited
+/// by hand, a stored file changed) fails its run, naming the step, rather
+/// than waiting unread for ever.
+#[tokio::test]
+async fn an_item_after_a_step_the_file_lacks_fails_its_run() {
+    let db = flotilla_e2e::pg::migrated_database().await;
+    let run = listed_run(&db).await;
+    advance_reading(&db, &Parents::All, Reading::Every)
+        .await
+        .expect("the listing pass");
+    end_probes(&db, run).await;
+    advance_reading(&db, &Parents::All, Reading::Every)
+        .await
+        .expect("the probes' pass");
+    let moved = sqlx::query(
+        "UPDATE pipeline_items SET at = 99 WHERE run_id = $1 AND idx = 70 AND state = 'waiting'",
+    )
+    .bind(run)
+    .execute(&db)
+    .await
+    .expect("moving an item")
+    .rows_affected();
+    assert_eq!(moved, 1, "item 70 waits at the start");
+    advance_reading(&db, &Parents::These(vec![run]), Reading::Paged(64))
+        .await
+        .expect("a pass");
+    let (state, error): (String, Option<String>) =
+        sqlx::query_as("SELECT state, error FROM pipeline_runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(&db)
+            .await
+            .expect("reading the run");
+    assert_eq!(state, "failed");
+    assert!(
+        error
+            .as_deref()
+            .is_some_and(|e| e.contains("finished step 99, which the pipeline does not have")),
+        "{error:?}"
+    );
+    db.close().await;
 }
