@@ -11,6 +11,10 @@
 //! pass must not pay for: it prints the median and p90 of the first
 //! PASS_COUNT passes for each size, and their ratio (large / small).
 //!
+//! After each size's passes, the run's view (`pipelines::read::get`, a
+//! page of 100 rows, what its live page and `flotilla pipeline run --wait`
+//! read) with every item through five steps: its median over 20 reads.
+//!
 //! Then what a completion's pass costs beside other open runs: PASS_RUNS
 //! runs of 500 items, one of them busy, the others with their first
 //! stage full and nothing ended; the busy run advanced by a pass of every
@@ -102,6 +106,8 @@ struct Passes {
     items: usize,
     times: Vec<Duration>,
     jobs: u64,
+    /// The median read of the run's view, every item through every step.
+    read: Duration,
 }
 
 async fn passes(items: usize, count: usize) -> Passes {
@@ -119,8 +125,36 @@ async fn passes(items: usize, count: usize) -> Passes {
         engine::advance(&db, &Parents::All).await.expect("a pass");
         times.push(t.elapsed());
     }
+    // The run's view, as its live page and `--wait` read it, with every
+    // item through all five steps (cells written as the engine would,
+    // so its totals are kept).
+    sqlx::query(
+        "INSERT INTO pipeline_steps (run_id, idx, node, state, started_at, finished_at)
+         SELECT $1, i.idx, n, 'succeeded', now() - interval '2 s', now()
+         FROM pipeline_items i, generate_series(0, 4) n WHERE i.run_id = $1
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(run)
+    .execute(&db)
+    .await
+    .expect("filling the cells");
+    sqlx::query("ANALYZE").execute(&db).await.expect("analysing");
+    let mut reads = Vec::with_capacity(20);
+    for _ in 0..20 {
+        let t = Instant::now();
+        pipelines::read::get(&db, run, None, 100)
+            .await
+            .expect("reading the run");
+        reads.push(t.elapsed());
+    }
+    reads.sort();
     db.close().await;
-    Passes { items, times, jobs }
+    Passes {
+        items,
+        times,
+        jobs,
+        read: quantile(&reads, 0.5),
+    }
 }
 
 /// The median pass that advances the busy one of `runs` open runs, by
@@ -169,6 +203,7 @@ fn main() {
         .build()
         .expect("a runtime");
     let mut medians = Vec::new();
+    let mut reads = Vec::new();
     for items in [small, large] {
         let p = rt.block_on(passes(items, count));
         let mut sorted = p.times.clone();
@@ -184,7 +219,17 @@ fn main() {
             sorted[sorted.len() - 1].as_secs_f64() * 1e3,
         );
         medians.push(median);
+        println!(
+            "{:>7} items: the run's view, 5 steps done each, median {:.2} ms",
+            p.items,
+            p.read.as_secs_f64() * 1e3
+        );
+        reads.push(p.read);
     }
+    println!(
+        "view median, {large} items / {small} items: {:.2}",
+        reads[1].as_secs_f64() / reads[0].as_secs_f64()
+    );
     println!(
         "pass median, {large} items / {small} items: {:.2}",
         medians[1].as_secs_f64() / medians[0].as_secs_f64()

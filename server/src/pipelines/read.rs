@@ -31,10 +31,11 @@ struct RunRow {
 const RUN_COLUMNS: &str =
     "r.id, r.name, r.state, r.items, r.submitter, r.created_at, r.finished_at, r.error";
 
+/// Runs' items by state, from the totals the tables' triggers keep
+/// (a count of every item was 15 ms a read at 50,000 items).
 async fn counts(db: &PgPool, ids: &[Uuid]) -> sqlx::Result<HashMap<Uuid, ItemCounts>> {
     let rows: Vec<(Uuid, String, i64)> = sqlx::query_as(
-        "SELECT run_id, state, count(*) FROM pipeline_items WHERE run_id = ANY ($1)
-         GROUP BY run_id, state",
+        "SELECT run_id, state, n FROM pipeline_item_totals WHERE run_id = ANY ($1) AND n <> 0",
     )
     .bind(ids)
     .fetch_all(db)
@@ -148,10 +149,11 @@ pub async fn get(
     let spec: PipelineSpec = serde_json::from_value(spec).map_err(|e| column_error("spec", e))?;
     let plan = Plan::new(&spec);
     let counts = counts(db, &[id]).await?.remove(&id).unwrap_or_default();
+    // From the totals the cells' trigger keeps: a GROUP BY over every cell
+    // was 51 ms a read at 50,000 items x 5 steps.
     let stats: Vec<(i32, String, i64, Option<f64>)> = sqlx::query_as(
-        "SELECT node, state, count(*),
-                avg(EXTRACT(EPOCH FROM finished_at - started_at))::float8
-         FROM pipeline_steps WHERE run_id = $1 GROUP BY node, state",
+        "SELECT node, state, n, CASE WHEN timed > 0 THEN seconds / timed END
+         FROM pipeline_step_totals WHERE run_id = $1 AND n <> 0",
     )
     .bind(id)
     .fetch_all(db)

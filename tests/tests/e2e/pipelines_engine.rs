@@ -188,8 +188,65 @@ async fn assert_room_kept(db: &PgPool, run: Uuid, pass: usize) {
     );
 }
 
+/// The pass after which item `50` (index 49) is cancelled, wherever it is.
+const CANCEL_AT: usize = 40;
+
 /// More than a run of [`ITEMS`] items takes here.
 const PASSES: usize = 2_000;
+
+/// The totals the tables' triggers keep are what counting every item and
+/// cell says: items by state, cells by (step, state) with how many have
+/// an end and their mean seconds.
+async fn assert_totals_kept(db: &PgPool, run: Uuid, pass: usize) {
+    type Items = Vec<(String, i64)>;
+    let kept: Items = sqlx::query_as(
+        "SELECT state, n FROM pipeline_item_totals WHERE run_id = $1 AND n <> 0 ORDER BY state",
+    )
+    .bind(run)
+    .fetch_all(db)
+    .await
+    .expect("reading item totals");
+    let counted: Items = sqlx::query_as(
+        "SELECT state, count(*) FROM pipeline_items WHERE run_id = $1 GROUP BY state ORDER BY state",
+    )
+    .bind(run)
+    .fetch_all(db)
+    .await
+    .expect("counting items");
+    assert_eq!(kept, counted, "pass {pass}: items by state");
+    type Cells = Vec<(i32, String, i64, i64, f64)>;
+    let kept: Cells = sqlx::query_as(
+        "SELECT node, state, n, timed, CASE WHEN timed > 0 THEN seconds / timed ELSE 0 END
+         FROM pipeline_step_totals WHERE run_id = $1 AND n <> 0 ORDER BY node, state",
+    )
+    .bind(run)
+    .fetch_all(db)
+    .await
+    .expect("reading cell totals");
+    let counted: Cells = sqlx::query_as(
+        "SELECT node, state, count(*), count(finished_at),
+                COALESCE(avg(EXTRACT(EPOCH FROM finished_at - started_at))::float8, 0)
+         FROM pipeline_steps WHERE run_id = $1 GROUP BY node, state ORDER BY node, state",
+    )
+    .bind(run)
+    .fetch_all(db)
+    .await
+    .expect("counting cells");
+    assert_eq!(
+        kept.len(),
+        counted.len(),
+        "pass {pass}: {kept:?} against {counted:?}"
+    );
+    for (k, c) in kept.iter().zip(&counted) {
+        assert_eq!((k.0, &k.1, k.2, k.3), (c.0, &c.1, c.2, c.3), "pass {pass}");
+        assert!(
+            (k.4 - c.4).abs() < 1e-6,
+            "pass {pass}: mean {} against {}",
+            k.4,
+            c.4
+        );
+    }
+}
 
 /// Every pass's snapshot until the run ends, and how it ended.
 async fn history(reading: Reading) -> (Vec<Snapshot>, String, Option<String>) {
@@ -201,6 +258,10 @@ async fn history(reading: Reading) -> (Vec<Snapshot>, String, Option<String>) {
             .await
             .expect("a pass");
         assert_room_kept(&db, run, pass).await;
+        if reading == Reading::Every {
+            // The same statements run whatever the reading: once is enough.
+            assert_totals_kept(&db, run, pass).await;
+        }
         passes.push(snapshot(&db, run).await);
         let (state, error): (String, Option<String>) =
             sqlx::query_as("SELECT state, error FROM pipeline_runs WHERE id = $1")
@@ -217,6 +278,11 @@ async fn history(reading: Reading) -> (Vec<Snapshot>, String, Option<String>) {
             return (passes, state, error);
         }
         end_some(&db, run, pass as i32).await;
+        if pass == CANCEL_AT {
+            pipelines::cancel_item(&db, run, "50")
+                .await
+                .expect("cancelling item 50");
+        }
     }
     panic!("{reading:?}: the run had not ended after {PASSES} passes");
 }
@@ -225,12 +291,16 @@ async fn history(reading: Reading) -> (Vec<Snapshot>, String, Option<String>) {
 async fn a_paged_pass_moves_items_as_one_that_reads_them_all() {
     let (every, state, error) = history(Reading::Every).await;
     // The run went through every step: 8 of its 100 items failed in s2
-    // (every 13th, from the 6th).
+    // (every 13th, from the 6th), and one was cancelled.
     assert_eq!(state, "failed");
-    assert_eq!(error.as_deref(), Some("8 of 100 items failed"));
+    assert_eq!(
+        error.as_deref(),
+        Some("8 of 100 items failed and 1 were cancelled")
+    );
     let last = every.last().expect("a pass");
     let done = last.iter().filter(|r| r.1 == "done").count();
-    assert_eq!(done, 92, "{last:?}");
+    assert_eq!(done, 91, "{last:?}");
+    assert_eq!(last[49].1, "cancelled", "{:?}", last[49]);
     // Items were in every step, and waited inside the limit holding it.
     let took: BTreeMap<Option<i32>, usize> =
         every.iter().flatten().fold(BTreeMap::new(), |mut m, r| {
