@@ -9,7 +9,16 @@
 -- (pipelines/engine.rs, pipelines/mod.rs), so two never update one run's
 -- totals at once; a writer that did not could deadlock with another on
 -- these rows. No foreign key to pipeline_runs: a run deleted by hand
--- cascades to its items, whose trigger then updates the totals.
+-- cascades to its items, whose trigger then updates the totals (its rows
+-- stay, at 0; a run's view reads only rows other than 0).
+--
+-- First, every pass of a running server over a run is let finish and no
+-- new one starts until this commits: each holds its run's row, which this
+-- lock waits for. Without it, a pass that had written a cell and was about
+-- to write an item deadlocked with the triggers' locks below, taken one
+-- table after the other, and the migration was the one rolled back.
+LOCK TABLE pipeline_runs IN EXCLUSIVE MODE;
+
 CREATE TABLE pipeline_item_totals (
     run_id  uuid NOT NULL,
     state   text NOT NULL,
@@ -87,7 +96,10 @@ BEGIN
             SELECT run_id, node, state, -1, (finished_at IS NOT NULL)::int,
                    COALESCE(EXTRACT(EPOCH FROM finished_at - started_at)::float8, 0)
             FROM old_rows
-        ) x GROUP BY run_id, node, state ORDER BY run_id, node, state
+        ) x GROUP BY run_id, node, state
+        -- Not a write for a cell whose job or output alone changed.
+        HAVING sum(d) <> 0 OR sum(d * timed) <> 0 OR sum(d * seconds) <> 0
+        ORDER BY run_id, node, state
         ON CONFLICT (run_id, node, state) DO UPDATE
             SET n = t.n + EXCLUDED.n, timed = t.timed + EXCLUDED.timed,
                 seconds = t.seconds + EXCLUDED.seconds;
@@ -116,9 +128,25 @@ CREATE TRIGGER pipeline_steps_totals_delete AFTER DELETE ON pipeline_steps
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION flotilla_pipeline_step_totals();
 
--- The runs there are. CREATE TRIGGER has made writers of both tables wait
--- for this transaction (and this waited for those already writing), so
--- nothing changes between these counts and the triggers.
+-- TRUNCATE fires no DELETE trigger: it empties the totals with the table.
+CREATE FUNCTION flotilla_pipeline_totals_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'pipeline_items' THEN
+        DELETE FROM pipeline_item_totals;
+    ELSE
+        DELETE FROM pipeline_step_totals;
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER pipeline_items_totals_truncate AFTER TRUNCATE ON pipeline_items
+    FOR EACH STATEMENT EXECUTE FUNCTION flotilla_pipeline_totals_truncated();
+CREATE TRIGGER pipeline_steps_totals_truncate AFTER TRUNCATE ON pipeline_steps
+    FOR EACH STATEMENT EXECUTE FUNCTION flotilla_pipeline_totals_truncated();
+
+-- The runs there are. The locks above have made writers of both tables
+-- wait for this transaction (and this waited for those already writing),
+-- so nothing changes between these counts and the triggers.
 INSERT INTO pipeline_item_totals (run_id, state, n)
 SELECT run_id, state, count(*) FROM pipeline_items GROUP BY run_id, state;
 INSERT INTO pipeline_step_totals (run_id, node, state, n, timed, seconds)

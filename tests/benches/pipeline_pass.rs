@@ -138,7 +138,10 @@ async fn passes(items: usize, count: usize) -> Passes {
     .execute(&db)
     .await
     .expect("filling the cells");
-    sqlx::query("ANALYZE").execute(&db).await.expect("analysing");
+    sqlx::query("ANALYZE")
+        .execute(&db)
+        .await
+        .expect("analysing");
     let mut reads = Vec::with_capacity(20);
     for _ in 0..20 {
         let t = Instant::now();

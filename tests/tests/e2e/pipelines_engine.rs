@@ -331,7 +331,8 @@ async fn a_paged_pass_moves_items_as_one_that_reads_them_all() {
 
 /// An item waiting after a step the file does not have (a database edited
 /// by hand, a stored file changed) fails its run, naming the step, rather
-/// than waiting unread for ever.
+/// than waiting unread for ever. The totals of the run's items and cells
+/// are kept as it ends, and as it is deleted.
 #[tokio::test]
 async fn an_item_after_a_step_the_file_lacks_fails_its_run() {
     let db = flotilla_e2e::pg::migrated_database().await;
@@ -368,5 +369,14 @@ async fn an_item_after_a_step_the_file_lacks_fails_its_run() {
             .is_some_and(|e| e.contains("finished step 99, which the pipeline does not have")),
         "{error:?}"
     );
+    // Ended by `end_run`, every item and cell at once: totals still kept.
+    assert_totals_kept(&db, run, 3).await;
+    // A run deleted by hand takes its totals to nothing.
+    sqlx::query("DELETE FROM pipeline_runs WHERE id = $1")
+        .bind(run)
+        .execute(&db)
+        .await
+        .expect("deleting the run");
+    assert_totals_kept(&db, run, 4).await;
     db.close().await;
 }
