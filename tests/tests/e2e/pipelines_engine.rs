@@ -380,3 +380,107 @@ async fn an_item_after_a_step_the_file_lacks_fails_its_run() {
     assert_totals_kept(&db, run, 4).await;
     db.close().await;
 }
+
+/// An item waiting after the move that opens an either's branch counts
+/// against the branch's room: an item earlier in the list, reaching the
+/// either in the same pass, goes to the next branch, not into the move
+/// (where it would make two items in a branch of `jobs 1`).
+#[tokio::test]
+async fn an_item_waiting_inside_a_branch_keeps_its_room() {
+    const THREE: &str = "host a = agent pa
+host b = agent pb
+items on a: seq 1 3
+stage s1 on a jobs 3 out /tmp/lead/s1/{id}: true
+either {
+    move mx to b:/tmp/lead/x/{id}
+    stage sx on b jobs 1: true
+|
+    stage sy on a jobs 1: true
+}
+";
+    let (s1, mx, sx, sy) = (0, 1, 2, 3);
+    let db = flotilla_e2e::pg::migrated_database().await;
+    let valid = ValidPipeline::try_from(SubmitPipeline {
+        name: "lead.pipeline".into(),
+        source: THREE.into(),
+        priority: 0,
+    })
+    .unwrap_or_else(|_| panic!("the test's pipeline does not check"));
+    let run = pipelines::submit(&db, valid, "engine-test", None, None)
+        .await
+        .expect("submitting")
+        .unwrap_or_else(|e| panic!("not submitted: {e:?}"));
+    sqlx::query(
+        "UPDATE jobs SET state = 'succeeded', finished_at = now(), result = $2
+         WHERE id = (SELECT list_job FROM pipeline_runs WHERE id = $1)",
+    )
+    .bind(run)
+    .bind(serde_json::json!({ "items": ["1", "2", "3"] }))
+    .execute(&db)
+    .await
+    .expect("ending the listing");
+    let pass = || advance_reading(&db, &Parents::All, Reading::Paged(64));
+    pass().await.expect("the listing pass");
+    end_probes(&db, run).await;
+    pass().await.expect("the probes' pass");
+    // Ends the queued job of item `idx` (a sent tar stored with it).
+    let end = |idx: i32| {
+        let db = db.clone();
+        async move {
+            let ended = sqlx::query(
+                "UPDATE jobs j SET state = 'succeeded', finished_at = now()
+                 FROM pipeline_items i
+                 WHERE i.run_id = $1 AND i.idx = $2 AND i.job_id = j.id AND j.state = 'queued'",
+            )
+            .bind(run)
+            .bind(idx)
+            .execute(&db)
+            .await
+            .expect("ending a job")
+            .rows_affected();
+            assert_eq!(ended, 1, "item {idx} had a queued job");
+            sqlx::query(
+                "INSERT INTO job_outputs (job_id, attempt, name, key, size, sha256)
+                 SELECT id, attempt, 'move.tar', 'k/' || id, 10, 'ab' FROM jobs
+                 WHERE parent_id = $1 AND state = 'succeeded'
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(run)
+            .execute(&db)
+            .await
+            .expect("storing sent tars");
+        }
+    };
+    let at = |snap: &Snapshot, idx: usize| (snap[idx].1.clone(), snap[idx].2, snap[idx].4);
+    let snap = snapshot(&db, run).await;
+    assert!(
+        (0..3).all(|i| at(&snap, i) == ("active".into(), Some(s1), 0)),
+        "{snap:?}"
+    );
+    // The third item goes first: through s1, into the move's send,
+    // receive and remove.
+    end(2).await;
+    pass().await.expect("a pass");
+    assert_eq!(
+        at(&snapshot(&db, run).await, 2),
+        ("active".into(), Some(mx), 0)
+    );
+    for phase in [1, 2] {
+        end(2).await;
+        pass().await.expect("a pass");
+        assert_eq!(
+            at(&snapshot(&db, run).await, 2),
+            ("active".into(), Some(mx), phase)
+        );
+    }
+    // Its move ends as the first item's s1 does: in that pass the first
+    // item, earlier in the list, finds the branch taken by the third
+    // (waiting after its move) and takes the other branch.
+    end(2).await;
+    end(0).await;
+    pass().await.expect("a pass");
+    let snap = snapshot(&db, run).await;
+    assert_eq!(at(&snap, 0), ("active".into(), Some(sy), 0), "{snap:?}");
+    assert_eq!(at(&snap, 2), ("active".into(), Some(sx), 0), "{snap:?}");
+    db.close().await;
+}
