@@ -28,9 +28,9 @@
 
 use std::time::{Duration, Instant};
 
-use flotilla_core::api::pipelines::SubmitPipeline;
+use flotilla_e2e::pipelines::seq;
 use flotilla_server::coordinator::Parents;
-use flotilla_server::pipelines::{self, engine, ValidPipeline};
+use flotilla_server::pipelines::{self, engine};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -65,28 +65,9 @@ async fn listed_run(db: &PgPool, items: usize) -> Uuid {
 }
 
 async fn listed_run_named(db: &PgPool, items: usize, name: &str) -> Uuid {
-    let valid = ValidPipeline::try_from(SubmitPipeline {
-        name: name.to_string(),
-        // One open run per file: each run a file of its own.
-        source: format!("# {name}\n{}", source(items)),
-        priority: 0,
-    })
-    .unwrap_or_else(|_| panic!("the bench's pipeline does not check"));
-    let run = pipelines::submit(db, valid, "bench", None, None)
-        .await
-        .expect("submitting")
-        .unwrap_or_else(|e| panic!("not submitted: {e:?}"));
-    let list: Vec<String> = (1..=items).map(|i| i.to_string()).collect();
-    sqlx::query(
-        "UPDATE jobs SET state = 'succeeded', finished_at = now(), result = $2
-         WHERE id = (SELECT list_job FROM pipeline_runs WHERE id = $1)",
-    )
-    .bind(run)
-    .bind(serde_json::json!({ "items": list }))
-    .execute(db)
-    .await
-    .expect("ending the listing");
-    run
+    // One open run per file: each run a file of its own.
+    let source = format!("# {name}\n{}", source(items));
+    flotilla_e2e::pipelines::listed_run(db, name, source, "bench", &seq(items)).await
 }
 
 /// Every queued job of the run ends well, as its agent would report.

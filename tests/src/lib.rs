@@ -19,12 +19,14 @@
 //! - [`s3`]: a real S3-compatible server (moto), and a proxy that holds
 //!   its copies.
 //! - [`ui`]: a logged-in dashboard client.
+//! - [`pipelines`]: pipeline runs made through the server's module.
 //! - [`up`]: `flotilla up` as a child process, and the CLI against it.
 
 pub mod api;
 pub mod driven;
 pub mod fds;
 pub mod pg;
+pub mod pipelines;
 pub mod procs;
 pub mod s3;
 pub mod sshd;

@@ -7,10 +7,10 @@
 
 use std::collections::BTreeMap;
 
-use flotilla_core::api::pipelines::SubmitPipeline;
+use flotilla_e2e::pipelines::seq;
 use flotilla_server::coordinator::Parents;
+use flotilla_server::pipelines;
 use flotilla_server::pipelines::engine::{advance_reading, Reading};
-use flotilla_server::pipelines::{self, ValidPipeline};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -58,28 +58,13 @@ const JOBS: [(&str, i64); 7] = [
 const S2: i32 = 1;
 const MX: i32 = 3;
 
+/// A run of `source`, listed with `items`.
+async fn listed(db: &PgPool, name: &str, source: &str, items: &[String]) -> Uuid {
+    flotilla_e2e::pipelines::listed_run(db, name, source.to_string(), "engine-test", items).await
+}
+
 async fn listed_run(db: &PgPool) -> Uuid {
-    let valid = ValidPipeline::try_from(SubmitPipeline {
-        name: "engine.pipeline".into(),
-        source: SOURCE.into(),
-        priority: 0,
-    })
-    .unwrap_or_else(|_| panic!("the test's pipeline does not check"));
-    let run = pipelines::submit(db, valid, "engine-test", None, None)
-        .await
-        .expect("submitting")
-        .unwrap_or_else(|e| panic!("not submitted: {e:?}"));
-    let items: Vec<String> = (1..=ITEMS).map(|i| i.to_string()).collect();
-    sqlx::query(
-        "UPDATE jobs SET state = 'succeeded', finished_at = now(), result = $2
-         WHERE id = (SELECT list_job FROM pipeline_runs WHERE id = $1)",
-    )
-    .bind(run)
-    .bind(serde_json::json!({ "items": items }))
-    .execute(db)
-    .await
-    .expect("ending the listing");
-    run
+    listed(db, "engine.pipeline", SOURCE, &seq(ITEMS)).await
 }
 
 /// Ends some of the run's queued jobs, as agents would: in pass `pass`,
@@ -107,6 +92,12 @@ async fn end_some(db: &PgPool, run: Uuid, pass: i32) {
     .execute(db)
     .await
     .expect("ending jobs");
+    store_sent_tars(db, run).await;
+}
+
+/// Each ended job of the run stores a sent tar, which a move's send needs
+/// and the other steps ignore.
+async fn store_sent_tars(db: &PgPool, run: Uuid) {
     sqlx::query(
         "INSERT INTO job_outputs (job_id, attempt, name, key, size, sha256)
          SELECT id, attempt, 'move.tar', 'k/' || id, 10, 'ab' FROM jobs
@@ -400,25 +391,7 @@ either {
 ";
     let (s1, mx, sx, sy) = (0, 1, 2, 3);
     let db = flotilla_e2e::pg::migrated_database().await;
-    let valid = ValidPipeline::try_from(SubmitPipeline {
-        name: "lead.pipeline".into(),
-        source: THREE.into(),
-        priority: 0,
-    })
-    .unwrap_or_else(|_| panic!("the test's pipeline does not check"));
-    let run = pipelines::submit(&db, valid, "engine-test", None, None)
-        .await
-        .expect("submitting")
-        .unwrap_or_else(|e| panic!("not submitted: {e:?}"));
-    sqlx::query(
-        "UPDATE jobs SET state = 'succeeded', finished_at = now(), result = $2
-         WHERE id = (SELECT list_job FROM pipeline_runs WHERE id = $1)",
-    )
-    .bind(run)
-    .bind(serde_json::json!({ "items": ["1", "2", "3"] }))
-    .execute(&db)
-    .await
-    .expect("ending the listing");
+    let run = listed(&db, "lead.pipeline", THREE, &seq(3)).await;
     let pass = || advance_reading(&db, &Parents::All, Reading::Paged(64));
     pass().await.expect("the listing pass");
     end_probes(&db, run).await;
@@ -439,16 +412,7 @@ either {
             .expect("ending a job")
             .rows_affected();
             assert_eq!(ended, 1, "item {idx} had a queued job");
-            sqlx::query(
-                "INSERT INTO job_outputs (job_id, attempt, name, key, size, sha256)
-                 SELECT id, attempt, 'move.tar', 'k/' || id, 10, 'ab' FROM jobs
-                 WHERE parent_id = $1 AND state = 'succeeded'
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(run)
-            .execute(&db)
-            .await
-            .expect("storing sent tars");
+            store_sent_tars(&db, run).await;
         }
     };
     let at = |snap: &Snapshot, idx: usize| (snap[idx].1.clone(), snap[idx].2, snap[idx].4);

@@ -403,29 +403,24 @@ mod tests {
             dir: false,
         };
         std::fs::write(d.join("o"), "made").unwrap();
+        // The stage's script, as a first attempt or as a retry.
+        let consume = |retry| {
+            sh(
+                &run(
+                    &m,
+                    "cat in > \"$FLOTILLA_OUT\"",
+                    Some(out),
+                    Some("in"),
+                    retry,
+                ),
+                d,
+            )
+        };
         // A first attempt runs its command whatever is there (an output
         // left by another run is no sign this one finished).
-        let (rc, _, _) = sh(
-            &run(
-                &m,
-                "cat in > \"$FLOTILLA_OUT\"",
-                Some(out),
-                Some("in"),
-                false,
-            ),
-            d,
-        );
+        let (rc, _, _) = consume(false);
         assert_ne!(rc, 0, "the command ran, and found no input");
-        let (rc, _, err) = sh(
-            &run(
-                &m,
-                "cat in > \"$FLOTILLA_OUT\"",
-                Some(out),
-                Some("in"),
-                true,
-            ),
-            d,
-        );
+        let (rc, _, err) = consume(true);
         assert_eq!(rc, 0, "{err}");
         assert!(
             err.contains("an earlier attempt of this stage finished"),
@@ -434,16 +429,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(d.join("o")).unwrap(), "made");
         // With its input there, a retry runs as ever.
         std::fs::write(d.join("in"), "new").unwrap();
-        let (rc, _, err) = sh(
-            &run(
-                &m,
-                "cat in > \"$FLOTILLA_OUT\"",
-                Some(out),
-                Some("in"),
-                true,
-            ),
-            d,
-        );
+        let (rc, _, err) = consume(true);
         assert_eq!(rc, 0, "{err}");
         assert_eq!(std::fs::read_to_string(d.join("o")).unwrap(), "new");
         assert!(!d.join("in").exists());
